@@ -1,0 +1,185 @@
+"""Op definitions (the registry) and op records (the IR).
+
+An ``OpDef`` is declared once per op kind and says everything the rest of the system needs:
+the PopXL type name shown by ``print_schedule``, direct shape/dtype inference, the JAX
+lowering, which inputs it writes in place, whether its output is a view of its inputs,
+and how autodiff treats it. An ``Op`` is one use of an ``OpDef`` in a graph: plain data,
+no JAX objects.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from .errors import PopXLException
+from .tensor_spec import TensorSpec
+
+if TYPE_CHECKING:
+    from .graph import Graph
+    from .tensor import Tensor
+
+Infer = Callable[..., Sequence[TensorSpec]]
+Lower = Callable[..., Any]
+
+
+@dataclass(frozen=True, eq=False)
+class OpDef:
+    """The single definition of one op kind.
+
+    Attributes:
+        key: unique registry key (``"add"``, ``"add_"``...).
+        type: PopXL type name printed in schedules (``"Add"``, ``"AddLhsInplace"``).
+        infer: ``infer(*input_specs, **attrs) -> [TensorSpec, ...]`` for the outputs.
+        lower: ``lower(*arrays, **attrs) -> array | tuple``: a pure JAX function. Its
+            results are the op's outputs, possibly followed by extra results that
+            ``modifies`` writes back into inputs. ``None`` for ops the runtime lowers
+            itself (``special``).
+        modifies: ``(input index, result index)`` pairs: after the op, the input's storage
+            holds that result (in-place ops).
+        alias_outputs: ``(output index, input index)`` pairs: the output is a handle on the
+            input's storage instead of new storage.
+        view_inverse: for view ops (``reshape_``, ``slice_``...): ``inv(input_arrays, new_out,
+            **attrs) -> new input arrays``, so writes through the view reach its base.
+        special: name of a runtime handler for ops that need more than a pure function
+            (subgraph calls, host and remote IO).
+        effect: the op has a side effect and must never be dropped.
+        grad: ``"vjp"`` (gradient op = ``jax.vjp`` of ``lower``), ``"none"`` (no gradient,
+            e.g. integer outputs or host IO), or the name of a structural rule in autodiff.
+        nondiff_inputs: input indices that never receive a gradient (indices, seeds).
+    """
+
+    key: str
+    type: str
+    infer: Infer
+    lower: Lower | None = None
+    modifies: tuple[tuple[int, int], ...] = ()
+    alias_outputs: tuple[tuple[int, int], ...] = ()
+    view_inverse: Callable[..., tuple] | None = None
+    special: str | None = None
+    effect: bool = False
+    grad: str = "vjp"
+    nondiff_inputs: tuple[int, ...] = ()
+    doc: str = field(default="", repr=False)
+
+    @property
+    def is_view(self) -> bool:
+        return self.view_inverse is not None
+
+    @property
+    def is_inplace(self) -> bool:
+        return bool(self.modifies)
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    """Add an op kind to the registry (each key once)."""
+    if opdef.key in REGISTRY:
+        raise ValueError(f"op '{opdef.key}' is registered twice")
+    REGISTRY[opdef.key] = opdef
+    return opdef
+
+
+def define(key: str, type: str, infer: Infer, lower: Lower | None = None, **kw: Any) -> OpDef:  # noqa: A002
+    """Declare and register an op kind."""
+    return register(OpDef(key, type, infer, lower, **kw))
+
+
+def define_inplace(base: OpDef, key: str, type: str, input_index: int = 0) -> OpDef:  # noqa: A002
+    """The in-place variant of ``base``: writes output 0 into input ``input_index``."""
+    return register(
+        replace(
+            base,
+            key=key,
+            type=type,
+            modifies=((input_index, 0),),
+            alias_outputs=((0, input_index),),
+        )
+    )
+
+
+def define_view(base: OpDef, key: str, type: str, inverse: Callable[..., tuple]) -> OpDef:  # noqa: A002
+    """The aliasing (view) variant of ``base``: its output shares its inputs' storage."""
+    return register(replace(base, key=key, type=type, view_inverse=inverse))
+
+
+class Op:
+    """One op in a graph: its kind, attributes, inputs, outputs and placement."""
+
+    __slots__ = (
+        "opdef",
+        "attrs",
+        "inputs",
+        "outputs",
+        "id",
+        "graph",
+        "ipu",
+        "tile_set",
+        "scope",
+        "location",
+        "modified_inputs",
+        "execution_context",
+    )
+
+    def __init__(
+        self,
+        opdef: OpDef,
+        attrs: Mapping[str, Any],
+        inputs: tuple[Tensor, ...],
+        graph: Graph,
+        op_id: int,
+        ipu: int | None,
+        tile_set: str,
+        scope: tuple[str, ...],
+        location: tuple[str, int] | None,
+        execution_context: str = "Normal",
+    ) -> None:
+        self.opdef = opdef
+        self.attrs = dict(attrs)
+        self.inputs = inputs
+        self.outputs: tuple[Tensor, ...] = ()
+        self.id = op_id
+        self.graph = graph
+        self.ipu = ipu
+        self.tile_set = tile_set
+        self.scope = scope
+        self.location = location
+        # Inputs that a call site writes back to the parent (by-ref subgraph inputs).
+        self.modified_inputs: set[int] = set()
+        self.execution_context = execution_context
+
+    @property
+    def type(self) -> str:
+        return self.opdef.type
+
+    @property
+    def called_graphs(self) -> tuple[Graph, ...]:
+        graphs = self.attrs.get("graphs")
+        return tuple(graphs) if graphs else ()
+
+    def modified_input_indices(self) -> set[int]:
+        """Inputs whose storage this op writes (in-place ops and by-ref call inputs)."""
+        return {i for i, _ in self.opdef.modifies} | self.modified_inputs
+
+    def __repr__(self) -> str:
+        return f"{self.type}.{self.id}"
+
+
+def user_location() -> tuple[str, int] | None:
+    """File and line of the first stack frame outside this package."""
+    frame = sys._getframe(1)
+    package_dir = __file__.rsplit("/", 1)[0]
+    while frame is not None and frame.f_code.co_filename.startswith(package_dir):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return frame.f_code.co_filename, frame.f_lineno
+
+
+def core_error(message: str) -> PopXLException:
+    """An error the original raised from its C++ core."""
+    return PopXLException(message)

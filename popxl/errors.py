@@ -1,0 +1,57 @@
+"""Exception types.
+
+``PopXLException`` stands in for the original's ``popart.popart_exception``: it is raised
+where PopXL's C++ core raised (dtype mismatches, bad broadcasts, call input mismatches,
+modifying ops under autodiff). It subclasses ``ValueError`` so code catching the Python
+errors keeps working.
+
+``Error``, ``RecoverableError`` and ``UnrecoverableError`` follow PopTorch's runtime error
+model and are raised by the runtime when execution itself fails.
+"""
+
+from __future__ import annotations
+
+
+class PopXLException(ValueError):
+    """An error the original raised from its C++ core (``popart.popart_exception``)."""
+
+
+class UndefinedValue(Exception):
+    """Raised by ``Tensor.ipu`` / ``Tensor.tile_set`` when the placement cannot be inferred."""
+
+
+class Error(Exception):
+    """A runtime failure while executing a program.
+
+    Attributes:
+        message: what went wrong.
+        type: a short category name.
+        location: where it happened (op or session call), if known.
+    """
+
+    def __init__(self, message: str, type: str = "popxl", location: str = "") -> None:  # noqa: A002
+        super().__init__(message)
+        self.message = message
+        self.type = type
+        self.location = location
+
+
+class RecoverableError(Error):
+    """A runtime failure after which the session can be used again.
+
+    Attributes:
+        recovery_action: what the user should do (e.g. "RESET" the session state).
+    """
+
+    def __init__(
+        self, message: str, type: str = "popxl", location: str = "", recovery_action: str = ""
+    ) -> None:  # noqa: A002
+        super().__init__(message, type, location)
+        self.recovery_action = recovery_action
+
+
+class UnrecoverableError(Error):
+    """A runtime failure that leaves the session unusable."""
+
+
+__all__ = ["PopXLException", "UndefinedValue", "Error", "RecoverableError", "UnrecoverableError"]

@@ -1,0 +1,106 @@
+"""Host-side float8 conversion.
+
+Float8 host data is held in NumPy arrays of the ``ml_dtypes`` types that match the IPU
+formats: ``float8_143`` = ``float8_e4m3fnuz`` (1 sign, 4 exponent, 3 mantissa bits, bias 8,
+largest 240) and ``float8_152`` = ``float8_e5m2fnuz`` (1/5/2, bias 16, largest 57344).
+Neither has infinities; the byte ``0x80`` is the only NaN.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from . import dtypes
+
+if TYPE_CHECKING:
+    from .dtypes import dtype as DType
+
+
+class FpDef(NamedTuple):
+    """A float8 format: exponent bits, mantissa bits, exponent bias, and NaN/inf flags."""
+
+    num_exp_bits: int
+    num_mantissa_bits: int
+    bias: int
+    has_nan_at_neg_zero: bool
+    has_inf: bool
+
+
+float8_143_def = FpDef(4, 3, 8, True, False)
+float8_152_def = FpDef(5, 2, 16, True, False)
+
+_FLOAT_SOURCES = (np.float16, np.float32, np.float64)
+
+
+def _float8_max(dt: DType) -> float:
+    return float(np.finfo(dt.as_numpy()).max)
+
+
+def _check_fp8_dtype(dt: DType | None) -> DType:
+    if dt is None:
+        return dtypes.float8_143
+    if dt not in (dtypes.float8_143, dtypes.float8_152):
+        raise TypeError(f"Expected a float8 dtype (float8_143 or float8_152), got {dt}.")
+    return dt
+
+
+def host_pow2scale_cast_to_fp8(
+    src: Any, dtype: DType | None = None, log2_scale: int = 0, nan_on_overflow: bool = True
+) -> np.ndarray:
+    """Cast float data to float8 after multiplying by ``2**log2_scale``.
+
+    Values beyond the format's range become NaN (``nan_on_overflow``) or saturate.
+    """
+    dt = _check_fp8_dtype(dtype)
+    arr = np.asarray(src)
+    if arr.dtype.type not in _FLOAT_SOURCES:
+        raise TypeError(
+            f"Float8 data must be converted from float16/32/64 data, got {arr.dtype}. "
+            "Cast the array to a float type first."
+        )
+    if not -32 <= int(log2_scale) < 32:
+        raise ValueError(f"log2_scale must be in [-32, 32), got {log2_scale}.")
+    scaled = arr.astype(np.float64) * (2.0 ** int(log2_scale))
+    limit = _float8_max(dt)
+    if nan_on_overflow:
+        scaled = np.where(np.abs(scaled) > limit, np.nan, scaled)
+    else:
+        scaled = np.clip(scaled, -limit, limit)
+    return scaled.astype(np.float32).astype(dt.as_numpy())
+
+
+def host_pow2scale_cast_from_fp8(
+    src: np.ndarray, dtype: DType | None = None, log2_scale: int = 0
+) -> np.ndarray:
+    """Cast float8 data to ``dtype`` (float16/32/64) and multiply by ``2**log2_scale``."""
+    target = dtypes.float32 if dtype is None else dtype
+    if target not in (dtypes.float16, dtypes.float32, dtypes.float64):
+        raise TypeError(f"Float8 data can only be cast to float16/32/64, not {target}.")
+    arr = np.asarray(src)
+    if arr.dtype not in (dtypes.np_dtype_float8_143, dtypes.np_dtype_float8_152):
+        raise TypeError(f"Expected float8 host data, got dtype {arr.dtype}.")
+    out = arr.astype(np.float64) * (2.0 ** int(log2_scale))
+    return out.astype(target.as_numpy())
+
+
+def _to_float8_array(
+    x: Any, dt: DType, log2_scale: int | None, nan_on_overflow: bool | None
+) -> np.ndarray:
+    arr = np.asarray(x.detach().cpu().numpy() if type(x).__module__.startswith("torch") else x)
+    if arr.dtype == dt.as_numpy():
+        return arr.copy()
+    return host_pow2scale_cast_to_fp8(
+        arr, dt, 0 if log2_scale is None else log2_scale,
+        True if nan_on_overflow is None else nan_on_overflow,
+    )
+
+
+__all__ = [
+    "FpDef",
+    "float8_143_def",
+    "float8_152_def",
+    "host_pow2scale_cast_to_fp8",
+    "host_pow2scale_cast_from_fp8",
+]

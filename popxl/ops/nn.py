@@ -1,0 +1,99 @@
+"""Neural-network ops: matmul, softmax and friends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import dtypes
+from .._op import core_error, define
+from ..tensor import Tensor
+from ._base import jax, jnp, normalize_axis, record, same_dtype, spec
+
+# matmul ----------------------------------------------------------------------------------
+
+
+def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    if not a or not b:
+        raise core_error(f"matmul needs inputs of rank >= 1, got shapes {a} and {b}.")
+    a2 = (1, *a) if len(a) == 1 else a
+    b2 = (*b, 1) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise core_error(
+            f"matmul: the inner dimensions of {a} and {b} differ ({a2[-1]} != {b2[-2]})."
+        )
+    try:
+        import numpy as np  # noqa: PLC0415
+
+        batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+    except ValueError:
+        raise core_error(f"matmul: batch dimensions of {a} and {b} do not broadcast.") from None
+    out = (*batch, a2[-2], b2[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return out
+
+
+def _matmul_infer(a: Any, b: Any, *, output_type: dtypes.dtype | None, partials_type: Any) -> list:
+    dt = same_dtype("MatMul", a, b)
+    return [spec(_matmul_shape(a.shape, b.shape), output_type or dt)]
+
+
+def _matmul(x: Any, y: Any, *, output_type: Any, partials_type: Any) -> Any:
+    accumulate = jnp.float32 if partials_type is dtypes.float32 or partials_type is None else None
+    if x.dtype == jnp.float16 and accumulate is not None:
+        return jnp.matmul(x, y, preferred_element_type=accumulate).astype(x.dtype)
+    return jnp.matmul(x, y)
+
+
+MATMUL = define("matmul", "MatMul", _matmul_infer, _matmul)
+
+
+def matmul(
+    lhs: Tensor,
+    rhs: Tensor,
+    available_memory_proportion: float | None = None,
+    output_type: dtypes.dtype | None = None,
+    partials_type: dtypes.dtype | None = None,
+) -> Tensor:
+    """Matrix product with NumPy ``matmul`` rules (1-D promotion, batch broadcasting).
+
+    Args:
+        lhs, rhs: inputs of the same dtype.
+        available_memory_proportion: an IPU tiling hint; no effect here.
+        output_type: dtype of the result (default: the inputs' dtype).
+        partials_type: accumulation type, ``float32`` (default) or ``float16``.
+
+    Raises:
+        ValueError: a ``partials_type`` other than float16/float32.
+        PopXLException: mismatched dtypes or inner dimensions.
+    """
+    if partials_type is not None and partials_type not in (dtypes.float16, dtypes.float32):
+        raise ValueError(f"partials_type must be float16 or float32, got {partials_type}.")
+    attrs = {"output_type": output_type, "partials_type": partials_type}
+    return record(MATMUL, {"lhs": lhs, "rhs": rhs}, attrs, ["matmul_out"])[0]
+
+
+# softmax ---------------------------------------------------------------------------------
+
+
+def _axis_infer(t: Any, *, axis: int) -> list:
+    return [t]
+
+
+SOFTMAX = define("softmax", "Softmax", _axis_infer, lambda x, *, axis: jax.nn.softmax(x, axis=axis))
+LOG_SOFTMAX = define(
+    "log_softmax", "LogSoftmax", _axis_infer, lambda x, *, axis: jax.nn.log_softmax(x, axis=axis)
+)
+
+
+def softmax(t: Tensor, axis: int) -> Tensor:
+    """Softmax along ``axis`` (required; negative axes count from the end)."""
+    return record(SOFTMAX, {"t": t}, {"axis": normalize_axis(axis, t.rank)}, ["softmax_out"])[0]
+
+
+def log_softmax(t: Tensor, axis: int) -> Tensor:
+    """``log(softmax(t, axis))``, computed stably (an addition to the original op set)."""
+    attrs = {"axis": normalize_axis(axis, t.rank)}
+    return record(LOG_SOFTMAX, {"t": t}, attrs, ["log_softmax_out"])[0]

@@ -1,0 +1,1 @@
+"""Variable-update ops (in place on their first argument)."""

@@ -1,0 +1,139 @@
+"""Host-side helpers: converting user data to NumPy, formatting tables for errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .dtypes import dtype as DType
+
+downcast_np_dtypes = {
+    np.dtype(np.int64): np.dtype(np.int32),
+    np.dtype(np.uint64): np.dtype(np.uint32),
+    np.dtype(np.float64): np.dtype(np.float32),
+}
+HW_DEVICE_CONNECTION_TIMEOUT = 10000
+
+_FP8_SCALE_ONLY_MSG = (
+    "`log2_scale` and `nan_on_overflow` only apply to float8 data; got dtype {dtype}. "
+    "Remove these arguments or pass a float8 dtype."
+)
+
+
+def _python_scalar_dtype(x: Any) -> np.dtype | None:
+    if isinstance(x, bool):
+        return np.dtype(np.bool_)
+    if isinstance(x, int):
+        return np.dtype(np.int32)
+    if isinstance(x, float):
+        return np.dtype(np.float32)
+    return None
+
+
+def _as_array(x: Any) -> np.ndarray:
+    """``np.asarray`` that also takes torch tensors (detached, on the CPU)."""
+    if type(x).__module__.startswith("torch"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def to_numpy(
+    x: Any,
+    dtype: DType | None = None,
+    downcast: bool = True,
+    copy: bool = True,
+    log2_scale: int | None = None,
+    nan_on_overflow: bool | None = None,
+) -> np.ndarray:
+    """Convert host data (arrays, torch tensors, scalars, nested lists) to a NumPy array.
+
+    Args:
+        x: the data.
+        dtype: the popxl dtype to convert to; inferred when None.
+        downcast: with no ``dtype``, turn 64-bit ints/floats into their 32-bit types.
+        copy: copy the data even when no conversion is needed.
+        log2_scale: float8 only: data is multiplied by ``2**log2_scale`` before the cast.
+        nan_on_overflow: float8 only: values out of range become NaN rather than saturate.
+
+    Returns:
+        A NumPy array. Python ints become int32, floats float32, bools bool.
+
+    Raises:
+        RuntimeError: float8-only arguments given for another dtype.
+        TypeError: float8 requested from non-float data.
+    """
+    from . import fp8_utils  # noqa: PLC0415  (fp8_utils imports this module)
+
+    if dtype is not None and dtype.name.startswith("float8"):
+        return fp8_utils._to_float8_array(x, dtype, log2_scale, nan_on_overflow)
+    if log2_scale is not None or nan_on_overflow is not None:
+        raise RuntimeError(_FP8_SCALE_ONLY_MSG.format(dtype=dtype))
+    if isinstance(x, np.memmap) and not copy:
+        return _checked_memmap(x, dtype, downcast)
+    scalar_dt = _python_scalar_dtype(x)
+    if dtype is not None:
+        arr = np.array(_as_array(x), dtype=dtype.as_numpy(), copy=copy or None)
+        return arr
+    if scalar_dt is not None:
+        return np.array(x, dtype=scalar_dt)
+    if isinstance(x, (list, tuple)):
+        arr = np.array(x)
+        if arr.dtype == np.float64:
+            arr = arr.astype(np.float32)
+        elif arr.dtype == np.int64:
+            arr = arr.astype(np.int32)
+    else:
+        arr = _as_array(x)
+    if downcast and arr.dtype in downcast_np_dtypes:
+        return arr.astype(downcast_np_dtypes[arr.dtype])
+    return arr.copy() if copy else arr
+
+
+def _checked_memmap(x: np.memmap, dtype: DType | None, downcast: bool) -> np.ndarray:
+    if not (x.flags.c_contiguous and x.flags.aligned):
+        raise ValueError("A np.memmap passed without copying must be C-contiguous and aligned.")
+    if dtype is not None and x.dtype != dtype.as_numpy():
+        raise ValueError(
+            f"The np.memmap has dtype {x.dtype} but {dtype} was requested; memmaps are "
+            "used in place and cannot be converted. Create the memmap with the right dtype."
+        )
+    if downcast and dtype is None and x.dtype in downcast_np_dtypes:
+        raise ValueError(
+            f"The np.memmap has 64-bit dtype {x.dtype}, which would need downcasting; "
+            "memmaps are used in place. Create it with a 32-bit dtype or pass downcast=False."
+        )
+    return x
+
+
+def table_to_string(
+    rows: Sequence[Sequence[Any]], delimiter: str = " | ", header: bool = True
+) -> str:
+    """Format rows as an aligned text table (used in error messages)."""
+    rows = [[str(c) for c in row] for row in rows]
+    if not rows:
+        return ""
+    widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        line = delimiter.join(c.ljust(w) for c, w in zip(row, widths)) + "\n"
+        lines.append(line)
+        if header and n == 0:
+            lines.append("-" * len(line) + "\n")
+    return "".join(lines)
+
+
+def flatten_once(items: Iterable[Any]) -> list[Any]:
+    """Expand every non-string iterable element one level (how ``ops.call`` reads inputs)."""
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, Iterable) and not isinstance(item, (str, bytes)):
+            out.extend(item)
+        else:
+            out.append(item)
+    return out
+
+
+__all__ = ["to_numpy", "table_to_string", "downcast_np_dtypes", "HW_DEVICE_CONNECTION_TIMEOUT"]

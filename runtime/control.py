@@ -1,0 +1,73 @@
+"""Lowering of subgraph ops: ``call`` inlines, ``repeat`` loops, ``conditional`` branches.
+
+Effect state (stream cursors, output buffers, remote buffers) lives in ``ctx.fx`` and is
+threaded through loops and branches as part of their carry.
+"""
+
+from __future__ import annotations
+
+from jax import lax
+
+from popxl._op import Op
+
+from .lowering import Env, LoweringContext, lower_graph, special
+
+
+@special("call")
+def _lower_call(ctx: LoweringContext, env: Env, op: Op) -> None:
+    graph = op.attrs["graphs"][0]
+    outs, finals, _ = lower_graph(ctx, graph, [env.read(t) for t in op.inputs])
+    for index in sorted(op.modified_inputs):
+        env.write(op.inputs[index], finals[index])
+    for t, value in zip(op.outputs, outs):
+        env.values[t] = value
+
+
+@special("repeat")
+def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
+    graph = op.attrs["graphs"][0]
+    count = op.attrs["repeat_count"]
+    initial = [env.read(t) for t in op.inputs]
+    n_out = len(graph._outputs)
+    by_ref = sorted(op.modified_inputs)
+
+    def body(_: int, carry: tuple) -> tuple:
+        carried, ref_values, fx = carry
+        current = list(initial)
+        current[:n_out] = carried
+        for index, value in zip(by_ref, ref_values):
+            if index >= n_out:
+                current[index] = value
+        ctx.fx = fx
+        outs, finals, _ = lower_graph(ctx, graph, current)
+        return tuple(outs), tuple(finals[i] for i in by_ref), ctx.fx
+
+    start = (tuple(initial[:n_out]), tuple(initial[i] for i in by_ref), ctx.fx)
+    carried, ref_values, ctx.fx = lax.fori_loop(0, count, body, start) if count else start
+    for index, value in zip(by_ref, ref_values):
+        env.write(op.inputs[index], value)
+    for t, value in zip(op.outputs, carried):
+        env.values[t] = value
+
+
+@special("conditional")
+def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
+    then_graph, else_graph = op.attrs["graphs"]
+    then_at, else_at = op.attrs["input_offsets"]
+    predicate = env.read(op.inputs[0]).reshape(())
+
+    def branch(graph, offset):  # noqa: ANN001, ANN202
+        values = [env.read(t) for t in op.inputs[offset : offset + len(graph._inputs)]]
+
+        def run(fx):  # noqa: ANN001, ANN202
+            ctx.fx = fx
+            outs, _, _ = lower_graph(ctx, graph, values)
+            return tuple(outs), ctx.fx
+
+        return run
+
+    outs, ctx.fx = lax.cond(
+        predicate, branch(then_graph, then_at), branch(else_graph, else_at), ctx.fx
+    )
+    for t, value in zip(op.outputs, outs):
+        env.values[t] = value

@@ -1,0 +1,169 @@
+"""Lowering graphs to JAX: an interpreter over ops, run once while ``jax.jit`` traces.
+
+Each graph invocation gets an ``Env`` mapping tensors to *storage*. Ordinary op outputs own
+their storage. Views (``reshape_``, ``slice_``, the handle returned by an in-place op...)
+do not: reading one applies the view to its base, and writing one writes the base through
+the view's inverse, so every handle on the same storage sees in-place updates, as on the IPU.
+
+Ops whose lowering needs more than a pure function of their inputs (subgraph calls, host
+and remote IO) name a ``special`` handler, registered here with ``@special``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from popxl._op import Op, OpDef
+from popxl.graph import Graph
+from popxl.tensor import Constant, Tensor
+
+Array = Any
+Fx = dict[str, Array]
+
+SPECIAL: dict[str, Callable[[LoweringContext, Env, Op], None]] = {}
+
+
+def special(name: str) -> Callable:
+    """Register the runtime handler for ops whose ``OpDef.special`` is ``name``."""
+
+    def register(fn: Callable[[LoweringContext, Env, Op], None]) -> Callable:
+        SPECIAL[name] = fn
+        return fn
+
+    return register
+
+
+def _identity_inverse(old: Sequence[Array], new: Array) -> tuple[Array]:
+    return (new,)
+
+
+@dataclass(frozen=True)
+class _View:
+    forward: Callable[..., Array]
+    inverse: Callable[..., tuple]
+    parents: tuple[Tensor, ...]
+    attrs: Mapping[str, Any]
+
+
+class Env:
+    """Tensor → value for one graph invocation, with views aliasing their bases."""
+
+    def __init__(self) -> None:
+        self.values: dict[Tensor, Array] = {}
+        self.views: dict[Tensor, _View] = {}
+
+    def read(self, t: Tensor) -> Array:
+        value = self.values.get(t)
+        if value is not None:
+            return value
+        view = self.views.get(t)
+        if view is not None:
+            return view.forward(*(self.read(p) for p in view.parents), **view.attrs)
+        if isinstance(t, Constant):
+            value = self.values[t] = jnp.asarray(t._data)
+            return value
+        raise KeyError(f"tensor {t.id} has no value yet (it is read before it is written)")
+
+    def write(self, t: Tensor, value: Array) -> None:
+        view = self.views.get(t)
+        if view is None:
+            self.values[t] = value
+            return
+        old = [self.read(p) for p in view.parents]
+        for parent, new in zip(view.parents, view.inverse(old, value, **view.attrs)):
+            self.write(parent, new)
+
+    def alias(self, handle: Tensor, base: Tensor) -> None:
+        """Make ``handle`` share ``base``'s storage."""
+        self.views[handle] = _View(lambda x: x, _identity_inverse, (base,), {})
+
+    def view(self, out: Tensor, opdef: OpDef, parents: tuple[Tensor, ...], attrs: Mapping) -> None:
+        assert opdef.lower is not None and opdef.view_inverse is not None
+        self.views[out] = _View(opdef.lower, opdef.view_inverse, parents, attrs)
+
+
+@dataclass
+class LoweringContext:
+    """What lowering needs beyond one graph: stream buffers, effect state, replication."""
+
+    h2d: dict[Any, Array] = field(default_factory=dict)
+    h2d_slots: dict[Any, int] = field(default_factory=dict)
+    d2h_slots: dict[Any, int] = field(default_factory=dict)
+    fx: Fx = field(default_factory=dict)
+    replicas: int = 1
+    axis_name: str | None = None
+    print_fn: Callable[[str, Array], None] | None = None
+
+
+def _checked(value: Array, t: Tensor) -> Array:
+    """Cast the lowering's result to the inferred dtype; shapes must already agree."""
+    want = t.dtype.as_numpy()
+    if value.dtype != want:
+        value = value.astype(want)
+    if tuple(value.shape) != t.shape:
+        raise AssertionError(
+            f"lowering of {t._producer} produced shape {tuple(value.shape)} but inference "
+            f"said {t.shape} for {t.id}"
+        )
+    return value
+
+
+def lower_op(ctx: LoweringContext, env: Env, op: Op) -> None:
+    opdef = op.opdef
+    if opdef.special is not None:
+        SPECIAL[opdef.special](ctx, env, op)
+        return
+    if opdef.view_inverse is not None:
+        env.view(op.outputs[0], opdef, op.inputs, op.attrs)
+        return
+    assert opdef.lower is not None, f"{opdef.key} has no lowering"
+    results = opdef.lower(*(env.read(t) for t in op.inputs), **op.attrs)
+    if not isinstance(results, tuple):
+        results = (results,)
+    for in_index, result_index in opdef.modifies:
+        target = op.inputs[in_index]
+        env.write(target, _checked(results[result_index], target))
+    aliased = dict(opdef.alias_outputs)
+    for k, out in enumerate(op.outputs):
+        if k in aliased:
+            env.alias(out, op.inputs[aliased[k]])
+        else:
+            env.values[out] = _checked(results[k], out)
+
+
+def lower_graph(
+    ctx: LoweringContext,
+    graph: Graph,
+    inputs: Sequence[Array],
+    extra: Mapping[Tensor, Array] | None = None,
+    read_back: Sequence[Tensor] = (),
+) -> tuple[list[Array], list[Array], list[Array]]:
+    """Run ``graph``'s ops on ``inputs``.
+
+    Returns:
+        (output values, final values of the graph inputs, final values of ``read_back``).
+    """
+    env = Env()
+    for t, value in zip(graph._inputs, inputs):
+        env.values[t] = value
+    if extra:
+        env.values.update(extra)
+    for op in graph._ops:
+        lower_op(ctx, env, op)
+    outs = [env.read(t) for t in graph._outputs]
+    final_inputs = [env.read(t) for t in graph._inputs]
+    return outs, final_inputs, [env.read(t) for t in read_back]
+
+
+def zeros_for(t: Tensor) -> Array:
+    return jnp.zeros(t.shape, t.dtype.as_numpy())
+
+
+def host_value(array: Array) -> np.ndarray:
+    return np.asarray(jax.device_get(array))

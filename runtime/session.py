@@ -1,0 +1,351 @@
+"""``popxl.Session``: runs an IR, keeping host and device copies of its variables.
+
+Transfers follow PopXL exactly:
+
+=============================  ========  ==================================================
+call                           attached  effect
+=============================  ========  ==================================================
+``__enter__`` (was detached)   -         attach + weights_from_host
+``__exit__`` (matching enter)  -         weights_to_host (if enabled, no exception) + detach
+``run``                        required  device state advances; host copies become stale
+``get_tensor(s)_data``         yes       weights_to_host first, only if stale
+``get_tensor(s)_data``         no        host values, no transfer
+``write_variable(s)_data``     yes       host update + upload of the written variables
+``write_variable(s)_data``     no        host update only
+=============================  ========  ==================================================
+
+Deliberate difference: writing variables while attached uploads only the written variables,
+so device values of other variables that are newer than their host copies are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from popxl.ir import Ir
+from popxl.streams import DeviceToHostStream, HostToDeviceStream
+from popxl.tensor import Constant, Tensor, Variable
+
+from . import stream_io
+from .device import select_device
+from .program import Program, abstract_inputs, abstract_state, build_program, enable_persistent_cache
+
+DEVICE_TYPES = ("ipu_hw", "ipu_model", "cpu")
+NOT_ATTACHED_MSG = (
+    "Must be attached to device before calling a runtime function. Put the call inside a "
+    "Session context, for example `with session: session.run()`."
+)
+NOT_VAR_OR_CONST_MSG = (
+    "{t} is not of type Constant or Variable. get_tensor_data is not supported for this type."
+)
+NOT_VARIABLE_MSG = (
+    "Tensor {tid} is not of type Variable. write_variable_data is not supported for this type."
+)
+WRITE_DTYPE_MSG = (
+    "The data for variable {tid} has dtype {got}, but the variable is {want}. Convert it "
+    "first, e.g. data.astype(np.{want})."
+)
+WRITE_SHAPE_MSG = (
+    "The shape of the input array {got} must match the shape of the tensor {tid} on the "
+    "host, {want}."
+)
+NO_OPS_MSG = (
+    "The Ir {ir} has no graphs. The graphs may have all been optimised to nothing, try adding "
+    "more operations to your graphs."
+)
+_COMPILED: set[tuple[str, Any]] = set()
+
+
+class Session:
+    """Compile an IR and run it.
+
+    Args:
+        ir: the program. The session takes ownership: its replication factor is fixed.
+        device_desc: ``"cpu"``, ``"ipu_model"`` or ``"ipu_hw"``. All run through JAX on the
+            default backend (a GPU when JAX has one); set ``JAX_PLATFORMS=cpu`` to pin the CPU.
+        weights_to_host_on_exit: copy variables back to the host when the outermost
+            ``with session:`` block ends.
+
+    >>> import popxl, popxl.ops as ops
+    >>> ir = popxl.Ir()
+    >>> with ir.main_graph:
+    ...     a = popxl.variable(3, name="a")
+    ...     d2h = popxl.d2h_stream((), popxl.int32, "out")
+    ...     ops.host_store(d2h, a + 1)
+    >>> with popxl.Session(ir, "ipu_model") as session:
+    ...     session.run()[d2h]
+    array(4, dtype=int32)
+    """
+
+    def __init__(self, ir: Ir, device_desc: str = "cpu", weights_to_host_on_exit: bool = True):
+        if not isinstance(device_desc, str) or device_desc not in DEVICE_TYPES:
+            raise ValueError(
+                f"Incorrect device type provided: {device_desc}, must be one of: "
+                f"{', '.join(DEVICE_TYPES)}"
+            )
+        if not ir.main_graph._ops:
+            raise RuntimeError(NO_OPS_MSG.format(ir=ir.id))
+        enable_persistent_cache()
+        self.ir_ = ir
+        self.device_desc = device_desc
+        self._device = select_device(device_desc)
+        self.weights_to_host_on_exit = weights_to_host_on_exit and not _has_read_only_memmap(ir)
+        ir._attach_session(self)
+        self._program: Program = build_program(ir)
+        self._host: dict[Variable, np.ndarray] = {v: v._host_data for v in self._program.variables}
+        self._state: tuple | None = None
+        self._host_stale = False
+        self._enter_stack: list[bool] = []
+        self._compile()
+
+    # Properties -----------------------------------------------------------------------
+
+    @property
+    def ir(self) -> Ir:
+        return self.ir_
+
+    @property
+    def is_attached(self) -> bool:
+        return self._state is not None
+
+    def expected_inputs(self) -> set[HostToDeviceStream]:
+        """The host-to-device streams a run needs data for."""
+        return self.ir_.get_all_h2d_streams()
+
+    # Compilation -----------------------------------------------------------------------
+
+    def _x64(self) -> Any:
+        return jax.enable_x64(True) if self._program.uses_x64 else contextlib.nullcontext()
+
+    def _compile(self) -> None:
+        key = (self._program.key, str(self._device))
+        if key in _COMPILED:
+            return
+        with self._x64():
+            self._program.step.lower(abstract_state(self._program), abstract_inputs(self._program)).compile()
+        _COMPILED.add(key)
+
+    # Attach / detach --------------------------------------------------------------------
+
+    def __enter__(self) -> Session:
+        was_attached = self.is_attached
+        self._enter_stack.append(was_attached)
+        if not was_attached:
+            self._attach()
+            self.weights_from_host()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        was_attached = self._enter_stack.pop() if self._enter_stack else True
+        if was_attached:
+            return
+        if exc_type is None and self.weights_to_host_on_exit and self.is_attached:
+            self.weights_to_host()
+        self._detach()
+
+    def _attach(self) -> None:
+        self._state = ()
+
+    def _detach(self) -> None:
+        self._state = None
+
+    def _require_attached(self) -> None:
+        if self._state is None:
+            raise ValueError(NOT_ATTACHED_MSG)
+
+    # Weights ---------------------------------------------------------------------------
+
+    def _to_device(self, var: Variable, host: np.ndarray) -> Any:
+        replicas = self._program.replicas
+        if replicas > 1:
+            grouping = var.replica_grouping
+            if grouping.num_groups > 1:
+                host = np.stack([host[g] for g in grouping.assignment])
+            else:
+                host = np.broadcast_to(host, (replicas, *host.shape))
+        return jax.device_put(host, self._device)
+
+    def _to_host(self, var: Variable, device_value: Any) -> np.ndarray:
+        value = np.array(device_value)
+        if self._program.replicas > 1:
+            grouping = var.replica_grouping
+            if grouping.num_groups > 1:
+                value = np.stack([value[members[0]] for members in grouping.members])
+            else:
+                value = value[0]
+        value.flags.writeable = False
+        return value
+
+    def weights_from_host(self) -> None:
+        """Copy every variable's host value to the device."""
+        self._require_attached()
+        with self._x64():
+            self._state = tuple(self._to_device(v, self._host[v]) for v in self._program.variables)
+
+    def weights_to_host(self) -> None:
+        """Copy every variable's device value to the host."""
+        self._require_attached()
+        assert self._state is not None
+        for var, value in zip(self._program.variables, jax.device_get(self._state)):
+            self._set_host(var, self._to_host(var, value))
+        self._host_stale = False
+
+    def _set_host(self, var: Variable, value: np.ndarray) -> None:
+        current = self._host[var]
+        if isinstance(current, np.memmap):
+            current[...] = value
+            current.flush()
+        else:
+            self._host[var] = value
+
+    # Running ----------------------------------------------------------------------------
+
+    def run(
+        self,
+        inputs: Mapping[HostToDeviceStream, Any] | None = None,
+        downcast_inputs: bool = True,
+    ) -> dict[DeviceToHostStream, np.ndarray]:
+        """Run the main graph once and return the data of every device-to-host stream.
+
+        Args:
+            inputs: one array per stream read by ``host_load``, in the layout
+                ``[num_host_transfers if > 1][replication_factor if > 1][*stream_shape]``.
+            downcast_inputs: convert 64-bit input arrays to 32-bit.
+
+        Raises:
+            ValueError: detached, missing/unexpected streams or badly shaped arrays.
+            TypeError: arrays of the wrong dtype.
+        """
+        buffers, _ = self._execute(inputs, downcast_inputs)
+        nht = self.ir_.num_host_transfers
+        return {s: np.array(stream_io.host_layout(b, nht)) for s, b in zip(self._program.d2h, buffers)}
+
+    def run_with_outputs(
+        self,
+        inputs: Mapping[HostToDeviceStream, Any] | None = None,
+        outputs: Mapping[DeviceToHostStream, np.ndarray] | None = None,
+        downcast_inputs: bool = True,
+    ) -> None:
+        """Run once, writing stream data into the given ``outputs`` arrays in place.
+
+        Slots a run does not write (stores executed fewer than ``num_host_transfers``
+        times) keep their previous contents.
+        """
+        self._require_attached()
+        outs = dict(outputs or {})
+        nht, replicas = self.ir_.num_host_transfers, self._program.replicas
+        stream_io.check_outputs(outs, self._program.d2h, nht, replicas)
+        buffers, counts = self._execute(inputs, downcast_inputs)
+        for stream, buffer, count in zip(self._program.d2h, buffers, jax.device_get(counts)):
+            stream_io.fill_output(outs[stream], buffer, int(np.max(count)), nht)
+
+    def _execute(self, inputs: Any, downcast: bool) -> tuple[list[np.ndarray], tuple]:
+        self._require_attached()
+        program = self._program
+        arrays = stream_io.prepare_inputs(
+            inputs, program.h2d, self.ir_.num_host_transfers, program.replicas, downcast
+        )
+        with self._x64():
+            state, (buffers, counts) = program.step(self._state, arrays)
+        self._state = state
+        self._host_stale = True
+        return [np.asarray(b) for b in buffers], counts
+
+    def create_host_outputs(self) -> dict[DeviceToHostStream, np.ndarray]:
+        """Empty arrays, in host layout, for every device-to-host stream."""
+        nht, replicas = self.ir_.num_host_transfers, self._program.replicas
+        return {
+            s: np.empty(stream_io.output_shape(s, nht, replicas), s.dtype.as_numpy())
+            for s in self._program.d2h
+        }
+
+    # Variable data -----------------------------------------------------------------------
+
+    def get_tensor_data(self, tensor: Variable | Constant) -> np.ndarray:
+        """The host value of one variable or constant (see ``get_tensors_data``)."""
+        return self.get_tensors_data([tensor])[tensor]
+
+    def get_tensors_data(self, tensors: Iterable[Variable | Constant]) -> dict[Tensor, np.ndarray]:
+        """Host values of variables and constants.
+
+        If the session is attached and has run since the last ``weights_to_host``, the
+        variables are fetched from the device first. The returned arrays are read-only
+        snapshots: later runs and transfers do not change them.
+        """
+        tensors = list(tensors)
+        for t in tensors:
+            if not isinstance(t, (Variable, Constant)):
+                raise TypeError(NOT_VAR_OR_CONST_MSG.format(t=t))
+        if self.is_attached and self._host_stale and any(isinstance(t, Variable) for t in tensors):
+            self.weights_to_host()
+        return {t: self._read_host(t) for t in tensors}
+
+    def _read_host(self, t: Tensor) -> np.ndarray:
+        if isinstance(t, Constant):
+            return t._data
+        value = self._host.get(t)  # type: ignore[call-overload]
+        if value is None:
+            raise ValueError(f"Variable {t.id} does not belong to this session's Ir {self.ir_.id}.")
+        return value
+
+    def write_variable_data(self, tensor: Variable, data: Any) -> None:
+        """Set one variable's value (see ``write_variables_data``)."""
+        self.write_variables_data({tensor: data})
+
+    def write_variables_data(self, tensors: Mapping[Variable, Any]) -> None:
+        """Set variables' values on the host and, if attached, on the device.
+
+        Every entry is checked before any is written, so a bad entry changes nothing.
+
+        Raises:
+            TypeError: a non-variable, or an array whose dtype differs from the variable's.
+            ValueError: an array whose shape is not the variable's host shape.
+        """
+        checked = [(var, self._checked_write(var, data)) for var, data in tensors.items()]
+        for var, arr in checked:
+            self._set_host(var, arr)
+        if self.is_attached and checked:
+            with self._x64():
+                index = {v: i for i, v in enumerate(self._program.variables)}
+                state = list(self._state or ())
+                for var, arr in checked:
+                    state[index[var]] = self._to_device(var, self._host[var])
+                self._state = tuple(state)
+
+    def _checked_write(self, var: Any, data: Any) -> np.ndarray:
+        if not isinstance(var, Variable):
+            raise TypeError(NOT_VARIABLE_MSG.format(tid=getattr(var, "id", var)))
+        if var not in self._host:
+            raise ValueError(f"Variable {var.id} does not belong to this session's Ir {self.ir_.id}.")
+        want = var.dtype.as_numpy()
+        if isinstance(data, (bool, int, float, np.number)):
+            if var.dtype.name.startswith("float8"):
+                raise TypeError(f"Write float8 variable {var.id} with a float8 NumPy array, not a Python number.")
+            data = np.array(data).astype(want)
+        arr = np.asarray(data)
+        if arr.dtype != want:
+            raise TypeError(WRITE_DTYPE_MSG.format(tid=var.id, got=arr.dtype, want=want))
+        if arr.shape != var.shape_on_host:
+            raise ValueError(WRITE_SHAPE_MSG.format(got=arr.shape, tid=var.id, want=var.shape_on_host))
+        if var.retrieval_mode == "all_replicas" and var.replica_grouping.group_size > 1:
+            raise NotImplementedError(
+                f"Writing variable {var.id} with retrieval_mode='all_replicas' is not supported; "
+                "create it with retrieval_mode='one_per_group' to write it."
+            )
+        copy = np.array(arr)
+        copy.flags.writeable = False
+        return copy
+
+
+def _has_read_only_memmap(ir: Ir) -> bool:
+    return any(
+        isinstance(v._host_data, np.memmap) and v._host_data.mode == "r" for v in ir._variables
+    )
+
+
+__all__ = ["Session"]

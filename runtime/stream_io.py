@@ -1,0 +1,153 @@
+"""Checking and arranging the host arrays of a run.
+
+The host layout of a stream is ``[num_host_transfers if > 1][replication_factor if > 1]
+[*stream_shape]``. Inputs are converted (64-bit data downcast to 32-bit), checked against
+that layout with PopXL's rules, and rearranged into the step's ``[slots, (replicas,)
+*shape]`` form. Nothing here touches the device, so a rejected run changes no state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from popxl.streams import DeviceToHostStream, HostToDeviceStream, Stream
+from popxl.utils import to_numpy
+
+SET_MISMATCH_MSG = "Unexpected/Missing {word}.\n  Unexpected: {unexpected}\n  Missing: {missing}"
+TOO_SHORT_MSG = (
+    "Dimension 0 ({n}) for the array provided for {kind} stream {sid} is not large enough.\n"
+    "It should be at least of size num_host_transfers = {nht}"
+)
+WRONG_REPLICAS_MSG = (
+    "Dimension {dim} ({n}) for the array provided for {kind} stream {sid} is the wrong size.\n"
+    "It should be of size replication_factor = {rf}"
+)
+SHAPE_MSG = (
+    "Shape mismatch for {kind} stream {sid}:\nStream shape = {shape}, therefore expected full "
+    "global batch shape {full}. Got array shape = {got}"
+)
+DTYPE_MSG = (
+    "The array for {kind} stream {sid} has dtype {got}, but the stream carries {want}. "
+    "Convert it first, e.g. array.astype(np.{want})."
+)
+
+
+def _extra_dims(nht: int, replicas: int) -> tuple[int, ...]:
+    return ((nht,) if nht > 1 else ()) + ((replicas,) if replicas > 1 else ())
+
+
+def check_stream_set(provided: Mapping[Stream, Any], expected: list[Stream], kind: str) -> None:
+    given = set(provided)
+    wanted = set(expected)
+    if given != wanted:
+        first = next(iter(provided), None)
+        word = "" if first is None else ("input" if isinstance(first, HostToDeviceStream) else "output")
+        unexpected = {str(s) for s in given - wanted}
+        missing = {str(s) for s in wanted - given}
+        raise ValueError(SET_MISMATCH_MSG.format(word=word, unexpected=unexpected, missing=missing))
+    del kind
+
+
+def check_shape(arr: np.ndarray, stream: Stream, nht: int, replicas: int, kind: str) -> bool:
+    """PopXL's layout rules. Returns True when the array is accepted only by the
+    all-ones escape hatch (its data dims must then be broadcast)."""
+    sid = stream.tensor_id
+    if nht > 1 and (arr.ndim == 0 or arr.shape[0] < nht):
+        n = arr.shape[0] if arr.ndim else 0
+        raise ValueError(TOO_SHORT_MSG.format(n=n, kind=kind, sid=sid, nht=nht))
+    dim = 1 if nht > 1 else 0
+    if replicas > 1 and (arr.ndim <= dim or arr.shape[dim] != replicas):
+        n = arr.shape[dim] if arr.ndim > dim else 0
+        raise ValueError(WRONG_REPLICAS_MSG.format(dim=dim, n=n, kind=kind, sid=sid, rf=replicas))
+    d = len(_extra_dims(nht, replicas))
+    if arr.shape[d:] == stream.shape:
+        return False
+    if arr.squeeze().shape[d:] == ():
+        return True
+    full = _extra_dims(nht, replicas) + stream.shape
+    raise ValueError(SHAPE_MSG.format(kind=kind, sid=sid, shape=stream.shape, full=full, got=arr.shape))
+
+
+def _convert(value: Any, stream: Stream, downcast: bool) -> np.ndarray:
+    want = stream.dtype.as_numpy()
+    if isinstance(value, (bool, int, float, list, tuple)):
+        return np.asarray(value, dtype=want)
+    arr = to_numpy(value, downcast=downcast, copy=False)
+    if arr.dtype != want:
+        raise TypeError(DTYPE_MSG.format(kind="input", sid=stream.tensor_id, got=arr.dtype, want=want))
+    return arr
+
+
+def arrange_input(arr: np.ndarray, stream: Stream, nht: int, replicas: int, hatch: bool) -> np.ndarray:
+    """The step's ``[slots, (replicas,) *shape]`` layout of a checked input array."""
+    lead = (arr.shape[0],) if nht > 1 else (1,)
+    lead += (replicas,) if replicas > 1 else ()
+    if hatch:
+        ones = (1,) * len(stream.shape)
+        arr = np.broadcast_to(arr.reshape(lead + ones), lead + stream.shape)
+    return arr.reshape(lead + stream.shape)
+
+
+def prepare_inputs(
+    inputs: Mapping[HostToDeviceStream, Any] | None,
+    streams: list[HostToDeviceStream],
+    nht: int,
+    replicas: int,
+    downcast: bool,
+) -> tuple[np.ndarray, ...]:
+    provided = dict(inputs or {})
+    check_stream_set(provided, streams, "input")
+    arrays = []
+    for stream in streams:
+        arr = _convert(provided[stream], stream, downcast)
+        hatch = check_shape(arr, stream, nht, replicas, "input")
+        arrays.append(arrange_input(arr, stream, nht, replicas, hatch))
+    return tuple(arrays)
+
+
+def output_shape(stream: DeviceToHostStream, nht: int, replicas: int) -> tuple[int, ...]:
+    return _extra_dims(nht, replicas) + stream.shape
+
+
+def check_outputs(
+    outputs: Mapping[DeviceToHostStream, np.ndarray],
+    streams: list[DeviceToHostStream],
+    nht: int,
+    replicas: int,
+) -> None:
+    check_stream_set(outputs, streams, "output")
+    for stream in streams:
+        arr = outputs[stream]
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(
+                f"The output array for {stream} must be a NumPy array, got {type(arr).__name__}. "
+                "Use session.create_host_outputs() to make them."
+            )
+        if arr.dtype != stream.dtype.as_numpy():
+            raise TypeError(DTYPE_MSG.format(kind="output", sid=stream.tensor_id, got=arr.dtype, want=stream.dtype.as_numpy()))
+        if check_shape(arr, stream, nht, replicas, "output"):
+            expected = output_shape(stream, nht, replicas)
+            if arr.size != int(np.prod(expected)):
+                raise ValueError(SHAPE_MSG.format(kind="output", sid=stream.tensor_id, shape=stream.shape, full=expected, got=arr.shape))
+        if not arr.flags.writeable:
+            raise ValueError(f"The output array for {stream} is read-only; pass a writeable array.")
+
+
+def host_layout(buffer: np.ndarray, nht: int) -> np.ndarray:
+    """Step output ``[nht, (replicas,) *shape]`` → host layout (drop the nht axis if 1)."""
+    return buffer if nht > 1 else buffer[0]
+
+
+def fill_output(target: np.ndarray, buffer: np.ndarray, count: int, nht: int) -> None:
+    """Copy the slots a run wrote (``count`` stores, wrapping) into a user's output array."""
+    written = min(int(count), nht)
+    if written == 0:
+        return
+    if nht > 1:
+        region = target[:written]
+        region[...] = buffer[:written].reshape(region.shape)
+    else:
+        target[...] = buffer[0].reshape(target.shape)
