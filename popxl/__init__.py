@@ -5,10 +5,23 @@
 
 from typing import Any
 
+from . import context as context
 from . import dtypes as dtypes
 from . import errors as errors
+from . import fp8_utils as fp8_utils
+from . import graph as graph
+from . import ir as ir
+from . import module as module
 from . import ops as ops
+from . import random_seed as random_seed
+from . import replica_grouping as replica_grouping
+from . import session as session
+from . import streams as streams
+from . import tensor as tensor
+from . import tensorlocation as tensorlocation
+from . import testing as testing
 from . import transforms as transforms
+from . import typing_ as typing_
 from . import utils as utils
 from .context import gcg as gcg
 from .context import get_current_graph as get_current_graph

@@ -49,6 +49,8 @@ class OpDef:
         grad: ``"vjp"`` (gradient op = ``jax.vjp`` of ``lower``), ``"none"`` (no gradient,
             e.g. integer outputs or host IO), or the name of a structural rule in autodiff.
         nondiff_inputs: input indices that never receive a gradient (indices, seeds).
+        grad_needs: ``"inputs"`` when the gradient needs the forward input values, ``"none"``
+            when it only needs their shapes (linear ops), so autodiff keeps no activations.
     """
 
     key: str
@@ -62,6 +64,7 @@ class OpDef:
     effect: bool = False
     grad: str = "vjp"
     nondiff_inputs: tuple[int, ...] = ()
+    grad_needs: str = "inputs"
     doc: str = field(default="", repr=False)
 
     @property
@@ -160,6 +163,13 @@ class Op:
     def called_graphs(self) -> tuple[Graph, ...]:
         graphs = self.attrs.get("graphs")
         return tuple(graphs) if graphs else ()
+
+    @property
+    def referenced_graphs(self) -> tuple[Graph, ...]:
+        """Graphs this op runs: called graphs, and those of a differentiated forward op."""
+        recipe = self.attrs.get("recipe")
+        inner = recipe.op.referenced_graphs if recipe is not None else ()
+        return self.called_graphs + tuple(inner)
 
     def modified_input_indices(self) -> set[int]:
         """Inputs whose storage this op writes (in-place ops and by-ref call inputs)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import ml_dtypes
 import numpy as np
 
 from . import dtypes
@@ -35,7 +36,7 @@ _FLOAT_SOURCES = (np.float16, np.float32, np.float64)
 
 
 def _float8_max(dt: DType) -> float:
-    return float(np.finfo(dt.as_numpy()).max)
+    return float(ml_dtypes.finfo(dt.as_numpy()).max)
 
 
 def _check_fp8_dtype(dt: DType | None) -> DType:

@@ -137,14 +137,19 @@ class Graph:
         del self._hooks[handle]
 
     def _create_tensor_id(self, name: str | None = None) -> str:
-        """A new unique tensor id: graph prefix, name scopes, then ``__t<k>`` if taken."""
+        """A new unique tensor id: graph prefix, name scopes, then ``__t<k>`` if taken.
+
+        ``k`` comes from an Ir-wide counter. Unlike the original, a suffixed id that is
+        itself taken (a user named a tensor ``a__t0``) draws the next ``k``.
+        """
         scopes = context.get_current_context().name_scopes
         base = name or "t"
         if scopes:
             base = "/".join(scopes) + "/" + base
-        tid = f"{self._id}/{base}" if self._id else base
-        if tid in self._tensors:
-            tid = f"{tid}__t{self._ir._next_dedup()}"
+        base = f"{self._id}/{base}" if self._id else base
+        tid = base
+        while tid in self._tensors:
+            tid = f"{base}__t{self._ir._next_dedup()}"
         return tid
 
     def _add_tensor(self, t: Tensor) -> None:

@@ -148,9 +148,9 @@ class Tensor:
     def _placement(self, what: str) -> Any:
         op = self._producer
         if op is not None:
+            # An ipu_copy output lives on its destination; other outputs (io_tile_copy's
+            # included) live where their op runs.
             value = op.attrs.get("destination") if what == "ipu" else None
-            if value is None and what == "tile_set" and op.opdef.key == "io_tile_copy":
-                value = "io" if op.tile_set == "compute" else "compute"
             value = value if value is not None else getattr(op, what)
             if value is not None:
                 return value
@@ -160,8 +160,7 @@ class Tensor:
                 offset = site.attrs["input_offsets"][site.attrs["graphs"].index(self._graph)]
                 return site.inputs[offset + index]._placement(what)
         for consumer in self._consumers:
-            value = consumer.attrs.get("source") if what == "ipu" else None
-            value = value if value is not None else getattr(consumer, what)
+            value = _input_placement(consumer, what)
             if value is not None:
                 return value
         raise UndefinedValue(
@@ -172,6 +171,8 @@ class Tensor:
     @property
     def in_sync_with_ipu(self) -> bool:
         """Whether the host copy of this variable matches the device (always True for others)."""
+        if not isinstance(self, Variable):
+            return True
         session = self.ir._session()
         return session is None or not session._host_stale
 
@@ -233,6 +234,9 @@ class Tensor:
         """``value`` if it is a Tensor, else a constant of ``dtype`` (default: this dtype)."""
         if isinstance(value, Tensor):
             return value
+        if value is None:
+            # NumPy would turn None into NaN for float dtypes; that is never what was meant.
+            raise TypeError(f"None cannot be used as a value for tensor {self.id}.")
         c = constant(value, dtype or self.dtype)
         if raise_on_empty and c.nelms == 0:
             raise ValueError(EMPTY_VALUE_MSG.format(value=value))
@@ -329,6 +333,16 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"Tensor[{self._id} {self.dtype!r} {self.shape}]"
+
+
+def _input_placement(consumer: Op, what: str) -> Any:
+    """Where ``consumer`` expects its inputs: an ipu_copy reads on its source IPU, an
+    io_tile_copy on the tile set opposite to its own."""
+    if what == "ipu" and consumer.attrs.get("source") is not None:
+        return consumer.attrs["source"]
+    if what == "tile_set" and consumer.opdef.key == "io_tile_copy":
+        return "io" if consumer.tile_set == "compute" else "compute"
+    return getattr(consumer, what)
 
 
 class Variable(Tensor):

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
 
 from popxl import dtypes
 from popxl.graph import Graph
@@ -25,7 +26,7 @@ from popxl.ir import Ir
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 
-from . import control, host_io  # noqa: F401  (register special lowerings)
+from . import control, host_io, vjp  # noqa: F401  (register special lowerings)
 from .lowering import LoweringContext, lower_graph
 
 REPLICA_AXIS = "replica"
@@ -52,7 +53,7 @@ def reachable_graphs(ir: Ir) -> list[Graph]:
     stack = [ir.main_graph]
     while stack:
         for op in stack.pop()._ops:
-            for g in op.called_graphs:
+            for g in op.referenced_graphs:
                 if g not in seen:
                     seen[g] = None
                     stack.append(g)
@@ -66,6 +67,12 @@ def _attr_key(value: Any, graph_index: dict[Graph, int]) -> Any:
         return tuple(_attr_key(v, graph_index) for v in value)
     if isinstance(value, dtypes.dtype):
         return value.name
+    if isinstance(value, np.ndarray):
+        # repr() elides the middle of large arrays; hash the bytes instead.
+        digest = hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=16)
+        return ("ndarray", value.shape, value.dtype.str, digest.hexdigest())
+    if hasattr(value, "structural_key"):
+        return value.structural_key(lambda v: _attr_key(v, graph_index))
     if callable(value):
         return getattr(value, "__qualname__", repr(value))
     return value
@@ -92,11 +99,12 @@ def structural_key(ir: Ir, graphs: Sequence[Graph], variables: Sequence[Variable
         feed("graph", graph_index[g], [num(t) for t in g._inputs])
         for op in g._ops:
             attrs = sorted((k, _attr_key(v, graph_index)) for k, v in op.attrs.items())
-            feed(op.opdef.key, attrs, [num(t) for t in op.inputs], sorted(op.modified_inputs))
             for t in op.inputs:
+                # Constants are baked into the step, so their values are part of its identity.
                 if isinstance(t, Constant) and t not in numbering:
-                    h.update(t._data.tobytes())
-                    feed(t.shape, t.dtype.name)
+                    feed("const", num(t), t.shape, t.dtype.name)
+                    h.update(np.ascontiguousarray(t._data).tobytes())
+            feed(op.opdef.key, attrs, [num(t) for t in op.inputs], sorted(op.modified_inputs))
             feed([(num(t), t.shape, t.dtype.name) for t in op.outputs])
         feed("outs", [num(t) for t in g._outputs])
     return h.hexdigest()
@@ -140,7 +148,11 @@ def _make_step(
         step = replica_step
     else:
         step = jax.vmap(
-            replica_step, in_axes=(0, 1), out_axes=(0, (1, 0)), axis_name=REPLICA_AXIS
+            replica_step,
+            in_axes=(0, 1),
+            out_axes=(0, (1, 0)),
+            axis_name=REPLICA_AXIS,
+            axis_size=replicas,  # a program may have no variables and no inputs to map over
         )
     return jax.jit(step, donate_argnums=(0,))
 
@@ -152,6 +164,8 @@ def enable_persistent_cache() -> None:
         jax.config.update("jax_compilation_cache_dir", cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        # JAX opens its cache once per process; reopen it so the new directory is used.
+        compilation_cache.reset_cache()
 
 
 def build_program(ir: Ir) -> Program:

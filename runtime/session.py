@@ -33,7 +33,13 @@ from popxl.tensor import Constant, Tensor, Variable
 
 from . import stream_io
 from .device import select_device
-from .program import Program, abstract_inputs, abstract_state, build_program, enable_persistent_cache
+from .program import (
+    Program,
+    abstract_inputs,
+    abstract_state,
+    build_program,
+    enable_persistent_cache,
+)
 
 DEVICE_TYPES = ("ipu_hw", "ipu_model", "cpu")
 NOT_ATTACHED_MSG = (
@@ -97,7 +103,11 @@ class Session:
         self.weights_to_host_on_exit = weights_to_host_on_exit and not _has_read_only_memmap(ir)
         ir._attach_session(self)
         self._program: Program = build_program(ir)
-        self._host: dict[Variable, np.ndarray] = {v: v._host_data for v in self._program.variables}
+        # The step's stream layout is fixed now; later changes to the Ir's setting do not apply.
+        self._nht = ir.num_host_transfers
+        self._host: dict[Variable, np.ndarray] = {
+            v: self._initial_host(v) for v in self._program.variables
+        }
         self._state: tuple | None = None
         self._host_stale = False
         self._enter_stack: list[bool] = []
@@ -126,8 +136,14 @@ class Session:
         key = (self._program.key, str(self._device))
         if key in _COMPILED:
             return
+        # The state must carry the device placement runs use, or the first run compiles again.
+        placed = jax.sharding.SingleDeviceSharding(self._device)
+        state = tuple(
+            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed)
+            for a in abstract_state(self._program)
+        )
         with self._x64():
-            self._program.step.lower(abstract_state(self._program), abstract_inputs(self._program)).compile()
+            self._program.step.lower(state, abstract_inputs(self._program)).compile()
         _COMPILED.add(key)
 
     # Attach / detach --------------------------------------------------------------------
@@ -137,16 +153,23 @@ class Session:
         self._enter_stack.append(was_attached)
         if not was_attached:
             self._attach()
-            self.weights_from_host()
+            try:
+                self.weights_from_host()
+            except BaseException:
+                self._enter_stack.pop()
+                self._detach()
+                raise
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         was_attached = self._enter_stack.pop() if self._enter_stack else True
         if was_attached:
             return
-        if exc_type is None and self.weights_to_host_on_exit and self.is_attached:
-            self.weights_to_host()
-        self._detach()
+        try:
+            if exc_type is None and self.weights_to_host_on_exit and self.is_attached:
+                self.weights_to_host()
+        finally:
+            self._detach()
 
     def _attach(self) -> None:
         self._state = ()
@@ -160,32 +183,60 @@ class Session:
 
     # Weights ---------------------------------------------------------------------------
 
-    def _to_device(self, var: Variable, host: np.ndarray) -> Any:
+    def _per_replica(self, var: Variable) -> bool:
+        """Whether the host keeps one value per replica (``retrieval_mode="all_replicas"``)."""
+        return (
+            self._program.replicas > 1
+            and var.retrieval_mode == "all_replicas"
+            and var.replica_grouping.group_size > 1
+            and not isinstance(var._host_data, np.memmap)
+        )
+
+    def _initial_host(self, var: Variable) -> np.ndarray:
+        data = var._host_data
+        if self._per_replica(var):
+            grouping = var.replica_grouping
+            if grouping.num_groups > 1:
+                data = data[grouping.assignment]
+            data = np.array(np.broadcast_to(data, (self._program.replicas, *var.shape)))
+        elif isinstance(data, np.memmap):
+            return data
+        # A read-only view: callers cannot change the host copy (or the Ir's data) behind
+        # the session's back.
+        view = data.view()
+        view.flags.writeable = False
+        return view
+
+    def _device_layout(self, var: Variable, host: np.ndarray) -> Any:
         replicas = self._program.replicas
-        if replicas > 1:
+        if replicas > 1 and not self._per_replica(var):
             grouping = var.replica_grouping
             if grouping.num_groups > 1:
                 host = np.stack([host[g] for g in grouping.assignment])
             else:
                 host = np.broadcast_to(host, (replicas, *host.shape))
-        return jax.device_put(host, self._device)
+        return host
 
     def _to_host(self, var: Variable, device_value: Any) -> np.ndarray:
-        value = np.array(device_value)
-        if self._program.replicas > 1:
+        value = np.asarray(device_value)
+        if self._program.replicas > 1 and not self._per_replica(var):
             grouping = var.replica_grouping
             if grouping.num_groups > 1:
-                value = np.stack([value[members[0]] for members in grouping.members])
+                value = value[[members[0] for members in grouping.members]]
             else:
                 value = value[0]
+        # A copy: the device buffer is donated to the next run.
+        value = np.array(value)
         value.flags.writeable = False
         return value
 
     def weights_from_host(self) -> None:
         """Copy every variable's host value to the device."""
         self._require_attached()
+        variables = self._program.variables
         with self._x64():
-            self._state = tuple(self._to_device(v, self._host[v]) for v in self._program.variables)
+            hosts = [self._device_layout(v, self._host[v]) for v in variables]
+            self._state = tuple(jax.device_put(hosts, self._device))
 
     def weights_to_host(self) -> None:
         """Copy every variable's device value to the host."""
@@ -218,12 +269,17 @@ class Session:
             downcast_inputs: convert 64-bit input arrays to 32-bit.
 
         Raises:
-            ValueError: detached, missing/unexpected streams or badly shaped arrays.
-            TypeError: arrays of the wrong dtype.
+            ValueError: detached, missing/unexpected streams or badly shaped arrays. PopXL's
+                all-ones escape hatch (e.g. a 0-d array for a ``(1,)`` stream) is honoured
+                for one-element streams only; PopXL read past the data for larger ones.
+            TypeError: arrays of the wrong dtype (PopXL reinterpreted their bytes).
         """
         buffers, _ = self._execute(inputs, downcast_inputs)
-        nht = self.ir_.num_host_transfers
-        return {s: np.array(stream_io.host_layout(b, nht)) for s, b in zip(self._program.d2h, buffers)}
+        nht = self._nht
+        return {
+            s: np.array(stream_io.host_layout(np.asarray(b), nht))
+            for s, b in zip(self._program.d2h, buffers)
+        }
 
     def run_with_outputs(
         self,
@@ -238,27 +294,30 @@ class Session:
         """
         self._require_attached()
         outs = dict(outputs or {})
-        nht, replicas = self.ir_.num_host_transfers, self._program.replicas
+        nht, replicas = self._nht, self._program.replicas
         stream_io.check_outputs(outs, self._program.d2h, nht, replicas)
         buffers, counts = self._execute(inputs, downcast_inputs)
-        for stream, buffer, count in zip(self._program.d2h, buffers, jax.device_get(counts)):
-            stream_io.fill_output(outs[stream], buffer, int(np.max(count)), nht)
+        for stream, buffer, count in zip(self._program.d2h, buffers, counts):
+            stream_io.fill_output(
+                outs[stream], np.asarray(buffer), int(np.asarray(count).max()), nht
+            )
 
-    def _execute(self, inputs: Any, downcast: bool) -> tuple[list[np.ndarray], tuple]:
+    def _execute(self, inputs: Any, downcast: bool) -> tuple[tuple, tuple]:
+        """One step: (device buffers of the d2h streams, store counts per stream)."""
         self._require_attached()
         program = self._program
         arrays = stream_io.prepare_inputs(
-            inputs, program.h2d, self.ir_.num_host_transfers, program.replicas, downcast
+            inputs, program.h2d, self._nht, program.replicas, downcast
         )
         with self._x64():
             state, (buffers, counts) = program.step(self._state, arrays)
         self._state = state
         self._host_stale = True
-        return [np.asarray(b) for b in buffers], counts
+        return buffers, counts
 
     def create_host_outputs(self) -> dict[DeviceToHostStream, np.ndarray]:
         """Empty arrays, in host layout, for every device-to-host stream."""
-        nht, replicas = self.ir_.num_host_transfers, self._program.replicas
+        nht, replicas = self._nht, self._program.replicas
         return {
             s: np.empty(stream_io.output_shape(s, nht, replicas), s.dtype.as_numpy())
             for s in self._program.d2h
@@ -276,6 +335,13 @@ class Session:
         If the session is attached and has run since the last ``weights_to_host``, the
         variables are fetched from the device first. The returned arrays are read-only
         snapshots: later runs and transfers do not change them.
+
+        Grouped variables read as ``(num_groups, *shape)``; with
+        ``retrieval_mode="all_replicas"`` and groups of more than one replica, as
+        ``(replication_factor, *shape)``, row ``r`` being replica ``r``'s copy.
+
+        Raises:
+            TypeError: an element is neither a Variable nor a Constant.
         """
         tensors = list(tensors)
         for t in tensors:
@@ -310,28 +376,37 @@ class Session:
         for var, arr in checked:
             self._set_host(var, arr)
         if self.is_attached and checked:
+            index = {v: i for i, v in enumerate(self._program.variables)}
+            state = list(self._state or ())
             with self._x64():
-                index = {v: i for i, v in enumerate(self._program.variables)}
-                state = list(self._state or ())
-                for var, arr in checked:
-                    state[index[var]] = self._to_device(var, self._host[var])
-                self._state = tuple(state)
+                placed = jax.device_put(
+                    [self._device_layout(var, self._host[var]) for var, _ in checked], self._device
+                )
+            for (var, _), value in zip(checked, placed):
+                state[index[var]] = value
+            self._state = tuple(state)
 
     def _checked_write(self, var: Any, data: Any) -> np.ndarray:
         if not isinstance(var, Variable):
             raise TypeError(NOT_VARIABLE_MSG.format(tid=getattr(var, "id", var)))
         if var not in self._host:
-            raise ValueError(f"Variable {var.id} does not belong to this session's Ir {self.ir_.id}.")
+            raise ValueError(
+                f"Variable {var.id} does not belong to this session's Ir {self.ir_.id}."
+            )
         want = var.dtype.as_numpy()
         if isinstance(data, (bool, int, float, np.number)):
             if var.dtype.name.startswith("float8"):
-                raise TypeError(f"Write float8 variable {var.id} with a float8 NumPy array, not a Python number.")
+                raise TypeError(
+                    f"Write float8 variable {var.id} with a float8 NumPy array, not a Python number."
+                )
             data = np.array(data).astype(want)
         arr = np.asarray(data)
         if arr.dtype != want:
             raise TypeError(WRITE_DTYPE_MSG.format(tid=var.id, got=arr.dtype, want=want))
         if arr.shape != var.shape_on_host:
-            raise ValueError(WRITE_SHAPE_MSG.format(got=arr.shape, tid=var.id, want=var.shape_on_host))
+            raise ValueError(
+                WRITE_SHAPE_MSG.format(got=arr.shape, tid=var.id, want=var.shape_on_host)
+            )
         if var.retrieval_mode == "all_replicas" and var.replica_grouping.group_size > 1:
             raise NotImplementedError(
                 f"Writing variable {var.id} with retrieval_mode='all_replicas' is not supported; "

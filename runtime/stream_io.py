@@ -8,13 +8,14 @@ that layout with PopXL's rules, and rearranged into the step's ``[slots, (replic
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from popxl.streams import DeviceToHostStream, HostToDeviceStream, Stream
-from popxl.utils import to_numpy
+from popxl.utils import downcast_np_dtypes, to_numpy
 
 SET_MISMATCH_MSG = "Unexpected/Missing {word}.\n  Unexpected: {unexpected}\n  Missing: {missing}"
 TOO_SHORT_MSG = (
@@ -43,17 +44,20 @@ def check_stream_set(provided: Mapping[Stream, Any], expected: list[Stream], kin
     given = set(provided)
     wanted = set(expected)
     if given != wanted:
-        first = next(iter(provided), None)
-        word = "" if first is None else ("input" if isinstance(first, HostToDeviceStream) else "output")
+        # PopXL names the kind only when something was provided ("Unexpected/Missing ." else).
+        word = kind if provided else ""
         unexpected = {str(s) for s in given - wanted}
         missing = {str(s) for s in wanted - given}
         raise ValueError(SET_MISMATCH_MSG.format(word=word, unexpected=unexpected, missing=missing))
-    del kind
 
 
-def check_shape(arr: np.ndarray, stream: Stream, nht: int, replicas: int, kind: str) -> bool:
-    """PopXL's layout rules. Returns True when the array is accepted only by the
-    all-ones escape hatch (its data dims must then be broadcast)."""
+def check_shape(arr: np.ndarray, stream: Stream, nht: int, replicas: int, kind: str) -> None:
+    """PopXL's layout rules, in PopXL's order.
+
+    PopXL's escape hatch accepts an array whose dims after the leading ones squeeze away
+    (a 0-d array for a ``(1,)`` stream, ``(nht,)`` for ``(1,)``...). It applies here only
+    to one-element streams: for larger streams PopXL read past the data, so we raise.
+    """
     sid = stream.tensor_id
     if nht > 1 and (arr.ndim == 0 or arr.shape[0] < nht):
         n = arr.shape[0] if arr.ndim else 0
@@ -64,30 +68,36 @@ def check_shape(arr: np.ndarray, stream: Stream, nht: int, replicas: int, kind: 
         raise ValueError(WRONG_REPLICAS_MSG.format(dim=dim, n=n, kind=kind, sid=sid, rf=replicas))
     d = len(_extra_dims(nht, replicas))
     if arr.shape[d:] == stream.shape:
-        return False
-    if arr.squeeze().shape[d:] == ():
-        return True
+        return
+    if math.prod(stream.shape) == 1 and arr.squeeze().shape[d:] == ():
+        return
     full = _extra_dims(nht, replicas) + stream.shape
-    raise ValueError(SHAPE_MSG.format(kind=kind, sid=sid, shape=stream.shape, full=full, got=arr.shape))
+    raise ValueError(
+        SHAPE_MSG.format(kind=kind, sid=sid, shape=stream.shape, full=full, got=arr.shape)
+    )
 
 
 def _convert(value: Any, stream: Stream, downcast: bool) -> np.ndarray:
     want = stream.dtype.as_numpy()
-    if isinstance(value, (bool, int, float, list, tuple)):
+    if isinstance(value, np.ndarray):  # the common case, without to_numpy's overhead
+        arr = value
+        if arr.dtype != want and downcast and arr.dtype in downcast_np_dtypes:
+            arr = arr.astype(downcast_np_dtypes[arr.dtype])
+    elif isinstance(value, (bool, int, float, list, tuple)):
         return np.asarray(value, dtype=want)
-    arr = to_numpy(value, downcast=downcast, copy=False)
+    else:
+        arr = to_numpy(value, downcast=downcast, copy=False)
     if arr.dtype != want:
-        raise TypeError(DTYPE_MSG.format(kind="input", sid=stream.tensor_id, got=arr.dtype, want=want))
+        raise TypeError(
+            DTYPE_MSG.format(kind="input", sid=stream.tensor_id, got=arr.dtype, want=want)
+        )
     return arr
 
 
-def arrange_input(arr: np.ndarray, stream: Stream, nht: int, replicas: int, hatch: bool) -> np.ndarray:
+def arrange_input(arr: np.ndarray, stream: Stream, nht: int, replicas: int) -> np.ndarray:
     """The step's ``[slots, (replicas,) *shape]`` layout of a checked input array."""
     lead = (arr.shape[0],) if nht > 1 else (1,)
     lead += (replicas,) if replicas > 1 else ()
-    if hatch:
-        ones = (1,) * len(stream.shape)
-        arr = np.broadcast_to(arr.reshape(lead + ones), lead + stream.shape)
     return arr.reshape(lead + stream.shape)
 
 
@@ -103,8 +113,8 @@ def prepare_inputs(
     arrays = []
     for stream in streams:
         arr = _convert(provided[stream], stream, downcast)
-        hatch = check_shape(arr, stream, nht, replicas, "input")
-        arrays.append(arrange_input(arr, stream, nht, replicas, hatch))
+        check_shape(arr, stream, nht, replicas, "input")
+        arrays.append(arrange_input(arr, stream, nht, replicas))
     return tuple(arrays)
 
 
@@ -127,11 +137,12 @@ def check_outputs(
                 "Use session.create_host_outputs() to make them."
             )
         if arr.dtype != stream.dtype.as_numpy():
-            raise TypeError(DTYPE_MSG.format(kind="output", sid=stream.tensor_id, got=arr.dtype, want=stream.dtype.as_numpy()))
-        if check_shape(arr, stream, nht, replicas, "output"):
-            expected = output_shape(stream, nht, replicas)
-            if arr.size != int(np.prod(expected)):
-                raise ValueError(SHAPE_MSG.format(kind="output", sid=stream.tensor_id, shape=stream.shape, full=expected, got=arr.shape))
+            raise TypeError(
+                DTYPE_MSG.format(
+                    kind="output", sid=stream.tensor_id, got=arr.dtype, want=stream.dtype.as_numpy()
+                )
+            )
+        check_shape(arr, stream, nht, replicas, "output")
         if not arr.flags.writeable:
             raise ValueError(f"The output array for {stream} is read-only; pass a writeable array.")
 

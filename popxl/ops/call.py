@@ -26,6 +26,13 @@ SPECIFIED_TWICE_MSG = (
 )
 NOT_COERCIBLE_MSG = "Input {where} could not be coerced into a tensor for the called graph: {err}"
 NOT_ENOUGH_MSG = "Not enough inputs have been provided for the called graph ({graph}).\n\nMissing inputs:\n"
+NOT_A_GRAPH_MSG = "The graph to call must be a popxl.Graph, got {type}. Build one with ir.create_graph(fn, ...)."
+OTHER_IR_MSG = "Graph {g} belongs to {g_ir}, but the current graph belongs to {ir}; graphs can only be called within their own Ir."
+MAIN_CALLED_MSG = "The main graph cannot be called, repeated or branched to; build a subgraph with ir.create_graph instead."
+RECURSIVE_MSG = (
+    "Calling graph {g} from graph {parent} would recurse: {g} already calls {parent}, "
+    "directly or indirectly. Recursive graphs cannot run; restructure the program."
+)
 
 
 def _infer_none(*_: Any, **__: Any) -> list:
@@ -66,6 +73,33 @@ def _check_connection(graph_input: Tensor, parent: Tensor, label: str) -> None:
         )
 
 
+def _calls(graph: Graph, target: Graph) -> bool:
+    """Whether running ``graph`` runs ``target`` (through any depth of calls)."""
+    pending, seen = [graph], set()
+    while pending:
+        g = pending.pop()
+        if g is target:
+            return True
+        if g not in seen:
+            seen.add(g)
+            pending.extend(g.called_graphs)
+    return False
+
+
+def check_callable(graph: Any, parent_graph: Graph) -> None:
+    """Raise unless ``graph`` is a subgraph that ``parent_graph`` may call."""
+    from ..graph import Graph  # noqa: PLC0415  (graph imports tensor, which ops build on)
+
+    if not isinstance(graph, Graph):
+        raise TypeError(NOT_A_GRAPH_MSG.format(type=type(graph).__name__))
+    if graph.ir is not parent_graph.ir:
+        raise ValueError(OTHER_IR_MSG.format(g=graph.id, g_ir=graph.ir, ir=parent_graph.ir))
+    if graph is graph.ir.main_graph:
+        raise ValueError(MAIN_CALLED_MSG)
+    if _calls(graph, parent_graph):
+        raise ValueError(RECURSIVE_MSG.format(g=graph.id, parent=parent_graph.id or "main"))
+
+
 def prepare_inputs(
     graph: Graph,
     inputs: Iterable[TensorLike],
@@ -74,6 +108,7 @@ def prepare_inputs(
 ) -> list[Tensor]:
     """The parent tensor for every input of ``graph``, validated as PopXL does for calls."""
     parent_graph = context.get_current_graph()
+    check_callable(graph, parent_graph)
     label = label or graph.id
     positional = flatten_once(inputs)
     n_inputs = len(graph._inputs)

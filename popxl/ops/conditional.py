@@ -9,12 +9,12 @@ from .. import context, dtypes
 from .._op import core_error, define
 from ..tensor import Tensor, TensorLike
 from ._base import check_in_graph, spec
-from .call import CallSiteInfo, add_call_like, prepare_inputs
+from .call import CallSiteInfo, add_call_like, check_callable, prepare_inputs
 
 if TYPE_CHECKING:
     from ..graph import Graph
 
-CONDITIONAL = define("conditional", "If", lambda *_, **__: [], special="conditional", grad="none")
+CONDITIONAL = define("conditional", "If", lambda *_, **__: [], special="conditional", grad="repeat")
 BY_REF_MSG = (
     "TensorByRef is not implemented for the conditional op. Graph {g} has by-reference "
     "inputs; pass them by value and return the updated values as outputs instead."
@@ -109,7 +109,10 @@ def conditional_with_info(
     check_inputs: bool = True,
 ) -> ConditionalSiteInfo:
     """Like ``conditional``, returning a ``ConditionalSiteInfo``."""
-    check_in_graph(context.get_current_graph(), cond=cond)
+    parent_graph = context.get_current_graph()
+    check_in_graph(parent_graph, cond=cond)
+    check_callable(then_branch, parent_graph)
+    check_callable(else_branch, parent_graph)
     if cond.dtype is not dtypes.bool or cond.nelms != 1:
         raise ValueError(
             f"`cond` must be a single-element bool tensor, got {cond.dtype.name}{cond.shape}. "

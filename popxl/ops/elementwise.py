@@ -99,19 +99,22 @@ BINARY: dict[str, tuple[str, Any, dtypes.dtype | None, str | None]] = {
 }
 
 OPS: dict[str, OpDef] = {}
+LINEAR = {"add", "sub", "negate", "identity"}  # gradients need no forward values
 for _name, (_type, _lower, _inplace) in UNARY.items():
-    OPS[_name] = define(_name, _type, _same_as_input, _lower)
+    _needs = "none" if _name in LINEAR else "inputs"
+    OPS[_name] = define(_name, _type, _same_as_input, _lower, grad_needs=_needs)
     if _inplace:
         OPS[_name + "_"] = define_inplace(OPS[_name], _name + "_", _inplace)
 for _name, (_type, _lower, _out, _inplace) in BINARY.items():
-    OPS[_name] = define(_name, _type, _binary_infer(_type, _out), _lower)
+    _needs = "none" if _name in LINEAR else "inputs"
+    OPS[_name] = define(_name, _type, _binary_infer(_type, _out), _lower, grad_needs=_needs)
     if _inplace:
         OPS[_name + "_"] = define_inplace(OPS[_name], _name + "_", _inplace)
 
 OPS["logical_not"] = define("logical_not", "Not", _bool_like, lambda x: jnp.logical_not(x))
 OPS["isnan"] = define("isnan", "IsNaN", _bool_like, lambda x: jnp.isnan(x), grad="none")
 OPS["isinf"] = define("isinf", "IsInf", _bool_like, lambda x: jnp.isinf(x), grad="none")
-OPS["identity"] = define("identity", "Identity", _same_as_input, lambda x: x)
+OPS["identity"] = define("identity", "Identity", _same_as_input, lambda x: x, grad_needs="none")
 OPS["detach"] = define("detach", "Detach", _same_as_input, lambda x: x, grad="none")
 
 

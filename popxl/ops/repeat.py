@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from .. import context
 from .._op import core_error, define
 from ..tensor import Tensor, TensorLike
 from ._base import spec
-from .call import CallSiteInfo, add_call_like, prepare_inputs
+from .call import CallSiteInfo, add_call_like, check_callable, prepare_inputs
 
 if TYPE_CHECKING:
     from ..graph import Graph
@@ -49,6 +50,7 @@ def repeat_with_info(
     internal loop-wrapper graph with shifted indices), so ``graph_to_parent`` works with
     the tensors of ``graph``.
     """
+    check_callable(graph, context.get_current_graph())
     if repeat_count < 0:
         raise ValueError(f"Repeat count must be >= 0. Repeat count: {repeat_count}. Graph: {graph.id}")
     n_in, n_out = len(graph.inputs), len(graph.outputs)

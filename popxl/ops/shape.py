@@ -6,6 +6,7 @@ The ``_`` variants return views that share their input's storage: writing throug
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -31,7 +32,7 @@ def _reshape_inverse(old: Sequence[Any], new: Any, *, shape: tuple[int, ...]) ->
     return (new.reshape(old[0].shape),)
 
 
-RESHAPE = define("reshape", "Reshape", _reshape_infer, lambda x, *, shape: x.reshape(shape))
+RESHAPE = define("reshape", "Reshape", _reshape_infer, lambda x, *, shape: x.reshape(shape), grad_needs="none")
 RESHAPE_ = define_view(RESHAPE, "reshape_", "ReshapeInplace", _reshape_inverse)
 
 
@@ -112,7 +113,11 @@ def _transpose_inverse(old: Sequence[Any], new: Any, *, permutation: tuple[int, 
 
 
 TRANSPOSE = define(
-    "transpose", "Transpose", _transpose_infer, lambda x, *, permutation: jnp.transpose(x, permutation)
+    "transpose",
+    "Transpose",
+    _transpose_infer,
+    lambda x, *, permutation: jnp.transpose(x, permutation),
+    grad_needs="none",
 )
 TRANSPOSE_ = define_view(TRANSPOSE, "transpose_", "TransposeInplace", _transpose_inverse)
 
@@ -153,7 +158,9 @@ def _slice_infer(t: Any, *, bounds: _Bounds) -> list:
 
 def _slice_index(bounds: _Bounds) -> tuple[slice, ...]:
     return tuple(
-        slice(start, None if stop < 0 else stop, step) if len(range(start, stop, step)) else slice(0, 0)
+        builtins.slice(start, None if stop < 0 else stop, step)
+        if len(range(start, stop, step))
+        else builtins.slice(0, 0)
         for start, stop, step in bounds
     )
 
@@ -166,7 +173,7 @@ def _slice_inverse(old: Sequence[Any], new: Any, *, bounds: _Bounds) -> tuple:
     return (old[0].at[_slice_index(bounds)].set(new),)
 
 
-SLICE = define("slice", "Slice", _slice_infer, _slice)
+SLICE = define("slice", "Slice", _slice_infer, _slice, grad_needs="none")
 SLICE_ = define_view(SLICE, "slice_", "SliceInplace", _slice_inverse)
 
 
@@ -255,6 +262,7 @@ SUBSAMPLE = define(
     "Subsample",
     _subsample_infer,
     lambda x, *, strides: x[tuple(np.s_[::s] for s in strides)],
+    grad_needs="none",
 )
 
 
@@ -295,7 +303,7 @@ def _concat_inverse(old: Sequence[Any], new: Any, *, axis: int) -> tuple:
     return tuple(jnp.split(new, edges, axis=axis))
 
 
-CONCAT = define("concat", "Concat", _concat_infer, lambda *xs, axis: jnp.concatenate(xs, axis))
+CONCAT = define("concat", "Concat", _concat_infer, lambda *xs, axis: jnp.concatenate(xs, axis), grad_needs="none")
 CONCAT_ = define_view(CONCAT, "concat_", "ConcatInplace", _concat_inverse)
 
 
@@ -365,7 +373,7 @@ def _cast(x: Any, *, data_type: dtypes.dtype) -> Any:
     return x.astype(target)
 
 
-CAST = define("cast", "Cast", _cast_infer, _cast)
+CAST = define("cast", "Cast", _cast_infer, _cast, grad_needs="none")
 
 
 def cast(t: Tensor, data_type: dtypes.dtype) -> Tensor:

@@ -1,0 +1,391 @@
+"""``autodiff``: build an explicit gradient graph for a forward graph.
+
+The walk is reverse-mode over the forward ops, as in micrograd's ``backward()``:
+
+    for step in reversed(forward steps):
+        cotangents = accumulated gradients of the versions the op produced
+        for version, gradient in rule(op)(cotangents):
+            accumulate(version, gradient)
+
+Each forward op becomes one gradient op in the new graph (``GeluGrad``, ``MatMulGrad``...)
+whose lowering is ``jax.vjp`` of the forward op's lowering, so no derivative formulas are
+written by hand. Structural ops have their own rules: a ``call`` becomes a call of the
+callee's gradient graph, ``print_tensor`` can print its gradient, and ops marked
+``grad="none"`` (detach, host IO, variable updates) stop gradients.
+
+Forward values the gradient ops need become ``Fwd`` inputs of the gradient graph; forward
+intermediates among them are added as outputs of the forward graph, and every existing
+call site of the forward graph gains the matching outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .._op import Op, core_error
+from ..graph import Graph
+from ..ops import elementwise
+from ..ops._base import add_op, spec
+from ..ops.call import call
+from ..ops.host_io import init
+from ..tensor import Constant, Tensor, constant, graph_input
+from ._grad_ops import VjpRecipe, grad_opdef
+from ._storage import Analysis, Step, Version, analyse, modifies_graph_input, move_before, parents
+from .grad_graph_info import ExpectedConnection, ExpectedConnectionType, GradGraphInfo
+
+MODIFYING_OP_MSG = (
+    "The graph {graph} contains a modifying op ({op}) that writes one of the graph's inputs "
+    "in place, which autodiff cannot differentiate. Use the out-of-place op instead (e.g. "
+    "ops.add rather than ops.add_ / +=) on graph inputs."
+)
+NON_FLOAT_REQUIRED_MSG = (
+    "grads_required contains {t}, whose dtype {dtype} is not a floating point type, so it has "
+    "no gradient. Remove it from grads_required."
+)
+FOREIGN_TENSOR_MSG = "{what} contains {t}, which is not a tensor of the graph {graph}."
+
+GradInfos = dict[Graph, GradGraphInfo]
+
+
+def autodiff(
+    graph: Graph,
+    grads_provided: Iterable[Tensor] | None = None,
+    grads_required: Iterable[Tensor] | None = None,
+    called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None,
+    return_all_grad_graphs: bool = False,
+) -> GradGraphInfo | GradInfos:
+    """Differentiate ``graph``: build a gradient graph in the same Ir.
+
+    Args:
+        graph: the forward graph.
+        grads_provided: forward tensors whose gradients the gradient graph takes as its first
+            inputs, in this order (default: all outputs).
+        grads_required: forward tensors whose gradients it outputs, in this order (default:
+            all inputs). They must have floating point dtypes.
+        called_graphs_grad_info: gradient graphs to reuse for graphs that ``graph`` calls.
+        return_all_grad_graphs: return ``{graph: info}`` for ``graph`` and every called graph
+            differentiated on the way, rather than only ``graph``'s info.
+
+    Returns:
+        The ``GradGraphInfo`` of the gradient graph (or a dict of them).
+
+    Raises:
+        PopXLException: ``graph`` modifies one of its inputs in place.
+        ValueError: a non-float tensor in ``grads_required``, or a tensor of another graph.
+    """
+    provided = list(graph.outputs if grads_provided is None else grads_provided)
+    required = list(graph.inputs if grads_required is None else grads_required)
+    given = dict(called_graphs_grad_info or {})
+    infos: GradInfos = dict(given)
+    info = _Differentiator(graph, provided, required, infos).build()
+    infos[graph] = info
+    if return_all_grad_graphs:
+        return {g: i for g, i in infos.items() if g not in given}
+    return info
+
+
+def _is_float(t: Tensor) -> bool:
+    return t.dtype.is_floating_point
+
+
+class _Differentiator:
+    """Bookkeeping for one autodiff call: versions, cotangents, activations."""
+
+    def __init__(self, graph: Graph, provided: list[Tensor], required: list[Tensor], infos: GradInfos):
+        self.fwd = graph
+        self.provided = provided
+        self.required = required
+        self.infos = infos
+        self.ir = graph.ir
+        self.cotangents: dict[Version, Tensor] = {}
+        self.activations: dict[Version, Tensor] = {}
+        self.expected_inputs: list[ExpectedConnection] = []
+        self.call_inputs: dict[tuple[Op, int], Tensor] = {}
+
+    # The walk ---------------------------------------------------------------------------
+
+    def build(self) -> GradGraphInfo:
+        self._validate()
+        self._differentiate_called_graphs()
+        self._snapshot_view_handles()
+        analysis = analyse(self.fwd)
+        self.analysis = analysis
+        self.grad = self.ir._graph_with_id(f"{self.fwd.id}_bwd")
+        with self.grad:
+            seeds = self._seed_inputs(analysis)
+            for step in reversed(analysis.steps):
+                cots = [self.cotangents.get(v) for v in step.results]
+                if all(c is None for c in cots):
+                    continue
+                for version, gradient in RULES[step.op.opdef.grad](self, step, cots):
+                    self._accumulate(version, gradient)
+            outputs = self._required_outputs(analysis)
+        expected_outputs = [ExpectedConnection._create(t, ExpectedConnectionType.FwdGrad) for t in self.required]
+        for t in outputs:
+            self.grad._outputs.append(t)
+        expected_inputs = seeds + self.expected_inputs
+        return GradGraphInfo._create(self.grad, self.fwd, expected_inputs, expected_outputs)
+
+    # Preparation ------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        op = modifies_graph_input(self.fwd)
+        if op is not None:
+            raise core_error(MODIFYING_OP_MSG.format(graph=self.fwd.id, op=op))
+        for what, tensors in (("grads_provided", self.provided), ("grads_required", self.required)):
+            for t in tensors:
+                if not isinstance(t, Tensor) or t._graph is not self.fwd:
+                    raise ValueError(FOREIGN_TENSOR_MSG.format(what=what, t=t, graph=self.fwd.id))
+        for t in self.required:
+            if not _is_float(t):
+                raise ValueError(NON_FLOAT_REQUIRED_MSG.format(t=t, dtype=t.dtype.name))
+
+    def _differentiate_called_graphs(self) -> None:
+        """Gradient graphs of called graphs first: they add outputs to our call sites."""
+        for op in list(self.fwd._ops):
+            if op.opdef.grad != "call":
+                continue
+            callee = op.attrs["graphs"][0]
+            if callee in self.infos:
+                continue
+            if not getattr(callee, "_autodiff_safe", True):
+                raise ValueError(
+                    f"The graph {callee.id} called from {self.fwd.id} has been marked as unsafe "
+                    "to autodiff (it has a custom gradient). Pass its GradGraphInfo in "
+                    "called_graphs_grad_info."
+                )
+            floats_out = [t for t in callee.outputs if _is_float(t)]
+            floats_in = [t for t in callee.inputs if _is_float(t)]
+            result = autodiff(callee, floats_out, floats_in, self.infos, return_all_grad_graphs=True)
+            self.infos.update(result)  # type: ignore[arg-type]
+
+    def _snapshot_view_handles(self) -> None:
+        """Calls and seeds that read views get an identity copy, so their gradients flow
+        through an ordinary op (whose gradient handles the view)."""
+        for op in list(self.fwd._ops):
+            if op.opdef.grad != "call":
+                continue
+            for k, h in enumerate(op.inputs):
+                if parents(h) is not None:
+                    self.call_inputs[(op, k)] = self._identity(h, before=op)
+        for i, t in enumerate(self.provided):
+            if parents(t) is not None and t._producer.opdef.view_inverse is not None:
+                self.provided[i] = self._identity(t, before=None)
+
+    def _identity(self, h: Tensor, before: Op | None) -> Tensor:
+        with self.fwd:
+            op = add_op(self.fwd, elementwise.OPS["identity"], (h,), {}, [h.spec], [f"{h.name}_snapshot"])
+        move_before(self.fwd, op, before)
+        return op.outputs[0]
+
+    # Seeds and results ------------------------------------------------------------------
+
+    def _seed_inputs(self, analysis: Analysis) -> list[ExpectedConnection]:
+        seeds = []
+        for t in self.provided:
+            grad_in = graph_input(t.shape, t.dtype, f"Gradient___{t.name}")
+            seeds.append(ExpectedConnection._create(t, ExpectedConnectionType.FwdGrad))
+            if _is_float(t):
+                self._accumulate(analysis.version(_roots_of(t)[0]), grad_in)
+        return seeds
+
+    def _required_outputs(self, analysis: Analysis) -> list[Tensor]:
+        outputs = []
+        for t in self.required:
+            version = analysis.handle_version.get(t) or analysis.version(t)
+            grad = self.cotangents.get(version)
+            if grad is None:
+                grad = init(t.shape, t.dtype, f"Gradient___{t.name}", "zero")
+            outputs.append(grad)
+        return outputs
+
+    def _accumulate(self, version: Version, gradient: Tensor) -> None:
+        if not _is_float(version.root):
+            return
+        previous = self.cotangents.get(version)
+        if previous is None:
+            self.cotangents[version] = gradient
+        else:
+            name = f"Gradient___{version.root.name}"
+            op = add_op(self.grad, elementwise.OPS["add"], (previous, gradient), {}, [previous.spec], [name])
+            self.cotangents[version] = op.outputs[0]
+
+    # Activations -----------------------------------------------------------------------
+
+    def fwd_value(self, version: Version) -> Tensor:
+        """A gradient-graph tensor holding the forward value ``version``."""
+        tensor = self.activations.get(version)
+        if tensor is not None:
+            return tensor
+        root = version.root
+        if isinstance(root, Constant):
+            tensor = constant(root._data, root.dtype, root.name)
+        else:
+            source = root if self.analysis.is_final(version) else self._tap(version)
+            self._export(source)
+            tensor = graph_input(source.shape, source.dtype, source.name)
+            self.expected_inputs.append(ExpectedConnection._create(source, ExpectedConnectionType.Fwd))
+        self.activations[version] = tensor
+        return tensor
+
+    def _tap(self, version: Version) -> Tensor:
+        """Copy a root's value before the op that overwrites it."""
+        return self._identity(version.root, before=version.overwritten_by)
+
+    def _export(self, t: Tensor) -> None:
+        add_graph_output(self.fwd, t)
+
+    def call_input(self, op: Op, k: int) -> Tensor:
+        return self.call_inputs.get((op, k), op.inputs[k])
+
+    def version_before(self, step: Step, h: Tensor) -> Version:
+        for v in step.befores:
+            if v.root is h:
+                return v
+        raise AssertionError(f"{h.id} is not read by {step.op}")
+
+
+def add_graph_output(graph: Graph, t: Tensor) -> None:
+    """Make ``t`` an output of ``graph``; every existing call site gains the output too.
+
+    Raises:
+        NotImplementedError: the graph is repeated or branched to somewhere, whose outputs
+            cannot grow.
+    """
+    if t in graph._inputs or t in graph._outputs:
+        return
+    sites = graph.ir._call_sites_of(graph)
+    for site in sites:
+        if site.opdef.key != "call":
+            raise NotImplementedError(
+                f"{t.id} must become a new output of {graph.id}, but the graph is used by a "
+                f"{site.type} op, whose outputs cannot grow. Differentiate the graph before "
+                "repeating or branching to it."
+            )
+    graph._outputs.append(t)
+    for site in sites:
+        parent = site.graph
+        name = f"autodiff_output__t{graph.ir._next_dedup()}"
+        tid = f"{parent.id}/{name}" if parent.id else name
+        out = Tensor._create(parent, tid, spec(t.shape, t.dtype, t.meta_shape), site)
+        site.outputs = (*site.outputs, out)
+
+
+def make_grad_graph_info(
+    grad_graph: Graph,
+    forward_graph: Graph,
+    expected_inputs: Iterable[tuple[Tensor, ExpectedConnectionType]],
+    expected_outputs: Iterable[Tensor],
+) -> GradGraphInfo:
+    """A GradGraphInfo for a gradient graph built by other means (custom gradients,
+    recomputation, accumulation)."""
+    ins = [ExpectedConnection._create(t, kind) for t, kind in expected_inputs]
+    outs = [ExpectedConnection._create(t, ExpectedConnectionType.FwdGrad) for t in expected_outputs]
+    return GradGraphInfo._create(grad_graph, forward_graph, ins, outs)
+
+
+# Gradient rules ---------------------------------------------------------------------------
+
+Contribution = list[tuple[Version, Tensor]]
+
+
+def _vjp_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Contribution:
+    """One gradient op whose lowering is ``jax.vjp`` of the forward op."""
+    op = step.op
+    _check_no_effects(op)
+    nondiff_roots = {r for i in op.opdef.nondiff_inputs for r in _roots_of(op.inputs[i])}
+    diff_roots = {r for i, h in enumerate(op.inputs) if i not in op.opdef.nondiff_inputs for r in _roots_of(h)}
+    grad_for = tuple(
+        k for k, v in enumerate(step.befores)
+        if _is_float(v.root) and (v.root in diff_roots or v.root not in nondiff_roots)
+    )
+    if not grad_for:
+        return []
+    needs_values = op.opdef.grad_needs != "none"
+    recipe = VjpRecipe(op, tuple(v.root for v in step.befores), needs_values,
+                       tuple(c is not None for c in cots), grad_for)
+    inputs = [d.fwd_value(v) for v in step.befores] if needs_values else []
+    inputs += [c for c in cots if c is not None]
+    specs = [step.befores[k].root.spec for k in grad_for]
+    names = [f"Gradient___{step.befores[k].root.name}" for k in grad_for]
+    grad_op = add_op(d.grad, grad_opdef(op.opdef), tuple(inputs), {"recipe": recipe}, specs, names)
+    return [(step.befores[k], out) for k, out in zip(grad_for, grad_op.outputs)]
+
+
+def _check_no_effects(op: Op) -> None:
+    for graph in op.referenced_graphs:
+        for inner in graph._ops:
+            if inner.opdef.effect:
+                raise NotImplementedError(
+                    f"autodiff cannot differentiate {op} because the graph {graph.id} it runs "
+                    f"contains {inner}, which has a side effect (host IO, printing, remote "
+                    "memory). Move the side effect out of the repeated/branched graph."
+                )
+            _check_no_effects(inner)
+
+
+def _roots_of(h: Tensor) -> tuple[Tensor, ...]:
+    from ._storage import roots  # noqa: PLC0415
+
+    return roots(h)
+
+
+def _call_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Contribution:
+    """A call's gradient is a call of the callee's gradient graph."""
+    op = step.op
+    callee = op.attrs["graphs"][0]
+    info = d.infos[callee]
+    out_cots = {v.root: c for v, c in zip(step.results, cots)}
+    args = []
+    for ec in info.expected_inputs:
+        t = ec.fwd_tensor
+        if ec.connection_type is ExpectedConnectionType.FwdGrad:
+            parent = op.outputs[callee._outputs.index(t)]
+            cot = out_cots.get(parent)
+            args.append(cot if cot is not None else init(t.shape, t.dtype, f"Gradient___{t.name}", "zero"))
+        elif t in callee._inputs:
+            handle = d.call_input(op, callee._inputs.index(t))
+            args.append(d.fwd_value(d.version_before(step, handle)))
+        else:
+            parent = op.outputs[callee._outputs.index(t)]
+            args.append(d.fwd_value(d.analysis.handle_version[parent]))
+    grads = call(info.graph, *args)
+    contributions = []
+    for ec, grad in zip(info.expected_outputs, grads):
+        handle = d.call_input(op, callee._inputs.index(ec.fwd_tensor))
+        contributions.append((d.version_before(step, handle), grad))
+    return contributions
+
+
+def _print_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Contribution:
+    """``print_tensor`` passes its gradient through, printing it if asked to."""
+    from ..ops import misc  # noqa: PLC0415
+
+    (cot,) = cots
+    op = step.op
+    if cot is not None and op.attrs.get("print_gradient"):
+        attrs = dict(op.attrs)
+        attrs["title"] = f"{op.attrs['title']}_gradient"
+        attrs["print_self"] = True
+        cot = misc.print_tensor(cot, **_print_kwargs(attrs))
+    return [(step.befores[0], cot)] if cot is not None else []
+
+
+def _print_kwargs(attrs: dict[str, Any]) -> dict[str, Any]:
+    keep = ("title", "summarise_threshold", "edge_items", "max_line_width", "digits",
+            "float_format", "separator", "open_bracket", "close_bracket")
+    return {k: attrs[k] for k in keep if k in attrs}
+
+
+def _no_grad(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Contribution:
+    return []
+
+
+RULES: dict[str, Callable[[_Differentiator, Step, list], Contribution]] = {
+    "vjp": _vjp_rule,
+    "repeat": _vjp_rule,
+    "call": _call_rule,
+    "print": _print_rule,
+    "none": _no_grad,
+}

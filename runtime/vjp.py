@@ -1,0 +1,74 @@
+"""Lowering of gradient ops: ``jax.vjp`` of the forward op they differentiate.
+
+The forward op is re-run on the root values it read (views of them are rebuilt), so
+in-place ops and writes through views differentiate correctly. XLA shares the re-run with
+the forward pass where both are in one program.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from popxl._op import Op
+from popxl.tensor import Tensor
+from popxl.transforms._storage import parents
+
+from .lowering import Env, LoweringContext, _checked, lower_op, special
+
+
+def _link(env: Env, h: Tensor, roots: set[Tensor]) -> None:
+    """Register the views/aliases between handle ``h`` and the roots in ``env``."""
+    if h in roots or h in env.views:
+        return
+    ps = parents(h)
+    assert ps is not None, f"{h.id} is neither a root nor a view"
+    op = h._producer
+    assert op is not None
+    if op.opdef.view_inverse is not None:
+        env.view(h, op.opdef, op.inputs, op.attrs)
+    else:
+        env.alias(h, ps[0])
+    for p in ps:
+        _link(env, p, roots)
+
+
+def _zero_cotangent(primal: jax.Array) -> jax.Array:
+    if jnp.issubdtype(primal.dtype, jnp.inexact):
+        return jnp.zeros_like(primal)
+    return np.zeros(primal.shape, dtype=jax.dtypes.float0)
+
+
+@special("vjp")
+def _lower_vjp(ctx: LoweringContext, env: Env, op: Op) -> None:
+    recipe = op.attrs["recipe"]
+    forward_op = recipe.op
+    n = len(recipe.roots)
+    if recipe.needs_values:
+        values = [env.read(t) for t in op.inputs[:n]]
+        cot_inputs = list(op.inputs[n:])
+    else:
+        values = [jnp.zeros(r.shape, r.dtype.as_numpy()) for r in recipe.roots]
+        cot_inputs = list(op.inputs)
+    root_set = set(recipe.roots)
+    results = recipe.results
+    inner_ctx = LoweringContext(replicas=ctx.replicas, axis_name=ctx.axis_name)
+
+    def forward(*root_values: jax.Array) -> tuple:
+        sub = Env()
+        sub.values.update(zip(recipe.roots, root_values))
+        for h in forward_op.inputs:
+            _link(sub, h, root_set)
+        lower_op(inner_ctx, sub, forward_op)
+        return tuple(sub.values[r] for r in results)
+
+    primals, pullback = jax.vjp(forward, *values)
+    supplied = iter(cot_inputs)
+    cotangents = tuple(
+        env.read(next(supplied)).astype(p.dtype) if present else _zero_cotangent(p)
+        for p, present in zip(primals, recipe.present)
+    )
+    grads = pullback(cotangents)
+    for out, k in zip(op.outputs, recipe.grad_for):
+        env.values[out] = _checked(grads[k], out)

@@ -1,0 +1,238 @@
+"""Table-driven op tests: one ``OpCase`` per op behaviour, checked against NumPy.
+
+A case builds ops from input tensors (host-loaded, so values are runtime data), and gives
+a NumPy ``reference``. ``run_case`` runs the program through a Session and compares every
+output; ``check_inference`` compares each recorded op's inferred specs with what its JAX
+lowering produces. Cases live in ``cases_<family>.py`` modules as a list named ``CASES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import jax
+import numpy as np
+
+import popxl
+import popxl.ops as ops
+from popxl import dtypes
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """One op behaviour to test.
+
+    Attributes:
+        name: test id.
+        build: ``build(*tensors) -> Tensor | sequence of Tensors``, run in the main graph
+            with one host-loaded tensor per input array.
+        inputs: the input arrays (their dtypes become the tensors' dtypes).
+        reference: NumPy function of the input arrays returning the expected output(s).
+        rtol, atol: tolerances for the forward comparison.
+        grad: check gradients of the float inputs (True), of the listed input indices, or
+            not at all (False: integer/bool outputs, non-differentiable ops).
+        grad_rtol, grad_atol: tolerances for the gradient comparison.
+        exact_dtype: also require the output dtype to equal the reference's.
+    """
+
+    name: str
+    build: Callable[..., Any]
+    inputs: Sequence[np.ndarray]
+    reference: Callable[..., Any]
+    rtol: float = 1e-5
+    atol: float = 1e-6
+    grad: bool | Sequence[int] = True
+    grad_rtol: float = 2e-3
+    grad_atol: float = 2e-3
+    exact_dtype: bool = True
+    tags: tuple[str, ...] = field(default=())
+
+
+def as_outputs(result: Any) -> tuple:
+    if result is None:
+        return ()
+    if isinstance(result, popxl.Tensor):
+        return (result,)
+    return tuple(result)
+
+
+def build_case(case: OpCase) -> tuple[popxl.Ir, list, list]:
+    """The case's program: host-load the inputs, build, host-store the outputs."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        streams = [
+            popxl.h2d_stream(x.shape, dtypes.dtype.as_dtype(x.dtype), f"in{i}")
+            for i, x in enumerate(case.inputs)
+        ]
+        tensors = [ops.host_load(s, f"x{i}") for i, s in enumerate(streams)]
+        outs = as_outputs(case.build(*tensors))
+        out_streams = []
+        for i, o in enumerate(outs):
+            stream = popxl.d2h_stream(o.shape, o.dtype, f"out{i}")
+            ops.host_store(stream, o)
+            out_streams.append(stream)
+    return ir, streams, out_streams
+
+
+def run_case(case: OpCase) -> list[np.ndarray]:
+    ir, streams, out_streams = build_case(case)
+    with popxl.Session(ir, "ipu_model") as session:
+        results = session.run(dict(zip(streams, case.inputs)))
+    return [results[s] for s in out_streams]
+
+
+def check_forward(case: OpCase) -> None:
+    got = run_case(case)
+    expected = case.reference(*[np.array(x) for x in case.inputs])
+    expected = [expected] if isinstance(expected, np.ndarray) or np.isscalar(expected) else list(expected)
+    assert len(got) == len(expected), f"{case.name}: {len(got)} outputs, reference has {len(expected)}"
+    for g, e in zip(got, expected):
+        e = np.asarray(e)
+        assert g.shape == e.shape, f"{case.name}: shape {g.shape} != reference {e.shape}"
+        if case.exact_dtype:
+            assert g.dtype == e.dtype, f"{case.name}: dtype {g.dtype} != reference {e.dtype}"
+        if g.dtype == np.bool_ or np.issubdtype(g.dtype, np.integer):
+            np.testing.assert_array_equal(g, e, err_msg=case.name)
+        else:
+            np.testing.assert_allclose(
+                g.astype(np.float64), e.astype(np.float64), rtol=case.rtol, atol=case.atol,
+                err_msg=case.name,
+            )
+
+
+def recorded_ops(ir: popxl.Ir) -> list:
+    from runtime.program import reachable_graphs
+
+    return [op for g in reachable_graphs(ir) for op in g.ops]
+
+
+def check_inference(case: OpCase) -> None:
+    """Every op's inferred output specs equal the shapes/dtypes its lowering produces."""
+    ir, _, _ = build_case(case)
+    for op in recorded_ops(ir):
+        opdef = op.opdef
+        if opdef.lower is None or opdef.special is not None:
+            continue
+        args = [jax.ShapeDtypeStruct(t.shape, t.dtype.as_numpy()) for t in op.inputs]
+        result = jax.eval_shape(partial(opdef.lower, **op.attrs), *args)
+        result = result if isinstance(result, tuple) else (result,)
+        for k, out in enumerate(op.outputs):
+            assert tuple(result[k].shape) == out.shape, f"{op}: lowering shape {result[k].shape} != inferred {out.shape}"
+            assert result[k].dtype == out.dtype.as_numpy(), f"{op}: lowering dtype {result[k].dtype} != inferred {out.dtype}"
+
+
+def all_cases() -> list[OpCase]:
+    """Every ``CASES`` list of the ``cases_*`` modules next to this file."""
+    package = importlib.import_module(__package__)
+    cases: list[OpCase] = []
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name.startswith("cases_"):
+            module = importlib.import_module(f"{__package__}.{info.name}")
+            cases.extend(module.CASES)
+    return cases
+
+
+def covered_op_keys(cases: Sequence[OpCase]) -> set[str]:
+    keys: set[str] = set()
+    for case in cases:
+        ir, _, _ = build_case(case)
+        keys.update(op.opdef.key for op in recorded_ops(ir))
+    return keys
+
+
+def f32(*shape: int, seed: int = 0, low: float = -2.0, high: float = 2.0) -> np.ndarray:
+    """A reproducible float32 array (uniform in [low, high))."""
+    return np.random.default_rng(seed).uniform(low, high, shape).astype(np.float32)
+
+
+def i32(*shape: int, seed: int = 0, low: int = -5, high: int = 5) -> np.ndarray:
+    return np.random.default_rng(seed).integers(low, high, shape).astype(np.int32)
+
+
+# Gradients ----------------------------------------------------------------------------------
+
+
+def grad_inputs(case: OpCase) -> list[int]:
+    floats = [i for i, x in enumerate(case.inputs) if np.issubdtype(np.asarray(x).dtype, np.floating)]
+    if case.grad is True:
+        return floats
+    if case.grad is False:
+        return []
+    return [i for i in case.grad if i in floats]
+
+
+def _reference_list(case: OpCase, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    out = case.reference(*arrays)
+    return [np.asarray(out)] if isinstance(out, np.ndarray) or np.isscalar(out) else [np.asarray(o) for o in out]
+
+
+def numeric_gradients(case: OpCase, seeds: Sequence[np.ndarray], wrt: Sequence[int]) -> list[np.ndarray]:
+    """Central finite differences of ``sum_k <reference_k(x), seed_k>`` in float64."""
+    base = [np.asarray(x).astype(np.float64) if i in wrt else np.asarray(x) for i, x in enumerate(case.inputs)]
+
+    def loss(arrays: list[np.ndarray]) -> float:
+        outs = _reference_list(case, arrays)
+        return float(sum(np.sum(o.astype(np.float64) * s) for o, s in zip(outs, seeds) if s is not None))
+
+    grads = []
+    for i in wrt:
+        g = np.zeros(base[i].shape)
+        for idx in np.ndindex(base[i].shape):
+            eps = 1e-3 * max(1.0, abs(base[i][idx]))
+            hi = [a.copy() for a in base]
+            lo = [a.copy() for a in base]
+            hi[i][idx] += eps
+            lo[i][idx] -= eps
+            g[idx] = (loss(hi) - loss(lo)) / (2 * eps)
+        grads.append(g)
+    return grads
+
+
+def run_gradients(case: OpCase, wrt: Sequence[int], seeds_np: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """Gradients from ``transforms.autodiff`` of a subgraph built by the case."""
+    from popxl import transforms
+
+    def body(*ts: Any) -> Any:
+        # Copy the inputs so in-place ops write intermediates, not graph inputs.
+        return case.build(*[ops.identity(t) for t in ts])
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        specs = [popxl.TensorSpec(x.shape, dtypes.dtype.as_dtype(np.asarray(x).dtype)) for x in case.inputs]
+        graph = ir.create_graph(body, *specs)
+        provided = [o for o, s in zip(graph.outputs, seeds_np) if s is not None]
+        info = transforms.autodiff(graph, provided, [graph.inputs[i] for i in wrt])
+        args = [popxl.variable(x, dtypes.dtype.as_dtype(np.asarray(x).dtype), f"in{i}") for i, x in enumerate(case.inputs)]
+        fwd = ops.call_with_info(graph, *args)
+        seeds = [popxl.constant(s.astype(o.dtype.as_numpy())) for o, s in zip(graph.outputs, seeds_np) if s is not None]
+        grads = ops.call(info.graph, *seeds, inputs_dict=info.inputs_dict(fwd))
+        streams = []
+        for i, g in enumerate(grads):
+            stream = popxl.d2h_stream(g.shape, g.dtype, f"grad{i}")
+            ops.host_store(stream, g)
+            streams.append(stream)
+    with popxl.Session(ir, "ipu_model") as session:
+        results = session.run()
+    return [results[s] for s in streams]
+
+
+def check_gradients(case: OpCase) -> None:
+    wrt = grad_inputs(case)
+    assert wrt, f"{case.name}: no float inputs to differentiate"
+    outs = _reference_list(case, [np.asarray(x) for x in case.inputs])
+    rng = np.random.default_rng(1)
+    seeds = [
+        rng.uniform(0.5, 1.5, o.shape) if np.issubdtype(o.dtype, np.floating) else None for o in outs
+    ]
+    got = run_gradients(case, wrt, seeds)
+    expected = numeric_gradients(case, seeds, wrt)
+    for i, g, e in zip(wrt, got, expected):
+        np.testing.assert_allclose(
+            g.astype(np.float64), e, rtol=case.grad_rtol, atol=case.grad_atol,
+            err_msg=f"{case.name}: gradient of input {i}",
+        )
