@@ -57,6 +57,12 @@ from .graph import Graph as Graph
 from .ir import Ir as Ir
 from .module import Module as Module
 from .random_seed import create_seeds as create_seeds
+from .remote_buffer import RemoteBuffer as RemoteBuffer
+from .remote_buffer import remote_buffer as remote_buffer
+from .remote_buffer import remote_replica_sharded_variable as remote_replica_sharded_variable
+from .remote_buffer import remote_variable as remote_variable
+from .remote_buffer import replica_sharded_buffer as replica_sharded_buffer
+from .remote_buffer import replica_sharded_variable as replica_sharded_variable
 from .replica_grouping import ReplicaGrouping as ReplicaGrouping
 from .streams import DeviceToHostStream as DeviceToHostStream
 from .streams import HostToDeviceStream as HostToDeviceStream
@@ -94,7 +100,8 @@ __all__ = [
     "dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "half", "float8_143", "float8_152", "float16", "float", "float32", "double", "float64",
     "complex64", "complex128",
-    "Graph", "Ir", "Module", "create_seeds", "ReplicaGrouping",
+    "Graph", "Ir", "Module", "create_seeds", "ReplicaGrouping", "RemoteBuffer", "remote_buffer",
+    "remote_variable", "remote_replica_sharded_variable", "replica_sharded_variable",
     "HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream",
     "Tensor", "variable", "constant", "graph_input", "graph_output", "TensorByRef", "TensorSpec",
     "TensorStorage", "TensorLocation", "ReplicatedTensorSharding", "TileSet", "ExecutionContext",

@@ -111,10 +111,10 @@ class DotTree(Generic[L]):
         """
         if isinstance(key, int) and not isinstance(key, bool) and key < 0:
             raise ValueError(f"Negative keys cannot be inserted: {key}")
-        first, _, rest = _segment(key).partition(".")
-        _check_segment(first)
-        for segment in rest.split(".") if rest else ():
+        segments = _segment(key).split(".")
+        for segment in segments:
             _check_segment(segment)
+        first, rest = segments[0], ".".join(segments[1:])
         if first in self._map and not overwrite:
             raise ValueError(f"'{first}' already exists")
         if not rest:
@@ -210,7 +210,8 @@ class DotTree(Generic[L]):
             raise ValueError(f"Duplicate keys in filter_keys: {sorted(repeated)}")
         new = type(self)()
         for k in keys:
-            new.insert(k, self.get(k), overwrite=True)
+            value = self.get(k)
+            new.insert(k, value.copy() if isinstance(value, DotTree) else value, overwrite=True)
         return new
 
     # Serialisation ------------------------------------------------------------------------

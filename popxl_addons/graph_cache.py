@@ -13,10 +13,23 @@ from popxl import ops
 
 def bound_arguments(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> inspect.BoundArguments:
     """``inspect.signature(fn).bind(*args, **kwargs)`` with defaults applied."""
-    target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else getattr(fn, "__call__", fn)
+    plain = inspect.isfunction(fn) or inspect.ismethod(fn) or not callable(fn)
+    target = fn if plain else fn.__call__
     bound = inspect.signature(target).bind(*args, **kwargs)
     bound.apply_defaults()
     return bound
+
+
+def tensor_arguments(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[popxl.Tensor]:
+    """The tensors among ``fn``'s arguments in the order ``ir.create_graph(fn, ...)`` makes
+    their graph inputs: signature order, with lists, ``*args`` and ``**kwargs`` expanded."""
+    tensors: list[popxl.Tensor] = []
+    for value in bound_arguments(fn, *args, **kwargs).arguments.values():
+        if isinstance(value, dict):
+            value = list(value.values())
+        items = value if isinstance(value, (list, tuple)) else [value]
+        tensors += [t for t in items if isinstance(t, popxl.Tensor)]
+    return tensors
 
 
 def tensor_hash(t: popxl.Tensor | popxl.TensorSpec) -> int:
@@ -57,17 +70,20 @@ class GraphCache:
     """
 
     def __init__(self) -> None:
-        self._cache: weakref.WeakKeyDictionary[popxl.Ir, dict[int, popxl.Graph]] = weakref.WeakKeyDictionary()
+        # Each entry keeps its function and arguments alive: hashes of plain objects come from
+        # id(), and a dead object's id can be reused by a new one, which would then hit its graph.
+        self._cache: weakref.WeakKeyDictionary[popxl.Ir, dict[int, tuple[popxl.Graph, Any]]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def create_graph(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> popxl.Graph:
         """The cached graph for these arguments, or a new one from ``ir.create_graph``."""
         ir = popxl.gir()
         graphs = self._cache.setdefault(ir, {})
         key = get_function_hash(fn, *args, **kwargs)
-        graph = graphs.get(key)
-        if graph is None:
-            graph = graphs[key] = ir.create_graph(fn, *args, **kwargs)
-        return graph
+        if key not in graphs:
+            graphs[key] = (ir.create_graph(fn, *args, **kwargs), (fn, args, kwargs))
+        return graphs[key][0]
 
 
 _FUNCTION_CACHE = GraphCache()
@@ -84,13 +100,19 @@ def function(fn: Callable[..., Any]) -> Callable[..., tuple[popxl.Tensor, ...]]:
 
     def call(*args: Any, **kwargs: Any) -> tuple[popxl.Tensor, ...]:
         graph = _FUNCTION_CACHE.create_graph(fn, *args, **kwargs)
-        bound = bound_arguments(fn, *args, **kwargs)
-        tensors = [v for v in bound.arguments.values() if isinstance(v, popxl.Tensor)]
-        return ops.call(graph, *tensors)
+        return ops.call(graph, *tensor_arguments(fn, *args, **kwargs))
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]
     call.__name__ = getattr(fn, "__name__", "function")
     return call
 
 
-__all__ = ["GraphCache", "function", "bound_arguments", "tensor_hash", "argument_hash", "get_function_hash"]
+__all__ = [
+    "GraphCache",
+    "function",
+    "bound_arguments",
+    "tensor_arguments",
+    "tensor_hash",
+    "argument_hash",
+    "get_function_hash",
+]

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Any
 
 import popxl
 from popxl.transforms import GradGraphInfo
 
 from .graph import BoundGraph, GraphWithNamedArgs
 
-GraphLike = Union[popxl.Graph, GraphWithNamedArgs, BoundGraph]
-GradGraphInfoLike = Union[GradGraphInfo, GraphWithNamedArgs]
+GraphLike = popxl.Graph | GraphWithNamedArgs | BoundGraph
+GradGraphInfoLike = GradGraphInfo | GraphWithNamedArgs
 CalledGraphsGradInfoLike = Mapping[Any, Any]
 CalledGraphsGradInfo = Mapping[popxl.Graph, GradGraphInfo]
 

@@ -11,17 +11,18 @@ of their attribute name; to *outline* (share code), use ``create_graph`` +
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import popxl
 from popxl.transforms import ExpectedConnectionType, GradGraphInfo
-from popxl.transforms.autodiff import make_grad_graph_info, add_graph_output
+from popxl.transforms.autodiff import add_graph_output, make_grad_graph_info
 
 from .dot_tree import DotTree
 from .graph import BoundGraph, GraphWithNamedArgs
-from .graph_cache import GraphCache
+from .graph_cache import GraphCache, tensor_arguments
 from .named_tensors import NamedTensors
 from .utils import overrides
 from .variable_factory import (
@@ -37,7 +38,16 @@ INLINE_GRAD_MSG = (
     "custom gradient would be ignored. Use create_graph or call_module to outline it, or "
     "construct it with grad_inlining_error='warning' or 'none'."
 )
+SUPER_INIT_MSG = (
+    "{cls}.{key} is a Module, but {cls}.__init__ has not called super().__init__() yet. Call "
+    "it before assigning submodules: their variables are registered in the parent."
+)
 AUX_READ_IN_BUILD_MSG = "aux can only be written in build and read in build_grad (key '{key}')."
+BUILD_GRAD_VARIADIC_MSG = (
+    "{cls}.build_grad takes *args or **kwargs, but it needs one fixed positional parameter per "
+    "gradient in grads_provided (e.g. def build_grad(self, dy)), because each becomes a named "
+    "input of the gradient graph."
+)
 VAR_GRAD_OUTSIDE_MSG = "var_grad can only be set within the build_graph method (build_grad)."
 
 _BUILDING: list[Module] = []
@@ -110,9 +120,10 @@ class _VarGrads:
             raise RuntimeError(VAR_GRAD_OUTSIDE_MSG)
         if not isinstance(value, popxl.Tensor):
             raise TypeError(f"Not a tensor: var_grad['{key}'] = {value!r}")
-        if key not in self.args:
-            raise KeyError(f"Not a variable: '{key}'. Variables: {self.args.keys_flat()}")
-        var = self.args[key]
+        variables = self.args.to_dict()
+        if key not in variables:
+            raise KeyError(f"Not a variable: '{key}'. Variables: {list(variables)}")
+        var = variables[key]
         if value.shape != var.shape or value.meta_shape != var.meta_shape:
             raise ValueError(
                 f"var_grad['{key}'] has shape {value.shape} (meta-shape {value.meta_shape}) but the "
@@ -161,12 +172,13 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
     def __init__(self, cache: bool = False, grad_inlining_error: str = "error") -> None:
         object.__setattr__(self, "_variable_factories", NamedVariableFactories())
         object.__setattr__(self, "_named_inputs", NamedTensors())
+        object.__setattr__(self, "_submodules", {})
         if grad_inlining_error not in ("error", "warning", "none"):
             raise ValueError(f"grad_inlining_error must be 'error', 'warning' or 'none', got {grad_inlining_error!r}.")
         if cache and self.implements_grad_graph:
             raise ValueError(CACHE_WITH_GRAD_MSG)
         self._graph_cache = GraphCache() if cache else None
-        self._args_cache: dict[popxl.Graph, tuple[NamedVariableFactories, NamedTensors]] = {}
+        self._args_cache: dict[popxl.Graph, tuple[NamedVariableFactories, NamedTensors, dict]] = {}
         self._grad_inlining_error = grad_inlining_error
         self.aux = _Aux()
         self.var_grad = _VarGrads(self)
@@ -174,10 +186,13 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
 
     def __setattr__(self, key: str, value: Any) -> None:
         if isinstance(value, Module):
+            if "_variable_factories" not in self.__dict__:
+                raise AttributeError(SUPER_INIT_MSG.format(cls=type(self).__name__, key=key))
             value.set_name_scope(key)
             self._variable_factories.insert(key, value._variable_factories)
             self._named_inputs.insert(key, value._named_inputs)
             self.called_graphs_grad_info.add_submap(value.called_graphs_grad_info)
+            self._submodules[key] = value
         object.__setattr__(self, key, value)
 
     def set_name_scope(self, name: str) -> None:
@@ -215,6 +230,9 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         _BUILDING.append(self)
         try:
             graph = popxl.gir().create_graph(self, *args, **kwargs)
+        except BaseException:
+            self._reset()  # so that a corrected call on the same instance can build again
+            raise
         finally:
             _BUILDING.pop()
         if self.implements_grad_graph:
@@ -235,17 +253,31 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         _BUILDING.append(self)
         try:
             graph = self._graph_cache.create_graph(self, *args, **kwargs)
+        except BaseException:
+            self._reset()
+            raise
         finally:
             _BUILDING.pop()
         if graph not in self._args_cache:
-            self._args_cache[graph] = (self._variable_factories.copy(), self._named_inputs.copy())
+            self._args_cache[graph] = (
+                self._variable_factories.copy(),
+                self._named_inputs.copy(),
+                self.called_graphs_grad_info.consolidate(),
+            )
             self._reset()
-        factories, inputs = self._args_cache[graph]
-        return factories.copy(), GraphWithNamedArgs(graph, inputs.copy(), from_module=self)
+        factories, inputs, grad_infos = self._args_cache[graph]
+        gwna = GraphWithNamedArgs(graph, inputs.copy(), from_module=self, called_graphs_grad_info=grad_infos)
+        return factories.copy(), gwna
 
     def _reset(self) -> None:
-        self._variable_factories._clear()
-        self._named_inputs._clear()
+        # Submodule links (made by __setattr__) stay, emptied; whatever build added goes, so
+        # that the next build can add the same names again.
+        for tree in (self._variable_factories, self._named_inputs):
+            for key in tree.keys():
+                if key not in self._submodules:
+                    tree.pop(key)
+        for child in self._submodules.values():
+            child._reset()
         self.called_graphs_grad_info.clear()
         self.aux = _Aux()
         self.var_grad = _VarGrads(self)
@@ -394,9 +426,7 @@ class _CallModule:
         self.var_factories, self.graph = factories, graph
         self.n_outputs_pre_autodiff = len(graph.graph.outputs)
         inputs = self.parent.add_variable_inputs(self.name, factories)
-        sub = _CalledGraphsGradInfoRefs()
-        sub.map.update(graph.called_graphs_grad_info)
-        self.parent.called_graphs_grad_info.add_submap(sub)
+        self.parent.called_graphs_grad_info.map.update(graph.called_graphs_grad_info)
         wants_grad = self.autodiff in ("build_grad", "autodiff") or (
             self.autodiff == "auto" and self.module.implements_grad_graph
         )
@@ -406,14 +436,20 @@ class _CallModule:
             required = self.grads_required(graph) if self.grads_required else None
             grad = graph.autodiff(provided, required, method=method)
             self.parent.called_graphs_grad_info.add(graph.graph, grad.grad_graph_info)
-        tensor_args = [a for a in args if isinstance(a, popxl.Tensor)]
-        outputs = graph.bind(inputs).call(*tensor_args)
+        outputs = graph.bind(inputs).call(*tensor_arguments(self.module.build, *args, **kwargs))
         return outputs[: self.n_outputs_pre_autodiff]
 
 
 def _check_unique(label: str, tensors: list[popxl.Tensor]) -> None:
     if len(set(tensors)) != len(tensors):
         raise ValueError(f"{label} contains duplicate tensors: {tensors}")
+
+
+def _check_fixed_parameters(module: Module) -> None:
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    params = inspect.signature(module.build_grad).parameters.values()
+    if any(p.kind in variadic for p in params):
+        raise TypeError(BUILD_GRAD_VARIADIC_MSG.format(cls=type(module).__name__))
 
 
 def _build_grad_graph(
@@ -433,6 +469,7 @@ def _build_grad_graph(
     for t in required:
         if t not in graph.inputs:
             raise ValueError(f"grads_required must be inputs of {graph.id}; {t} is not.")
+    _check_fixed_parameters(module)
     variables = {t: key for key, t in fwd.args.to_dict().items()}
     aux = fwd.aux if isinstance(fwd.aux, _Aux) else _Aux()
     aux.grad_mode = True

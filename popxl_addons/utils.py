@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
 import numpy as np
+
 import popxl
 
 logger = logging.getLogger("popxl_addons")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
+
 import popxl
 from popxl import ops
 

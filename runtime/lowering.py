@@ -98,6 +98,8 @@ class LoweringContext:
     fx: Fx = field(default_factory=dict)
     replicas: int = 1
     axis_name: str | None = None
+    # How collectives compute reductions: "native" (psum & co.) or "gather" (fast under vmap).
+    collective_impl: str = "native"
     print_fn: Callable[[str, Array], None] | None = None
 
 
@@ -123,7 +125,12 @@ def lower_op(ctx: LoweringContext, env: Env, op: Op) -> None:
         env.view(op.outputs[0], opdef, op.inputs, op.attrs)
         return
     assert opdef.lower is not None, f"{opdef.key} has no lowering"
-    results = opdef.lower(*(env.read(t) for t in op.inputs), **op.attrs)
+    apply_results(env, op, opdef.lower(*(env.read(t) for t in op.inputs), **op.attrs))
+
+
+def apply_results(env: Env, op: Op, results: Any) -> None:
+    """Store an op's lowering results: in-place writes, aliases and new outputs."""
+    opdef = op.opdef
     if not isinstance(results, tuple):
         results = (results,)
     for in_index, result_index in opdef.modifies:
@@ -137,12 +144,19 @@ def lower_op(ctx: LoweringContext, env: Env, op: Op) -> None:
             env.values[out] = _checked(results[k], out)
 
 
+@special("collective")
+def _lower_collective(ctx: LoweringContext, env: Env, op: Op) -> None:
+    args = (env.read(t) for t in op.inputs)
+    apply_results(env, op, op.opdef.lower(*args, **op.attrs, impl=ctx.collective_impl))
+
+
 def lower_graph(
     ctx: LoweringContext,
     graph: Graph,
     inputs: Sequence[Array],
     extra: Mapping[Tensor, Array] | None = None,
     read_back: Sequence[Tensor] = (),
+    ops: Sequence[Op] | None = None,
 ) -> tuple[list[Array], list[Array], list[Array]]:
     """Run ``graph``'s ops on ``inputs``.
 
@@ -154,7 +168,7 @@ def lower_graph(
         env.values[t] = value
     if extra:
         env.values.update(extra)
-    for op in graph._ops:
+    for op in graph._ops if ops is None else ops:
         lower_op(ctx, env, op)
     outs = [env.read(t) for t in graph._outputs]
     final_inputs = [env.read(t) for t in graph._inputs]

@@ -20,13 +20,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
 from popxl import dtypes
+from popxl._op import Op
 from popxl.graph import Graph
 from popxl.ir import Ir
+from popxl.remote_buffer import RemoteBuffer
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 
-from . import control, host_io, vjp  # noqa: F401  (register special lowerings)
+from . import control, host_io, remote, vjp  # noqa: F401  (register special lowerings)
 from .lowering import LoweringContext, lower_graph
 
 REPLICA_AXIS = "replica"
@@ -35,16 +40,25 @@ _STEP_CACHE: dict[str, Any] = {}
 
 @dataclass
 class Program:
-    """A compiled IR and the layout of its state and streams."""
+    """A compiled IR and the layout of its state and streams.
+
+    The state is the on-chip variables (in creation order) followed by the remote buffers.
+    """
 
     ir: Ir
     variables: list[Variable]
+    buffers: list[RemoteBuffer]
     h2d: list[HostToDeviceStream]
     d2h: list[DeviceToHostStream]
     step: Any
     replicas: int
+    mode: str
     uses_x64: bool
     key: str
+    # Per state entry: whether it has a leading replica axis. Under vmap, variables that
+    # every replica keeps identical (shared initial value, replica-invariant updates) are
+    # stored once, so replicas do not multiply weight memory traffic.
+    batched: tuple[bool, ...] = ()
 
 
 def reachable_graphs(ir: Ir) -> list[Graph]:
@@ -78,7 +92,13 @@ def _attr_key(value: Any, graph_index: dict[Graph, int]) -> Any:
     return value
 
 
-def structural_key(ir: Ir, graphs: Sequence[Graph], variables: Sequence[Variable]) -> str:
+def structural_key(
+    ir: Ir,
+    graphs: Sequence[Graph],
+    variables: Sequence[Variable],
+    buffers: Sequence[RemoteBuffer] = (),
+    mode: str = "none",
+) -> str:
     """A digest of everything that determines the compiled step."""
     h = hashlib.blake2b(digest_size=20)
     graph_index = {g: i for i, g in enumerate(graphs)}
@@ -90,7 +110,9 @@ def structural_key(ir: Ir, graphs: Sequence[Graph], variables: Sequence[Variable
     def feed(*items: Any) -> None:
         h.update(repr(items).encode())
 
-    feed("R", ir.replication_factor, "nht", ir.num_host_transfers)
+    feed("R", ir.replication_factor, "nht", ir.num_host_transfers, "mode", mode)
+    for b in buffers:
+        feed("buffer", b.remote_buffer_id, b.entries, b.tensor_shape, b.tensor_dtype.name)
     for v in variables:
         feed("var", num(v), v.shape, v.dtype.name)
     for s in ir._streams:
@@ -104,27 +126,66 @@ def structural_key(ir: Ir, graphs: Sequence[Graph], variables: Sequence[Variable
                 if isinstance(t, Constant) and t not in numbering:
                     feed("const", num(t), t.shape, t.dtype.name)
                     h.update(np.ascontiguousarray(t._data).tobytes())
-            feed(op.opdef.key, attrs, [num(t) for t in op.inputs], sorted(op.modified_inputs))
+            feed(op.opdef.key, attrs, [num(t) for t in op.inputs], sorted(op.modified_inputs), op.execution_context)
             feed([(num(t), t.shape, t.dtype.name) for t in op.outputs])
         feed("outs", [num(t) for t in g._outputs])
     return h.hexdigest()
 
 
 def _uses_x64(graphs: Sequence[Graph]) -> bool:
-    return any(
-        dtypes.is_64_bit(t.dtype) for g in graphs for t in g._tensors.values()
-    )
+    return any(dtypes.is_64_bit(t.dtype) for g in graphs for t in g._tensors.values())
+
+
+def replication_mode(replicas: int) -> str:
+    """How replicas are mapped: ``"none"`` (one replica), ``"vmap"`` (one device) or
+    ``"shard_map"`` (one device per replica).
+
+    ``POPXL_REPLICATION`` = ``auto`` (default: ``shard_map`` when JAX has at least
+    ``replicas`` devices, else ``vmap``), ``vmap`` or ``shard_map``.
+    """
+    if replicas == 1:
+        return "none"
+    choice = os.environ.get("POPXL_REPLICATION", "auto")
+    if choice not in ("auto", "vmap", "shard_map"):
+        raise ValueError(f"POPXL_REPLICATION must be auto, vmap or shard_map, got {choice!r}.")
+    enough = len(jax.devices()) >= replicas
+    if choice == "shard_map" and not enough:
+        raise ValueError(
+            f"POPXL_REPLICATION=shard_map needs {replicas} devices, JAX has {len(jax.devices())}. "
+            "Use vmap, or force host devices with XLA_FLAGS=--xla_force_host_platform_device_count."
+        )
+    if choice == "auto":
+        return "shard_map" if enough else "vmap"
+    return choice
+
+
+def main_schedule(ir: Ir) -> list[Op]:
+    """The main graph's ops in run order: ops of the weights-to-host fragment run last."""
+    ops = ir.main_graph._ops
+    last = [op for op in ops if op.execution_context == "WeightsToHostFragment"]
+    return [op for op in ops if op.execution_context != "WeightsToHostFragment"] + last
 
 
 def _make_step(
-    ir: Ir, variables: list[Variable], h2d: list[HostToDeviceStream], d2h: list[DeviceToHostStream]
+    ir: Ir,
+    variables: list[Variable],
+    buffers: list[RemoteBuffer],
+    h2d: list[HostToDeviceStream],
+    d2h: list[DeviceToHostStream],
+    mode: str,
 ) -> Any:
     replicas = ir.replication_factor
     nht = ir.num_host_transfers
     main = ir.main_graph
+    schedule = main_schedule(ir)
+    n_vars = len(variables)
 
     def replica_step(state: tuple, inputs: tuple) -> tuple:
-        ctx = LoweringContext(replicas=replicas, axis_name=REPLICA_AXIS if replicas > 1 else None)
+        ctx = LoweringContext(
+            replicas=replicas,
+            axis_name=REPLICA_AXIS if replicas > 1 else None,
+            collective_impl="gather" if mode == "vmap" else "native",
+        )
         for stream, buffer in zip(h2d, inputs):
             sid = stream.tensor_id
             ctx.h2d[sid] = buffer
@@ -137,24 +198,107 @@ def _make_step(
             shape = (nht, *stream.shape)
             ctx.fx[host_io.buffer_key(sid)] = jnp.zeros(shape, stream.dtype.as_numpy())
             ctx.fx[host_io.count_key(sid)] = jnp.zeros((), jnp.int32)
-        _, _, new_state = lower_graph(
-            ctx, main, [], extra=dict(zip(variables, state)), read_back=variables
+        for buffer, value in zip(buffers, state[n_vars:]):
+            ctx.fx[remote.buffer_key(buffer.remote_buffer_id)] = value
+        _, _, new_vars = lower_graph(
+            ctx, main, [], extra=dict(zip(variables, state[:n_vars])), read_back=variables, ops=schedule
         )
+        new_buffers = [ctx.fx[remote.buffer_key(b.remote_buffer_id)] for b in buffers]
         outs = tuple(ctx.fx[host_io.buffer_key(s.tensor_id)] for s in d2h)
         counts = tuple(ctx.fx[host_io.count_key(s.tensor_id)] for s in d2h)
-        return tuple(new_state), (outs, counts)
+        return (*new_vars, *new_buffers), (outs, counts)
 
-    if replicas == 1:
-        step = replica_step
-    else:
-        step = jax.vmap(
-            replica_step,
-            in_axes=(0, 1),
-            out_axes=(0, (1, 0)),
-            axis_name=REPLICA_AXIS,
-            axis_size=replicas,  # a program may have no variables and no inputs to map over
+    n_state = n_vars + len(buffers)
+    if mode == "none":
+        return jax.jit(replica_step, donate_argnums=(0,)), (False,) * n_state
+    if mode == "shard_map":
+        return jax.jit(_shard_mapped(replica_step, replicas), donate_argnums=(0,)), (True,) * n_state
+    candidates = [_may_be_shared(v, replicas) for v in variables] + [False] * len(buffers)
+    batched = _replica_varying_state(replica_step, candidates, variables, buffers, h2d, nht, replicas)
+    axes = tuple(0 if b else None for b in batched)
+    step = jax.vmap(
+        replica_step,
+        in_axes=(axes, 1),
+        out_axes=(axes, (1, 0)),
+        axis_name=REPLICA_AXIS,
+        axis_size=replicas,  # a program may have no variables and no inputs to map over
+    )
+    return jax.jit(step, donate_argnums=(0,)), batched
+
+
+def _may_be_shared(var: Variable, replicas: int) -> bool:
+    grouping = var.replica_grouping
+    per_replica = var.retrieval_mode == "all_replicas" and grouping.group_size > 1
+    return grouping.num_groups == 1 and not per_replica
+
+
+def _is_batched(value: Any) -> bool:
+    from jax._src.interpreters import batching  # noqa: PLC0415 (no public API for this)
+
+    return isinstance(value, batching.BatchTracer) and isinstance(value.batch_dim, int)
+
+
+def _replica_varying_state(
+    replica_step: Any,
+    candidates: list[bool],
+    variables: list[Variable],
+    buffers: list[RemoteBuffer],
+    h2d: list[HostToDeviceStream],
+    nht: int,
+    replicas: int,
+) -> tuple[bool, ...]:
+    """Which state entries need one copy per replica: trace the vmapped step with the
+    candidates unmapped until none of their new values depends on the replica."""
+    shared = list(candidates)
+    inputs = tuple(jax.ShapeDtypeStruct((nht, replicas, *s.shape), s.dtype.as_numpy()) for s in h2d)
+    shapes = [v.shape for v in variables] + [(b.entries, *b.tensor_shape) for b in buffers]
+    dts = [v.dtype.as_numpy() for v in variables] + [b.tensor_dtype.as_numpy() for b in buffers]
+    while True:
+        flags: list[bool] = []
+
+        def probe(state: tuple, ins: tuple) -> tuple:
+            new_state, outs = replica_step(state, ins)
+            flags[:] = [_is_batched(x) for x in new_state]
+            return new_state, outs
+
+        state = tuple(
+            jax.ShapeDtypeStruct(shape if s else (replicas, *shape), dt) for shape, dt, s in zip(shapes, dts, shared)
         )
-    return jax.jit(step, donate_argnums=(0,))
+        axes = tuple(None if s else 0 for s in shared)
+        jax.eval_shape(
+            jax.vmap(probe, in_axes=(axes, 1), out_axes=(0, (1, 0)), axis_name=REPLICA_AXIS, axis_size=replicas),
+            state,
+            inputs,
+        )
+        still_shared = [s and not f for s, f in zip(shared, flags)]
+        if still_shared == shared:
+            return tuple(not s for s in shared)
+        shared = still_shared
+
+
+def replica_mesh(replicas: int) -> Mesh:
+    return Mesh(np.array(jax.devices()[:replicas]), (REPLICA_AXIS,))
+
+
+def _shard_mapped(replica_step: Any, replicas: int) -> Any:
+    """``replica_step`` run on one device per replica (each block has a leading axis of 1)."""
+
+    def block_step(state: tuple, inputs: tuple) -> tuple:
+        new_state, (outs, counts) = replica_step(
+            tuple(s[0] for s in state), tuple(i[:, 0] for i in inputs)
+        )
+        return (
+            tuple(s[None] for s in new_state),
+            (tuple(o[:, None] for o in outs), tuple(c[None] for c in counts)),
+        )
+
+    return jax.shard_map(
+        block_step,
+        mesh=replica_mesh(replicas),
+        in_specs=(P(REPLICA_AXIS), P(None, REPLICA_AXIS)),
+        out_specs=(P(REPLICA_AXIS), (P(None, REPLICA_AXIS), P(REPLICA_AXIS))),
+        check_vma=False,
+    )
 
 
 def enable_persistent_cache() -> None:
@@ -172,20 +316,34 @@ def build_program(ir: Ir) -> Program:
     """Lower ``ir`` to a jitted step, reusing a cached step for a structurally equal IR."""
     graphs = reachable_graphs(ir)
     variables = [v for v in ir._variables if v._remote_buffer is None]
+    buffers = list(ir._remote_buffers)
     h2d = [s for s in ir._streams if s._is_h2d and s._used]
     d2h = [s for s in ir._streams if not s._is_h2d and s._used]
-    key = structural_key(ir, graphs, variables)
-    step = _STEP_CACHE.get(key)
-    if step is None:
-        step = _STEP_CACHE[key] = _make_step(ir, variables, h2d, d2h)
-    return Program(ir, variables, h2d, d2h, step, ir.replication_factor, _uses_x64(graphs), key)
+    mode = replication_mode(ir.replication_factor)
+    key = structural_key(ir, graphs, variables, buffers, mode)
+    cached = _STEP_CACHE.get(key)
+    if cached is None:
+        cached = _STEP_CACHE[key] = _make_step(ir, variables, buffers, h2d, d2h, mode)
+    step, batched = cached
+    return Program(
+        ir, variables, buffers, h2d, d2h, step, ir.replication_factor, mode, _uses_x64(graphs), key, batched
+    )
+
+
+def state_sharding(program: Program, device: jax.Device) -> jax.sharding.Sharding:
+    """Where the state lives: one device, or split over the replica mesh."""
+    if program.mode == "shard_map":
+        return NamedSharding(replica_mesh(program.replicas), P(REPLICA_AXIS))
+    return jax.sharding.SingleDeviceSharding(device)
 
 
 def abstract_state(program: Program) -> tuple:
     r = program.replicas
-    lead = (r,) if r > 1 else ()
+    shapes = [(v.shape, v.dtype) for v in program.variables]
+    shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype) for b in program.buffers]
     return tuple(
-        jax.ShapeDtypeStruct(lead + v.shape, v.dtype.as_numpy()) for v in program.variables
+        jax.ShapeDtypeStruct(((r,) if batched else ()) + shape, dt.as_numpy())
+        for (shape, dt), batched in zip(shapes, program.batched)
     )
 
 
@@ -196,7 +354,3 @@ def abstract_inputs(program: Program) -> tuple:
     return tuple(
         jax.ShapeDtypeStruct((nht, *lead, *s.shape), s.dtype.as_numpy()) for s in program.h2d
     )
-
-
-def zero_state_like(program: Program) -> tuple:
-    return tuple(np.zeros(s.shape, s.dtype) for s in abstract_state(program))

@@ -31,7 +31,7 @@ from popxl.ir import Ir
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 
-from . import stream_io
+from . import remote_state, stream_io
 from .device import select_device
 from .program import (
     Program,
@@ -39,6 +39,7 @@ from .program import (
     abstract_state,
     build_program,
     enable_persistent_cache,
+    state_sharding,
 )
 
 DEVICE_TYPES = ("ipu_hw", "ipu_model", "cpu")
@@ -103,11 +104,16 @@ class Session:
         self.weights_to_host_on_exit = weights_to_host_on_exit and not _has_read_only_memmap(ir)
         ir._attach_session(self)
         self._program: Program = build_program(ir)
+        self._sharding = state_sharding(self._program, self._device)
+        self._batched = dict(zip(self._program.variables, self._program.batched))
         # The step's stream layout is fixed now; later changes to the Ir's setting do not apply.
         self._nht = ir.num_host_transfers
-        self._host: dict[Variable, np.ndarray] = {
-            v: self._initial_host(v) for v in self._program.variables
-        }
+        self._host: dict[Variable, np.ndarray] = {v: self._initial_host(v) for v in ir._variables}
+        self._remote_vars = [v for v in ir._variables if v._remote_buffer is not None]
+        # Remote buffers keep their contents while detached (streaming memory).
+        self._buffers_host = [
+            np.zeros(a.shape, a.dtype) for a in abstract_state(self._program)[len(self._program.variables) :]
+        ]
         self._state: tuple | None = None
         self._host_stale = False
         self._enter_stack: list[bool] = []
@@ -137,9 +143,8 @@ class Session:
         if key in _COMPILED:
             return
         # The state must carry the device placement runs use, or the first run compiles again.
-        placed = jax.sharding.SingleDeviceSharding(self._device)
         state = tuple(
-            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed)
+            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._sharding)
             for a in abstract_state(self._program)
         )
         with self._x64():
@@ -198,7 +203,9 @@ class Session:
             grouping = var.replica_grouping
             if grouping.num_groups > 1:
                 data = data[grouping.assignment]
-            data = np.array(np.broadcast_to(data, (self._program.replicas, *var.shape)))
+            # Replica-sharded variables keep the full value per replica on the host.
+            full = var.meta_shape if var._replica_sharded else var.shape
+            data = np.array(np.broadcast_to(data, (self._program.replicas, *full)))
         elif isinstance(data, np.memmap):
             return data
         # A read-only view: callers cannot change the host copy (or the Ir's data) behind
@@ -209,7 +216,7 @@ class Session:
 
     def _device_layout(self, var: Variable, host: np.ndarray) -> Any:
         replicas = self._program.replicas
-        if replicas > 1 and not self._per_replica(var):
+        if replicas > 1 and self._batched[var] and not self._per_replica(var):
             grouping = var.replica_grouping
             if grouping.num_groups > 1:
                 host = np.stack([host[g] for g in grouping.assignment])
@@ -219,7 +226,7 @@ class Session:
 
     def _to_host(self, var: Variable, device_value: Any) -> np.ndarray:
         value = np.asarray(device_value)
-        if self._program.replicas > 1 and not self._per_replica(var):
+        if self._program.replicas > 1 and self._batched[var] and not self._per_replica(var):
             grouping = var.replica_grouping
             if grouping.num_groups > 1:
                 value = value[[members[0] for members in grouping.members]]
@@ -231,19 +238,42 @@ class Session:
         return value
 
     def weights_from_host(self) -> None:
-        """Copy every variable's host value to the device."""
+        """Copy every variable's host value to the device (remote variables into their
+        buffer slots)."""
         self._require_attached()
         variables = self._program.variables
+        buffers = [b.copy() for b in self._buffers_host]
+        self._write_remote(buffers, self._remote_vars)
         with self._x64():
             hosts = [self._device_layout(v, self._host[v]) for v in variables]
-            self._state = tuple(jax.device_put(hosts, self._device))
+            self._state = tuple(jax.device_put([*hosts, *buffers], self._sharding))
+
+    def _buffer_index(self, var: Variable) -> int:
+        return self._program.buffers.index(var._remote_buffer)
+
+    def _write_remote(self, buffers: list[np.ndarray], variables: Iterable[Variable]) -> None:
+        replicas = self._program.replicas
+        for var in variables:
+            remote_state.write_slots(
+                buffers[self._buffer_index(var)], var, self._host[var], replicas, self._per_replica(var)
+            )
 
     def weights_to_host(self) -> None:
         """Copy every variable's device value to the host."""
         self._require_attached()
         assert self._state is not None
-        for var, value in zip(self._program.variables, jax.device_get(self._state)):
+        values = jax.device_get(self._state)
+        n_vars = len(self._program.variables)
+        for var, value in zip(self._program.variables, values[:n_vars]):
             self._set_host(var, self._to_host(var, value))
+        self._buffers_host = [np.array(b) for b in values[n_vars:]]
+        replicas = self._program.replicas
+        for var in self._remote_vars:
+            host = remote_state.read_slots(
+                self._buffers_host[self._buffer_index(var)], var, replicas, self._per_replica(var)
+            )
+            host.flags.writeable = False
+            self._set_host(var, host)
         self._host_stale = False
 
     def _set_host(self, var: Variable, value: np.ndarray) -> None:
@@ -376,15 +406,23 @@ class Session:
         for var, arr in checked:
             self._set_host(var, arr)
         if self.is_attached and checked:
-            index = {v: i for i, v in enumerate(self._program.variables)}
-            state = list(self._state or ())
-            with self._x64():
-                placed = jax.device_put(
-                    [self._device_layout(var, self._host[var]) for var, _ in checked], self._device
-                )
-            for (var, _), value in zip(checked, placed):
+            self._upload_written([var for var, _ in checked])
+
+    def _upload_written(self, written: list[Variable]) -> None:
+        index = {v: i for i, v in enumerate(self._program.variables)}
+        state = list(self._state or ())
+        on_chip = [v for v in written if v in index]
+        remote = [v for v in written if v._remote_buffer is not None]
+        with self._x64():
+            placed = jax.device_put([self._device_layout(v, self._host[v]) for v in on_chip], self._sharding)
+            for var, value in zip(on_chip, placed):
                 state[index[var]] = value
-            self._state = tuple(state)
+            if remote:
+                n_vars = len(self._program.variables)
+                buffers = [np.array(b) for b in jax.device_get(tuple(state[n_vars:]))]
+                self._write_remote(buffers, remote)
+                state[n_vars:] = jax.device_put(buffers, self._sharding)
+        self._state = tuple(state)
 
     def _checked_write(self, var: Any, data: Any) -> np.ndarray:
         if not isinstance(var, Variable):

@@ -53,7 +53,9 @@ def _lower_vjp(ctx: LoweringContext, env: Env, op: Op) -> None:
         cot_inputs = list(op.inputs)
     root_set = set(recipe.roots)
     results = recipe.results
-    inner_ctx = LoweringContext(replicas=ctx.replicas, axis_name=ctx.axis_name)
+    inner_ctx = LoweringContext(
+        replicas=ctx.replicas, axis_name=ctx.axis_name, collective_impl=ctx.collective_impl
+    )
 
     def forward(*root_values: jax.Array) -> tuple:
         sub = Env()

@@ -130,3 +130,6 @@ from .nn import interpolate as interpolate
 from .nn import layer_norm as layer_norm
 from .nn import max_pool as max_pool
 from .nn import roi_align as roi_align
+from .remote import remote_load as remote_load
+from .remote import remote_load_ as remote_load_
+from .remote import remote_store as remote_store

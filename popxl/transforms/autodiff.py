@@ -164,7 +164,7 @@ class _Differentiator:
         """Calls and seeds that read views get an identity copy, so their gradients flow
         through an ordinary op (whose gradient handles the view)."""
         for op in list(self.fwd._ops):
-            if op.opdef.grad != "call":
+            if op.opdef.grad not in ("call", "collective"):
                 continue
             for k, h in enumerate(op.inputs):
                 if parents(h) is not None:
@@ -358,6 +358,51 @@ def _call_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Con
     return contributions
 
 
+def _collective_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Contribution:
+    """PopXL's adjoints: all-gather <-> replicated slice (no reduction), and the
+    identical-inputs all-reduce pair (all-reduce <-> identity)."""
+    from ..ops import collectives as coll  # noqa: PLC0415
+    from ..ops.shape import reshape  # noqa: PLC0415
+
+    op = step.op
+    key = op.opdef.key
+    inputs = [d.call_input(op, k) for k in range(len(op.inputs))]
+    if key == "all_reduce_identical_grad_inputs":
+        grads = list(cots)
+    else:
+        present = [c if c is not None else init(t.shape, t.dtype, "zero_grad", "zero") for c, t in zip(cots, op.outputs)]
+        if key == "all_reduce_identical_inputs":
+            grads = coll._record_ipu_reduce(coll.IPU_ALL_REDUCE, present, list(range(len(present))), op.attrs["op"])
+        else:
+            grads = [_collective_adjoint(coll, op, present[0])]
+    contributions = []
+    for h, g in zip(inputs, grads):
+        if g is not None:
+            if g.shape != h.shape:
+                g = reshape(g, h.shape)
+            contributions.append((d.version_before(step, h), g))
+    return contributions
+
+
+def _collective_adjoint(coll: Any, op: Op, cot: Tensor) -> Tensor:
+    from ..ops._base import record  # noqa: PLC0415
+
+    attrs = op.attrs
+    groups = attrs["groups"]
+    if op.opdef.key == "replicated_all_gather":
+        if attrs["mode"] == "meta_shape":
+            return record(coll.SHARDED_SLICE, {"t": cot}, {"groups": groups, "rts": True}, [f"{cot.name}_sharded_slice"])[0]
+        axis = 0 if attrs["mode"] == "new_axis" else attrs["axis"]
+        return record(coll.SLICE, {"t": cot}, {"axis": axis, "groups": groups}, [f"{cot.name}_replicated_slice"])[0]
+    from ..ops.shape import reshape  # noqa: PLC0415
+
+    source, axis = op.inputs[0], attrs["axis"]
+    if cot.rank < source.rank:  # the slice dropped a length-1 axis: put it back
+        cot = reshape(cot, source.shape[:axis] + (1,) + source.shape[axis + 1 :])
+    attrs_gather = {"axis": axis, "mode": "concat", "groups": groups, "meta": ()}
+    return record(coll.ALL_GATHER, {"t": cot}, attrs_gather, [f"{cot.name}_all_gathered"])[0]
+
+
 def _print_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Contribution:
     """``print_tensor`` passes its gradient through, printing it if asked to."""
     from ..ops import misc  # noqa: PLC0415
@@ -387,5 +432,6 @@ RULES: dict[str, Callable[[_Differentiator, Step, list], Contribution]] = {
     "repeat": _vjp_rule,
     "call": _call_rule,
     "print": _print_rule,
+    "collective": _collective_rule,
     "none": _no_grad,
 }

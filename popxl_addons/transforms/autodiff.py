@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+
 import popxl
 from popxl import ops
 from popxl.transforms import ExpectedConnectionType, GradGraphInfo

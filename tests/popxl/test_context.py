@@ -1,5 +1,7 @@
 """The building context: current graph, name scopes, in_sequence, placement, op hooks."""
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -305,7 +307,33 @@ def test_ops_record_the_users_source_location():
     ir = popxl.Ir()
     with ir.main_graph:
         v = popxl.variable(np.ones(2, np.float32))
-        line = __import__("inspect").currentframe().f_lineno + 1
+        line = inspect.currentframe().f_lineno + 1
         y = ops.relu(v)
     assert y._producer.location == (__file__, line)
     assert y._producer.scope == ()
+
+
+def test_source_location_helpers():
+    from popxl.context import debug_context_frame_offset, get_source_location, op_debug_context
+
+    def where():
+        return get_source_location()
+
+    def caller_of_where():
+        with debug_context_frame_offset(1):
+            return where()
+
+    # The location of the frame that called get_source_location, one frame further out
+    # per debug_context_frame_offset.
+    assert where() == (__file__, inspect.getsourcelines(where)[1] + 1)
+    assert caller_of_where() == (__file__, inspect.getsourcelines(caller_of_where)[1] + 2)
+
+    @op_debug_context
+    def double(x):
+        return 2 * x
+
+    @op_debug_context("named")
+    def triple(x):
+        return 3 * x
+
+    assert (double(2), triple(2), double.__name__) == (4, 6, "double")

@@ -6,7 +6,7 @@ import pytest
 
 import popxl
 
-# Names of reference 1.1 (remote buffers and sharded variables belong to a later issue).
+# Names of reference 1.1.
 TOP_LEVEL = [
     "get_current_graph", "get_main_graph", "get_ir", "gcg", "gmg", "gir", "in_sequence",
     "name_scope", "ipu", "io_tiles",
@@ -16,6 +16,8 @@ TOP_LEVEL = [
     "Graph", "Ir", "Module", "create_seeds", "ReplicaGrouping",
     "HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream",
     "Tensor", "variable", "constant", "graph_input", "graph_output", "TensorByRef", "TensorSpec",
+    "RemoteBuffer", "remote_buffer", "remote_variable", "remote_replica_sharded_variable",
+    "replica_sharded_variable",
     "TensorStorage", "TensorLocation", "ReplicatedTensorSharding", "TileSet", "ExecutionContext",
     "Session",
 ]  # fmt: skip
@@ -60,6 +62,26 @@ SIGNATURES = {
         ("shape", _E), ("dtype", _E), ("name", None), ("by_ref", False), ("meta_shape", None),
     ],
     "graph_output": [("t", _E)],
+    "remote_buffer": [("tensor_shape", _E), ("tensor_dtype", _E), ("entries", 1)],
+    "remote_variable": [
+        ("data", _E), ("remote_buffer", _E), ("offset", 0), ("dtype", None), ("name", None),
+        ("downcast", True), ("replica_grouping", None), ("retrieval_mode", "one_per_group"),
+        ("log2_scale", None), ("nan_on_overflow", None),
+    ],
+    "remote_replica_sharded_variable": [
+        ("data", _E), ("remote_buffer", _E), ("offset", 0), ("dtype", None), ("name", None),
+        ("downcast", True), ("replica_grouping", None), ("retrieval_mode", "one_per_group"),
+        ("log2_scale", None), ("nan_on_overflow", None),
+    ],
+    "replica_sharded_buffer": [
+        ("shape", _E), ("dtype", _E), ("replica_grouping", None), ("shard_over", None),
+        ("entries", 1),
+    ],
+    "replica_sharded_variable": [
+        ("data", _E), ("dtype", None), ("name", None), ("downcast", True),
+        ("replica_grouping", None), ("shard_over", None), ("retrieval_mode", "one_per_group"),
+        ("log2_scale", None), ("nan_on_overflow", None),
+    ],
 }  # fmt: skip
 METHOD_SIGNATURES = {
     (popxl.Ir, "__init__"): [("self", _E), ("replication", 1)],
@@ -75,6 +97,13 @@ METHOD_SIGNATURES = {
     (popxl.Tensor, "reshape"): [("self", _E), ("shape", _E)],
     (popxl.Tensor, "copy_to_ipu"): [("self", _E), ("destination", _E), ("source", None)],
     (popxl.Variable, "copy_to_ipu"): [("self", _E), ("dst", _E), ("src", _E)],
+    (popxl.RemoteBuffer, "__init__"): [
+        ("self", _E), ("tensor_shape", _E), ("tensor_dtype", _E), ("entries", _E),
+    ],
+    (popxl.RemoteBuffer, "set_remote_buffer_info"): [
+        ("self", _E), ("tensor_dtype", _E), ("tensor_shape", _E), ("entries", _E),
+    ],
+    (popxl.RemoteBuffer, "validate_tensor_matches_buffer"): [("self", _E), ("t", _E), ("num_shards", 1)],
     (popxl.dtypes.dtype, "from_name"): [("name", _E)],
     (popxl.dtypes.dtype, "as_dtype"): [("type_value", _E)],
 }  # fmt: skip
@@ -114,11 +143,23 @@ def test_aliases_are_the_same_functions():
     assert popxl.gir is popxl.get_ir
 
 
-def test_remote_buffers_are_not_part_of_this_issue():
-    # Guard so this file is revisited when they land: they are tested with their issue.
-    for name in ("remote_buffer", "RemoteBuffer", "remote_variable"):
-        if hasattr(popxl, name):
-            pytest.skip("remote buffers exist now; their tests live with that issue")
+def test_replica_sharded_buffer_is_top_level_but_not_exported():
+    assert callable(popxl.replica_sharded_buffer)
+    assert "replica_sharded_buffer" not in popxl.__all__
+
+
+REMOTE_OP_SIGNATURES = {
+    "remote_load": [("remote_buffer", _E), ("offset", _E), ("name", None)],
+    "remote_load_": [("remote_buffer", _E), ("offset", _E), ("t", _E)],
+    "remote_store": [("remote_buffer", _E), ("offset", _E), ("t", _E)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(REMOTE_OP_SIGNATURES))
+def test_remote_op_signature(name):
+    import popxl.ops
+
+    assert _described(inspect.signature(getattr(popxl.ops, name))) == REMOTE_OP_SIGNATURES[name]
 
 
 @pytest.mark.parametrize("name", sorted(SIGNATURES))

@@ -450,7 +450,7 @@ def test_bool_indexing_is_a_mask():
     np.testing.assert_array_equal(got[1], np.where([True, False], data, 0))
 
 
-@pytest.mark.parametrize("key", [True, False, "a", 1.0, None, (1, "a"), [1.5, 2.5]])
+@pytest.mark.parametrize("key", [True, False, "a", 1.0, None, (1, "a"), [1.5, 2.5], (Ellipsis, 1)])
 def test_bad_index_types(key):
     ir = popxl.Ir()
     with ir.main_graph:

@@ -1,4 +1,4 @@
-"""The tutorials run as tests: full default runs on the bundled digits."""
+"""The tutorials run as tests: full default runs (1, 2) or short runs (3, 5) on the digits."""
 
 import pytest
 
@@ -20,3 +20,21 @@ def test_custom_optimiser_demo_shows_graph_and_state(capsys):
     assert "Accumulate.100" in printed and "AdamUpdater.102" in printed
     assert "ScaledAddLhsInplace.103" in printed
     assert "step: 1.0" in printed
+
+
+def test_data_parallel_tutorial_trains(capsys):
+    args = ["--epochs", "10", "--data-parallel", "2", "--gradient-accumulation", "2", "--throughput"]
+    accuracy = load_tutorial("3_data_parallelism").main(args)
+    printed = capsys.readouterr().out
+    assert "global batch = micro batch 8 x gradient accumulation 2 x data parallel 2 = 32" in printed
+    assert "Throughput:" in printed
+    assert accuracy >= 85.0
+
+
+def test_remote_rts_tutorial_trains_and_demos(capsys):
+    accuracy = load_tutorial("5_remote_variables_and_rts").main(["--epochs", "8", "--demo"])
+    printed = capsys.readouterr().out
+    assert "RemoteLoad.102" in printed and "RemoteStore.103" in printed
+    assert "out: 2.0 then 2.3333335" in printed
+    assert "assignment [0, 1, 0, 1, 2, 3, 2, 3]" in printed
+    assert accuracy >= 85.0

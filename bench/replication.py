@@ -1,0 +1,73 @@
+"""Data-parallel training on one device: R replicas vs one replica with an R-times batch.
+
+The MNIST MLP step (gelu MLP 784-512-512-512-10, cross-entropy, SGD) with ``Ir(replication=R)``,
+micro-batch 8 per replica and gradients averaged with ``replicated_all_reduce_(..., "mean")``,
+against the same program with one replica and batch ``8 R``. Seconds per step; the target
+ratio (replicated / single) is <= 1.2.
+
+Run: python bench/replication.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench._common import device_name, report, run_variant, timed  # noqa: E402
+
+MICRO_BATCH = 8
+
+
+def step_seconds(replicas: int, batch: int) -> float:
+    import popxl
+    import popxl.ops as ops
+    import popxl_addons as addons
+    from tutorials import load_tutorial
+
+    Net = load_tutorial("1_basic_concepts").Net
+    ir = popxl.Ir(replication=replicas)
+    with ir.main_graph:
+        img_stream = popxl.h2d_stream((batch, 28, 28), popxl.float32, "image")
+        label_stream = popxl.h2d_stream((batch,), popxl.int32, "labels")
+        x, y = ops.host_load(img_stream), ops.host_load(label_stream)
+        facts, fwd = Net().create_graph(x)
+        bwd = addons.autodiff(fwd, grads_required=fwd.args.tensors)
+        variables = facts.init()
+        info = fwd.bind(variables).call_with_info(x)
+        loss, dx = addons.ops.cross_entropy_with_grad(info.outputs[0], y)
+        grads = bwd.call(dx, args=bwd.grad_graph_info.inputs_dict(info))
+        for var, g in zip(variables.tensors, grads):
+            if replicas > 1:
+                ops.collectives.replicated_all_reduce_(g, "mean")
+            ops.scaled_add_(var, g, b=-0.05)
+        loss_stream = popxl.d2h_stream((), popxl.float32, "loss")
+        ops.host_store(loss_stream, loss)
+    lead = (replicas,) if replicas > 1 else ()
+    rng = np.random.default_rng(0)
+    inputs = {
+        img_stream: rng.normal(size=lead + (batch, 28, 28)).astype(np.float32),
+        label_stream: rng.integers(0, 10, lead + (batch,)).astype(np.int32),
+    }
+    with popxl.Session(ir, "ipu_hw") as session:
+        return timed(lambda: np.asarray(session.run(inputs)[loss_stream]).sum(), 50)
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--variant":
+        print(json.dumps({"s": step_seconds(int(sys.argv[2]), int(sys.argv[3]))}))
+        return
+    rows = []
+    for replicas in (1, 2, 4):
+        replicated = run_variant(__file__, "--variant", str(replicas), str(MICRO_BATCH))["s"]
+        single = run_variant(__file__, "--variant", "1", str(MICRO_BATCH * replicas))["s"]
+        rows.append((f"step, R={replicas} x batch {MICRO_BATCH} vs 1 x batch {MICRO_BATCH * replicas}", replicated, single, "s"))
+    print(f"device: {device_name()}")
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()

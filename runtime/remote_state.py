@@ -1,0 +1,74 @@
+"""Host ↔ device layout of variables that live in remote buffers.
+
+A remote buffer's device state is ``(entries, *tensor_shape)`` per replica (with a leading
+replica axis when replicated). A remote variable occupies one slot. Its host value is laid
+out like any variable's (``(num_groups, *shape)`` when grouped). A replica-sharded variable's
+slot holds one flat shard: replica ``r`` of a group gets chunk ``rank(r) % shard_over`` of
+its group's value, flattened and zero-padded to ``shard_over`` equal chunks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from popxl.tensor import Variable
+
+
+def _group_value(var: Variable, host: np.ndarray, replica: int, per_replica: bool) -> np.ndarray:
+    grouping = var.replica_grouping
+    if per_replica:
+        return host[replica]
+    return host[grouping.assignment[replica]] if grouping.num_groups > 1 else host
+
+
+def _shard(var: Variable, full: np.ndarray, replica: int) -> np.ndarray:
+    members = next(m for m in var.replica_grouping.members if replica in m)
+    index = members.index(replica) % var._shard_over
+    chunk = var.shape[0]
+    flat = np.zeros(chunk * var._shard_over, full.dtype)
+    flat[: full.size] = full.reshape(-1)
+    return flat[index * chunk : (index + 1) * chunk]
+
+
+def slot_value(var: Variable, host: np.ndarray, replica: int, per_replica: bool) -> np.ndarray:
+    """What replica ``replica``'s slot holds for host value ``host``."""
+    full = _group_value(var, host, replica, per_replica)
+    return _shard(var, full, replica) if var._replica_sharded else full
+
+
+def write_slots(buffer: np.ndarray, var: Variable, host: np.ndarray, replicas: int, per_replica: bool) -> None:
+    """Write ``var``'s host value into its slot of every replica's copy of ``buffer``."""
+    offset = var._remote_offset
+    if replicas == 1:
+        buffer[offset] = slot_value(var, host, 0, per_replica)
+        return
+    for r in range(replicas):
+        buffer[r, offset] = slot_value(var, host, r, per_replica)
+
+
+def _full_from_shards(var: Variable, buffer: np.ndarray, members: list[int]) -> np.ndarray:
+    shards = [buffer[m, var._remote_offset] for m in members[: var._shard_over]]
+    full_shape = var.meta_shape
+    return np.concatenate(shards)[: math.prod(full_shape)].reshape(full_shape)
+
+
+def _replica_value(var: Variable, buffer: np.ndarray, replica: int) -> np.ndarray:
+    if not var._replica_sharded:
+        return buffer[replica, var._remote_offset]
+    members = next(m for m in var.replica_grouping.members if replica in m)
+    return _full_from_shards(var, buffer, members)
+
+
+def read_slots(buffer: np.ndarray, var: Variable, replicas: int, per_replica: bool) -> np.ndarray:
+    """``var``'s host value from the device contents of its buffer."""
+    if replicas == 1:
+        if var._replica_sharded:
+            return _full_from_shards(var, buffer[None], [0])
+        return np.array(buffer[var._remote_offset])
+    if per_replica:
+        return np.stack([_replica_value(var, buffer, r) for r in range(replicas)])
+    groups = var.replica_grouping.members
+    values = [_replica_value(var, buffer, members[0]) for members in groups]
+    return np.stack(values) if len(groups) > 1 else np.array(values[0])
