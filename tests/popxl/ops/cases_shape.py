@@ -15,7 +15,7 @@ def _write_through(view_fn, update_shape):
     # A write through the view must reach the base tensor.
     def build(x):
         v = view_fn(x)
-        ops.add_(v, popxl.constant(np.ones(update_shape, np.float32)))
+        ops.add_(v, popxl.constant(np.ones(update_shape), x.dtype))
         return x
 
     return build
@@ -57,5 +57,5 @@ CASES = [
 
 def _concat_write(a, b):
     c = ops.concat_([a, b], axis=0)
-    ops.add_(c, popxl.constant(np.ones((3, 3), np.float32)))
+    ops.add_(c, popxl.constant(np.ones((3, 3)), a.dtype))
     return a, b

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -38,6 +39,8 @@ class OpCase:
             not at all (False: integer/bool outputs, non-differentiable ops).
         grad_rtol, grad_atol: tolerances for the gradient comparison.
         exact_dtype: also require the output dtype to equal the reference's.
+        fp16_grad: also check gradients with the float32 inputs cast to float16 (looser
+            tolerance); set False where float16 cannot represent the computation.
     """
 
     name: str
@@ -50,6 +53,7 @@ class OpCase:
     grad_rtol: float = 2e-3
     grad_atol: float = 2e-3
     exact_dtype: bool = True
+    fp16_grad: bool = True
     tags: tuple[str, ...] = field(default=())
 
 
@@ -236,3 +240,14 @@ def check_gradients(case: OpCase) -> None:
             g.astype(np.float64), e, rtol=case.grad_rtol, atol=case.grad_atol,
             err_msg=f"{case.name}: gradient of input {i}",
         )
+
+
+def as_float16(case: OpCase) -> OpCase | None:
+    """The case with its float32 inputs in float16, for a looser gradient check."""
+    arrays = [np.asarray(x) for x in case.inputs]
+    if not case.fp16_grad or not any(a.dtype == np.float32 for a in arrays):
+        return None
+    if any(np.issubdtype(a.dtype, np.floating) and a.dtype != np.float32 for a in arrays):
+        return None
+    inputs = [a.astype(np.float16) if a.dtype == np.float32 else a for a in arrays]
+    return dataclasses.replace(case, name=f"{case.name}[fp16]", inputs=inputs, grad_rtol=5e-2, grad_atol=5e-2)

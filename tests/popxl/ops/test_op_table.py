@@ -8,6 +8,7 @@ from popxl._op import REGISTRY
 
 from .harness import (
     all_cases,
+    as_float16,
     check_forward,
     check_gradients,
     check_inference,
@@ -53,6 +54,14 @@ GRAD_CASES = [c for c in CASES if grad_inputs(c)]
 
 @pytest.mark.parametrize("case", GRAD_CASES, ids=[c.name for c in GRAD_CASES])
 def test_gradients_match_finite_differences(case):
+    check_gradients(case)
+
+
+FP16_GRAD_CASES = [c16 for c in GRAD_CASES if (c16 := as_float16(c)) is not None]
+
+
+@pytest.mark.parametrize("case", FP16_GRAD_CASES, ids=[c.name for c in FP16_GRAD_CASES])
+def test_float16_gradients_match_finite_differences(case):
     check_gradients(case)
 
 

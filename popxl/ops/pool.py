@@ -1,0 +1,184 @@
+"""Pooling ops: ``average_pool`` and ``max_pool`` (ONNX ``AveragePool`` / ``MaxPool``)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Literal
+
+import numpy as np
+
+from .. import context
+from .._op import define
+from ..tensor import Tensor
+from ._base import check_in_graph, jnp, lax, record, spec
+from ._spatial import (
+    BAD_PAD_TYPE_MSG,
+    PAD_TYPES,
+    PadType,
+    _check_spatial_rank,
+    _nonempty,
+    _per_axis,
+    _window,
+)
+from .nn import _check_choice, _compute_type
+
+# Pooling ---------------------------------------------------------------------------------
+
+
+def _pool_windows(op: str, x: tuple, *, kernel_size: tuple, stride: tuple, padding: tuple,
+                  dilation: tuple, in_dilations: tuple, auto_pad: str, ceil_mode: bool,
+                  **_: Any) -> list:
+    k = len(x) - 2
+    windows = [
+        _window((x[2 + i] - 1) * in_dilations[i] + 1, kernel_size[i], stride[i], dilation[i],
+                padding[i], padding[k + i], auto_pad, ceil_mode)
+        for i in range(k)
+    ]
+    return _nonempty(op, windows, x[2:], kernel_size, dilation)
+
+
+def _pool_infer(op: str) -> Any:
+    def infer(t: Any, **attrs: Any) -> list:
+        windows = _pool_windows(op, t.shape, **attrs)
+        pads, k = attrs["out_pads"], len(t.shape) - 2
+        out = [o + pads[i] + pads[k + i] for i, (*_, o) in enumerate(windows)]
+        return [spec((*t.shape[:2], *out), t.dtype)]
+
+    return infer
+
+
+def _pool(x: Any, fill: Any, reducer: Any, attrs: dict) -> Any:
+    """Reduce every window of ``x``; padding and input-dilation holes hold ``fill``."""
+    windows = _pool_windows("pool", x.shape, **attrs)
+    fill = np.asarray(fill, x.dtype)  # concrete, so JAX picks the differentiable sum/max forms
+    interior = [(lo, hi, d - 1) for (lo, hi, _), d in zip(windows, attrs["in_dilations"])]
+    padded = lax.pad(x, fill, [(0, 0, 0)] * 2 + interior)
+    kernel, stride, dilation = attrs["kernel_size"], attrs["stride"], attrs["dilation"]
+    if reducer is lax.max and any(d > 1 for d in dilation):
+        # JAX has no max-pool gradient with window dilation: take the max over kernel taps.
+        out_sp = [out for *_, out in windows]
+        taps = [
+            padded[(..., *(slice(j * d, j * d + (o - 1) * s + 1, s)
+                           for j, d, o, s in zip(tap, dilation, out_sp, stride)))]
+            for tap in np.ndindex(*kernel)
+        ]
+        out = functools.reduce(jnp.maximum, taps)
+    else:
+        ones = (1, 1)
+        out = lax.reduce_window(padded, fill, reducer, ones + kernel, ones + stride, "VALID",
+                                window_dilation=ones + dilation)
+    k, pads = x.ndim - 2, attrs["out_pads"]
+    out_config = [(0, 0, 0)] * 2 + [(pads[i], pads[k + i], 0) for i in range(k)]
+    return lax.pad(out, jnp.zeros((), x.dtype), out_config)
+
+
+def _lower_average_pool(x: Any, **attrs: Any) -> Any:
+    f = _compute_type(x)
+    sums = _pool(x.astype(f), 0, lax.add, attrs)
+    counts = _pool(jnp.ones(x.shape, f), 0, lax.add, attrs)
+    return (sums / jnp.maximum(counts, 1)).astype(x.dtype)
+
+
+def _lower_max_pool(x: Any, storage_order: str, **attrs: Any) -> Any:
+    lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    return _pool(x, lowest, lax.max, attrs)
+
+
+AVERAGE_POOL = define("average_pool", "AveragePool", _pool_infer("average_pool"),
+                      _lower_average_pool)
+MAX_POOL = define("max_pool", "MaxPool", _pool_infer("max_pool"), _lower_max_pool)
+
+
+def _pool_attrs(op: str, t: Tensor, kernel_size: Any, stride: Any, padding: Any,
+                out_pads: Any, dilation: Any, in_dilations: Any, auto_pad: Any,
+                ceil_mode: Any) -> dict:
+    _check_spatial_rank(op, t)
+    if not kernel_size:
+        raise ValueError(f"{op}: kernel_size is required (one size per spatial axis).")
+    return {
+        "kernel_size": _per_axis(op, kernel_size, t.shape, "kernel_size", 1),
+        "stride": _per_axis(op, stride, t.shape, "stride", 1),
+        "padding": _per_axis(op, padding, t.shape, "padding", 0, pairs=True, minimum=0),
+        "out_pads": _per_axis(op, out_pads, t.shape, "out_pads", 0, pairs=True, minimum=0),
+        "dilation": _per_axis(op, dilation, t.shape, "dilation", 1),
+        "in_dilations": _per_axis(op, in_dilations, t.shape, "in_dilations", 1),
+        "auto_pad": _check_choice(auto_pad or "not_set", PAD_TYPES, BAD_PAD_TYPE_MSG),
+        "ceil_mode": bool(ceil_mode),
+    }
+
+
+POOL_DOC = """
+    ``t`` is ``(N, C, *spatial)`` with 1, 2 or 3 spatial axes. Per axis, the window has
+    ``kernel_size`` elements spaced ``dilation`` apart and moves by ``stride`` (default 1);
+    ``padding`` lists all begins then all ends (default 0). The output size is
+    ``floor_or_ceil((in + pad_begin + pad_end - ((k - 1) * dilation + 1)) / stride) + 1``,
+    rounding up with ``ceil_mode`` (a last window that would start in the end padding is
+    dropped, as in torch and ONNX). ``auto_pad`` works as ``conv``'s ``pad_type``.
+    ``in_dilations`` spaces the input elements apart (the holes count as padding);
+    ``out_pads`` adds zeros around the output (begins then ends).
+"""
+
+
+def average_pool(
+    t: Tensor,
+    kernel_size: tuple[int, ...],
+    stride: tuple[int, ...] | None = None,
+    padding: tuple[int, ...] | None = None,
+    out_pads: tuple[int, ...] | None = None,
+    dilation: tuple[int, ...] | None = None,
+    in_dilations: tuple[int, ...] | None = None,
+    auto_pad: PadType = "not_set",
+    ceil_mode: bool = False,
+) -> Tensor:
+    """ONNX ``AveragePool``: the mean of each window, padding excluded from the divisor.
+    {doc}
+    Each output is the sum of the window's input elements divided by their number (ONNX
+    ``count_include_pad=0``, torch ``count_include_pad=False``).
+
+    Returns:
+        The pooled tensor, named ``averagepool_out``.
+
+    Raises:
+        ValueError: an unknown ``auto_pad`` or negative paddings.
+        PopXLException: argument lengths that do not match the input's spatial axes.
+    """
+    check_in_graph(context.get_current_graph(), t=t)
+    attrs = _pool_attrs("average_pool", t, kernel_size, stride, padding, out_pads, dilation,
+                        in_dilations, auto_pad, ceil_mode)
+    return record(AVERAGE_POOL, {"t": t}, attrs, ["averagepool_out"])[0]
+
+
+def max_pool(
+    t: Tensor,
+    kernel_size: tuple[int, ...],
+    stride: tuple[int, ...] | None = None,
+    padding: tuple[int, ...] | None = None,
+    out_pads: tuple[int, ...] | None = None,
+    dilation: tuple[int, ...] | None = None,
+    in_dilations: tuple[int, ...] | None = None,
+    auto_pad: PadType = "not_set",
+    ceil_mode: bool = False,
+    storage_order: Literal["row", "column"] = "row",
+) -> Tensor:
+    """ONNX ``MaxPool``: the largest element of each window (padding never wins).
+    {doc}
+    ``storage_order`` ("row" or "column") only affects ONNX's indices output, which PopXL
+    does not return.
+
+    Returns:
+        The pooled tensor, named ``maxpool_out``.
+
+    Raises:
+        ValueError: an unknown ``auto_pad`` or ``storage_order``, or negative paddings.
+        PopXLException: argument lengths that do not match the input's spatial axes.
+    """
+    check_in_graph(context.get_current_graph(), t=t)
+    attrs = _pool_attrs("max_pool", t, kernel_size, stride, padding, out_pads, dilation,
+                        in_dilations, auto_pad, ceil_mode)
+    msg = "storage_order {!r} is not valid, must be 'row' or 'column'."
+    attrs["storage_order"] = _check_choice(storage_order, ("row", "column"), msg)
+    return record(MAX_POOL, {"t": t}, attrs, ["maxpool_out"])[0]
+
+
+average_pool.__doc__ = (average_pool.__doc__ or "").format(doc=POOL_DOC)
+max_pool.__doc__ = (max_pool.__doc__ or "").format(doc=POOL_DOC)
