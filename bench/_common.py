@@ -35,6 +35,23 @@ def timed(fn: Callable[[], Any], repeats: int, rounds: int = 5) -> float:
     return statistics.median(results)
 
 
+def compare(
+    project: Callable[[], Any], reference: Callable[[], Any], repeats: int, rounds: int = 7
+) -> tuple[float, float]:
+    """Seconds per call of each, timed in alternating rounds (so load changes hit both);
+    medians over rounds."""
+    project()
+    reference()
+    a, b = [], []
+    for _ in range(rounds):
+        for fn, out in ((project, a), (reference, b)):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                fn()
+            out.append((time.perf_counter() - start) / repeats)
+    return statistics.median(a), statistics.median(b)
+
+
 def run_variant(script: str, *args: str) -> dict[str, Any]:
     """Run ``script --variant ...`` in a fresh interpreter; it prints one JSON line last."""
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -56,4 +73,6 @@ def device_name() -> str:
     import jax  # noqa: PLC0415
 
     d = jax.devices()[0]
-    return f"{d.platform}:{getattr(d, 'device_kind', '')} x{len(jax.devices())}, {os.cpu_count()} CPUs"
+    return (
+        f"{d.platform}:{getattr(d, 'device_kind', '')} x{len(jax.devices())}, {os.cpu_count()} CPUs"
+    )

@@ -36,7 +36,9 @@ def host_weights(layers: int) -> dict[str, np.ndarray]:
         return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
 
     weights = {"wte": normal(VOCAB, HIDDEN), "wpe": normal(SEQ, HIDDEN)}
-    weights.update({"ln_f.weight": np.ones(HIDDEN, np.float32), "ln_f.bias": np.zeros(HIDDEN, np.float32)})
+    weights.update(
+        {"ln_f.weight": np.ones(HIDDEN, np.float32), "ln_f.bias": np.zeros(HIDDEN, np.float32)}
+    )
     shapes = {
         "attn.qkv": (HIDDEN, 3 * HIDDEN), "attn.out": (HIDDEN, HIDDEN),
         "fc1": (HIDDEN, 4 * HIDDEN), "fc2": (4 * HIDDEN, HIDDEN),
@@ -160,7 +162,9 @@ def reference(layers: int) -> dict:
         z = (jax.nn.softmax(s, axis=-1) @ heads(v)).transpose(1, 0, 2).reshape(SEQ, HIDDEN)
         x = x + z @ p["out.w"] + p["out.b"]
         h = layer_norm(x, p["ln2.w"], p["ln2.b"])
-        return x + jax.nn.gelu(h @ p["fc1.w"] + p["fc1.b"], approximate=True) @ p["fc2.w"] + p["fc2.b"]
+        return (
+            x + jax.nn.gelu(h @ p["fc1.w"] + p["fc1.b"], approximate=True) @ p["fc2.w"] + p["fc2.b"]
+        )
 
     def loss_fn(params, tokens, labels):
         mask = jnp.triu(jnp.full((SEQ, SEQ), -1e4, jnp.float32), 1)
@@ -176,10 +180,26 @@ def reference(layers: int) -> dict:
         return jax.tree_util.tree_map(lambda p, g: p - LR * g, params, grads), loss
 
     weights = host_weights(layers)
-    rename = {"attn.qkv": "qkv", "attn.out": "out", "fc1": "fc1", "fc2": "fc2", "ln1": "ln1", "ln2": "ln2"}
-    params = {"wte": weights["wte"], "wpe": weights["wpe"], "ln_f.w": weights["ln_f.weight"], "ln_f.b": weights["ln_f.bias"]}
+    rename = {
+        "attn.qkv": "qkv",
+        "attn.out": "out",
+        "fc1": "fc1",
+        "fc2": "fc2",
+        "ln1": "ln1",
+        "ln2": "ln2",
+    }
+    params = {
+        "wte": weights["wte"],
+        "wpe": weights["wpe"],
+        "ln_f.w": weights["ln_f.weight"],
+        "ln_f.b": weights["ln_f.bias"],
+    }
     params["layers"] = [
-        {f"{short}.{p[0]}": weights[f"h{i}.{name}.{p}"] for name, short in rename.items() for p in ("weight", "bias")}
+        {
+            f"{short}.{p[0]}": weights[f"h{i}.{name}.{p}"]
+            for name, short in rename.items()
+            for p in ("weight", "bias")
+        }
         for i in range(layers)
     ]
     ints = jax.ShapeDtypeStruct((SEQ,), jnp.int32)

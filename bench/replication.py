@@ -64,7 +64,14 @@ def main() -> None:
     for replicas in (1, 2, 4):
         replicated = run_variant(__file__, "--variant", str(replicas), str(MICRO_BATCH))["s"]
         single = run_variant(__file__, "--variant", "1", str(MICRO_BATCH * replicas))["s"]
-        rows.append((f"step, R={replicas} x batch {MICRO_BATCH} vs 1 x batch {MICRO_BATCH * replicas}", replicated, single, "s"))
+        rows.append(
+            (
+                f"step, R={replicas} x batch {MICRO_BATCH} vs 1 x batch {MICRO_BATCH * replicas}",
+                replicated,
+                single,
+                "s",
+            )
+        )
     print(f"device: {device_name()}")
     report(rows)
 

@@ -61,7 +61,9 @@ def _basic(t: Tensor, key: Any) -> Tensor:
             squeeze.append(axis)
     out = t
     if any(b != (0, d, 1) for b, d in zip(bounds, t.shape)):
-        out = shape_ops.record(shape_ops.SLICE, {"t": t}, {"bounds": tuple(bounds)}, ["slice_out"])[0]
+        out = shape_ops.record(shape_ops.SLICE, {"t": t}, {"bounds": tuple(bounds)}, ["slice_out"])[
+            0
+        ]
     if any(s > 1 for s in strides):
         out = shape_ops.subsample(out, strides)
     if squeeze:

@@ -93,7 +93,9 @@ def _to_float8_array(
     if arr.dtype == dt.as_numpy():
         return arr.copy()
     return host_pow2scale_cast_to_fp8(
-        arr, dt, 0 if log2_scale is None else log2_scale,
+        arr,
+        dt,
+        0 if log2_scale is None else log2_scale,
         True if nan_on_overflow is None else nan_on_overflow,
     )
 

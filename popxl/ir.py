@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import context
 from .graph import Graph
 from .module import Module
 from .replica_grouping import ReplicaGrouping
@@ -33,8 +32,7 @@ MIXED_CONTAINER_MSG = (
     "'{name}' got {value!r}. Pass the tensors and the other values as separate arguments."
 )
 BAD_OUTPUT_MSG = (
-    "Output of subgraph must be None, a Tensor or an iterable of Tensors. Got {value!r} from "
-    "{fn}."
+    "Output of subgraph must be None, a Tensor or an iterable of Tensors. Got {value!r} from {fn}."
 )
 _BY_REF_LIST = re.compile(r"^(typing\.)?(List|Tuple|list|tuple)\[(popxl\.)?TensorByRef\]$")
 

@@ -79,7 +79,9 @@ class RemoteBuffer:
     def meta_shape(self, shape: Iterable[int]) -> None:
         self._meta_shape = tuple(int(d) for d in shape)
 
-    def set_remote_buffer_info(self, tensor_dtype: DType, tensor_shape: tuple[int, ...], entries: int) -> None:
+    def set_remote_buffer_info(
+        self, tensor_dtype: DType, tensor_shape: tuple[int, ...], entries: int
+    ) -> None:
         self._tensor_dtype = tensor_dtype
         self._tensor_shape = tuple(tensor_shape)
         self.entries = entries
@@ -89,7 +91,9 @@ class RemoteBuffer:
         # With several shards PopXL compared the full shape with the meta-shape; a shard
         # (whose meta-shape is the full shape) matches too.
         shape_ok = t.shape == self._tensor_shape or (
-            num_shards > 1 and bool(self._meta_shape) and self._meta_shape in (t.shape, t.meta_shape)
+            num_shards > 1
+            and bool(self._meta_shape)
+            and self._meta_shape in (t.shape, t.meta_shape)
         )
         if not shape_ok or t.dtype is not self._tensor_dtype:
             raise ValueError(
@@ -108,7 +112,9 @@ class RemoteBuffer:
         )
 
 
-def remote_buffer(tensor_shape: tuple[int, ...], tensor_dtype: DType, entries: int = 1) -> RemoteBuffer:
+def remote_buffer(
+    tensor_shape: tuple[int, ...], tensor_dtype: DType, entries: int = 1
+) -> RemoteBuffer:
     """A new remote buffer of ``entries`` slots."""
     return RemoteBuffer(tensor_shape, tensor_dtype, entries)
 
@@ -139,7 +145,9 @@ def remote_variable(
     Use ``ops.remote_load(remote_buffer, offset)`` to read it on the device and
     ``ops.remote_store`` to write it; the session reads and writes it like any variable.
     """
-    graph, arr = _main_graph_variable_args(data, dtype, downcast, _fp8_kwargs(log2_scale, nan_on_overflow))
+    graph, arr = _main_graph_variable_args(
+        data, dtype, downcast, _fp8_kwargs(log2_scale, nan_on_overflow)
+    )
     grouping, mode = _grouping_and_mode(graph.ir, replica_grouping, retrieval_mode)
     shape = _per_group_shape(arr, grouping, name)
     dt = dtype or _dtypes.dtype.as_dtype(arr.dtype)
@@ -153,7 +161,9 @@ def remote_variable(
 
 def _check_offset(buffer: RemoteBuffer, offset: int) -> None:
     if not 0 <= int(offset) < buffer.entries:
-        raise ValueError(f"offset {offset} is out of range for {buffer} with {buffer.entries} entries.")
+        raise ValueError(
+            f"offset {offset} is out of range for {buffer} with {buffer.entries} entries."
+        )
 
 
 def remote_replica_sharded_variable(
@@ -183,8 +193,16 @@ def remote_replica_sharded_variable(
             "replica sharded variable."
         )
     var = remote_variable(
-        data, remote_buffer, offset, dtype, name, downcast, replica_grouping, retrieval_mode,
-        log2_scale, nan_on_overflow,
+        data,
+        remote_buffer,
+        offset,
+        dtype,
+        name,
+        downcast,
+        replica_grouping,
+        retrieval_mode,
+        log2_scale,
+        nan_on_overflow,
     )
     full = var.shape
     if remote_buffer.meta_shape and remote_buffer.meta_shape != full:
@@ -253,9 +271,20 @@ def replica_sharded_variable(
     # The buffer's dtype is the variable's: host data converted (and downcast) the same way.
     arr = _host_array(data, dtype, downcast, **_fp8_kwargs(log2_scale, nan_on_overflow))
     grouping = replica_grouping or context.get_current_graph().ir.replica_grouping()
-    buffer = replica_sharded_buffer(arr.shape, dtype or _dtypes.dtype.as_dtype(arr.dtype), grouping, shard_over)
+    buffer = replica_sharded_buffer(
+        arr.shape, dtype or _dtypes.dtype.as_dtype(arr.dtype), grouping, shard_over
+    )
     var = remote_replica_sharded_variable(
-        data, buffer, 0, dtype, name, downcast, grouping, retrieval_mode, log2_scale, nan_on_overflow
+        data,
+        buffer,
+        0,
+        dtype,
+        name,
+        downcast,
+        grouping,
+        retrieval_mode,
+        log2_scale,
+        nan_on_overflow,
     )
     with context._execution_context("WeightsFromHostFragment"):
         shard = remote._load(buffer, 0, var.name, f"{var.name}_rts")

@@ -71,7 +71,9 @@ class ReplicaGrouping:
         return self
 
     @classmethod
-    def _from_params(cls, ir: Ir, stride: int = 1, group_size: int | None = None) -> ReplicaGrouping:
+    def _from_params(
+        cls, ir: Ir, stride: int = 1, group_size: int | None = None
+    ) -> ReplicaGrouping:
         replicas = ir.replication_factor
         if not isinstance(stride, int) or not 0 < stride <= replicas or replicas % stride:
             raise ValueError(
@@ -170,9 +172,7 @@ class ReplicaGrouping:
         raise AssertionError("the all-singletons grouping always refines")
 
     def _refined_by(self, finer: list[int]) -> bool:
-        return all(
-            len({self._assignment[r] for r in group}) == 1 for group in _members(finer)
-        )
+        return all(len({self._assignment[r] for r in group}) == 1 for group in _members(finer))
 
     @property
     def to_device_map(self) -> list[int] | None:

@@ -24,10 +24,11 @@ if TYPE_CHECKING:
     from .replica_grouping import ReplicaGrouping
     from .streams import Stream
 
-ScalarType = Union[int, float, bool]
-HostTensor = Union[np.ndarray, Iterable[ScalarType]]
-HostScalarTensor = Union[ScalarType, HostTensor]
-TensorLike = Union["Tensor", HostScalarTensor]
+# Runtime aliases (users annotate with them), so they use Union rather than "|".
+ScalarType = Union[int, float, bool]  # noqa: UP007
+HostTensor = Union[np.ndarray, Iterable[ScalarType]]  # noqa: UP007
+HostScalarTensor = Union[ScalarType, HostTensor]  # noqa: UP007
+TensorLike = Union["Tensor", HostScalarTensor]  # noqa: UP007
 
 TensorByRef = NewAliasAnnotation("TensorByRef", "Tensor")
 

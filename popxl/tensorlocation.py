@@ -62,4 +62,10 @@ class TensorLocation:
         return f"TensorLocation(storage={self._storage}, replicated_tensor_sharding={self._rts})"
 
 
-__all__ = ["TensorStorage", "ReplicatedTensorSharding", "TileSet", "ExecutionContext", "TensorLocation"]
+__all__ = [
+    "TensorStorage",
+    "ReplicatedTensorSharding",
+    "TileSet",
+    "ExecutionContext",
+    "TensorLocation",
+]

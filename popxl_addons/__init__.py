@@ -9,6 +9,8 @@ from typing import Any
 
 from . import array_munging as array_munging
 from . import ops as ops
+from . import remote as remote
+from . import rts as rts
 from . import transforms as transforms
 from .array_munging import handle_negative_axis as handle_negative_axis
 from .array_munging import pad_axis as pad_axis
@@ -33,6 +35,11 @@ from .module import NameScopeMeta as NameScopeMeta
 from .named_replica_grouping import NamedReplicaGrouping as NamedReplicaGrouping
 from .named_tensors import NamedTensorData as NamedTensorData
 from .named_tensors import NamedTensors as NamedTensors
+from .remote import create_remote_buffer as create_remote_buffer
+from .remote import load_remote_graph as load_remote_graph
+from .remote import named_buffers as named_buffers
+from .remote import named_variable_buffers as named_variable_buffers
+from .remote import store_remote_graph as store_remote_graph
 from .route_tensor import is_subgraph as is_subgraph
 from .route_tensor import route_tensor_into_graph as route_tensor_into_graph
 from .streams import InputStreams as InputStreams
@@ -45,15 +52,10 @@ from .utils import WeightsDict as WeightsDict
 from .utils import timer as timer
 from .variable_factory import NamedVariableFactories as NamedVariableFactories
 from .variable_factory import VariableFactory as VariableFactory
-from .variable_factory import add_replica_sharded_variable_input as add_replica_sharded_variable_input
+from .variable_factory import (
+    add_replica_sharded_variable_input as add_replica_sharded_variable_input,
+)
 from .variable_factory import add_variable_input as add_variable_input
-from . import remote as remote
-from . import rts as rts
-from .remote import create_remote_buffer as create_remote_buffer
-from .remote import load_remote_graph as load_remote_graph
-from .remote import named_buffers as named_buffers
-from .remote import named_variable_buffers as named_variable_buffers
-from .remote import store_remote_graph as store_remote_graph
 
 _LAZY = {"TaskSession", "write_variables_pb", "task_session"}
 

@@ -65,7 +65,9 @@ class DotTree(Generic[L]):
             return str(key)
         numbers = [int(k) for k in self._map if k.isdigit()]
         if not numbers:
-            raise KeyError(f"No numeric keys to index with {key}. Available Keys: {list(self._map)}")
+            raise KeyError(
+                f"No numeric keys to index with {key}. Available Keys: {list(self._map)}"
+            )
         return str(max(numbers) + 1 + key)
 
     def get(self, key: str | int) -> L | DotTree[L]:
@@ -79,7 +81,9 @@ class DotTree(Generic[L]):
         if not rest:
             return value
         if not isinstance(value, type(self)):
-            raise KeyError(f"'{first}' is not a {type(self).__name__}, so '{rest}' cannot be looked up in it.")
+            raise KeyError(
+                f"'{first}' is not a {type(self).__name__}, so '{rest}' cannot be looked up in it."
+            )
         return value.get(rest)
 
     def __getitem__(self, key: str | int) -> L | DotTree[L]:
@@ -91,7 +95,9 @@ class DotTree(Generic[L]):
         try:
             return self.get(key)
         except KeyError:
-            raise AttributeError(f"No attribute '{key}'. Available Keys: {list(self._map)}") from None
+            raise AttributeError(
+                f"No attribute '{key}'. Available Keys: {list(self._map)}"
+            ) from None
 
     def __contains__(self, key: object) -> bool:
         try:
@@ -229,7 +235,9 @@ class DotTree(Generic[L]):
                     _check_segment(segment)
                     child = node._map[segment] = cls()
                 elif not isinstance(child, DotTree):
-                    raise ValueError(f"'{segment}' is a leaf, so '{key}' cannot be inserted under it.")
+                    raise ValueError(
+                        f"'{segment}' is a leaf, so '{key}' cannot be inserted under it."
+                    )
                 node = child
             node.insert(last, value)
         return tree

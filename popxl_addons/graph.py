@@ -90,7 +90,9 @@ class GraphWithNamedArgs:
         self.autodiff_applied = False
 
     @classmethod
-    def from_grad_graph(cls, grad_graph_info: GradGraphInfo, args: NamedTensors | None = None) -> GraphWithNamedArgs:
+    def from_grad_graph(
+        cls, grad_graph_info: GradGraphInfo, args: NamedTensors | None = None
+    ) -> GraphWithNamedArgs:
         return cls(grad_graph_info.graph, args, grad_graph_info)
 
     @property

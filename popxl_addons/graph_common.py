@@ -20,7 +20,9 @@ def _graph_of(value: Any) -> popxl.Graph:
     return value if isinstance(value, popxl.Graph) else value.graph
 
 
-def _normalise_called_graphs_grad_info(mapping: CalledGraphsGradInfoLike | None) -> dict[popxl.Graph, GradGraphInfo]:
+def _normalise_called_graphs_grad_info(
+    mapping: CalledGraphsGradInfoLike | None,
+) -> dict[popxl.Graph, GradGraphInfo]:
     """``{popxl.Graph: GradGraphInfo}`` from any mix of graph-likes and grad-info-likes."""
     result: dict[popxl.Graph, GradGraphInfo] = {}
     for key, value in (mapping or {}).items():

@@ -94,7 +94,9 @@ class _Aux:
         if not isinstance(value, popxl.Tensor):
             return value
         if key not in self.reads:
-            self.reads[key] = popxl.graph_input(value.shape, value.dtype, key, meta_shape=value.meta_shape)
+            self.reads[key] = popxl.graph_input(
+                value.shape, value.dtype, key, meta_shape=value.meta_shape
+            )
         return self.reads[key]
 
     def __contains__(self, key: str) -> bool:
@@ -174,7 +176,9 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         object.__setattr__(self, "_named_inputs", NamedTensors())
         object.__setattr__(self, "_submodules", {})
         if grad_inlining_error not in ("error", "warning", "none"):
-            raise ValueError(f"grad_inlining_error must be 'error', 'warning' or 'none', got {grad_inlining_error!r}.")
+            raise ValueError(
+                f"grad_inlining_error must be 'error', 'warning' or 'none', got {grad_inlining_error!r}."
+            )
         if cache and self.implements_grad_graph:
             raise ValueError(CACHE_WITH_GRAD_MSG)
         self._graph_cache = GraphCache() if cache else None
@@ -218,7 +222,9 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         """Override to write the gradient graph by hand (see ``create_grad_graph``)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement build_grad.")
 
-    def create_graph(self, *args: Any, **kwargs: Any) -> tuple[NamedVariableFactories, GraphWithNamedArgs]:
+    def create_graph(
+        self, *args: Any, **kwargs: Any
+    ) -> tuple[NamedVariableFactories, GraphWithNamedArgs]:
         """Build the module's graph; returns its variable factories and the graph.
 
         ``Tensor``/``TensorSpec`` arguments become graph inputs; other arguments are baked
@@ -248,7 +254,9 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         self._reset()
         return factories, gwna
 
-    def _create_cached_graph(self, *args: Any, **kwargs: Any) -> tuple[NamedVariableFactories, GraphWithNamedArgs]:
+    def _create_cached_graph(
+        self, *args: Any, **kwargs: Any
+    ) -> tuple[NamedVariableFactories, GraphWithNamedArgs]:
         assert self._graph_cache is not None
         _BUILDING.append(self)
         try:
@@ -266,7 +274,9 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
             )
             self._reset()
         factories, inputs, grad_infos = self._args_cache[graph]
-        gwna = GraphWithNamedArgs(graph, inputs.copy(), from_module=self, called_graphs_grad_info=grad_infos)
+        gwna = GraphWithNamedArgs(
+            graph, inputs.copy(), from_module=self, called_graphs_grad_info=grad_infos
+        )
         return factories.copy(), gwna
 
     def _reset(self) -> None:
@@ -284,7 +294,9 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
 
     # Variables --------------------------------------------------------------------------
 
-    def _register(self, name: str, tensor: popxl.Tensor, factory: VariableFactory, overwrite: bool) -> popxl.Tensor:
+    def _register(
+        self, name: str, tensor: popxl.Tensor, factory: VariableFactory, overwrite: bool
+    ) -> popxl.Tensor:
         self._variable_factories.insert(name, factory, overwrite)
         self._named_inputs.insert(name, tensor, overwrite)
         return tensor
@@ -325,7 +337,9 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         )
         return self._register(name, tensor, factory, False)
 
-    def add_variable_factory(self, variable_f: VariableFactory, name: str | None = None) -> popxl.Tensor:
+    def add_variable_factory(
+        self, variable_f: VariableFactory, name: str | None = None
+    ) -> popxl.Tensor:
         """Register an existing factory and create its graph input."""
         key = name or variable_f.name
         if key in self._variable_factories:
@@ -409,8 +423,15 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
 class _CallModule:
     """The callable returned by ``Module.call_module``."""
 
-    def __init__(self, parent: Module, module: Module, name: str | None, autodiff: str,
-                 grads_provided: Any, grads_required: Any) -> None:
+    def __init__(
+        self,
+        parent: Module,
+        module: Module,
+        name: str | None,
+        autodiff: str,
+        grads_provided: Any,
+        grads_required: Any,
+    ) -> None:
         self.parent = parent
         self.module = module
         self.name = name or type(module).__name__

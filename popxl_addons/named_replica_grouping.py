@@ -20,7 +20,9 @@ class NamedReplicaGrouping(DotTree[popxl.ReplicaGrouping]):
     """Replica groupings keyed like the variables they describe."""
 
     @classmethod
-    def build_groups(cls, names: Iterable[str], value: popxl.ReplicaGrouping) -> NamedReplicaGrouping:
+    def build_groups(
+        cls, names: Iterable[str], value: popxl.ReplicaGrouping
+    ) -> NamedReplicaGrouping:
         """Every name mapped to the same grouping."""
         names = list(names)
         return cls.pack(names, [value] * len(names))

@@ -35,7 +35,9 @@ class NamedTensors(DotTree[popxl.Tensor]):
         """A copy with every tensor replaced by ``mapping[tensor]``."""
         new = type(self)()
         for key, value in self._map.items():
-            new._map[key] = value.remap(mapping) if isinstance(value, NamedTensors) else mapping[value]
+            new._map[key] = (
+                value.remap(mapping) if isinstance(value, NamedTensors) else mapping[value]
+            )
         return new
 
 

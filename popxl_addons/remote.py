@@ -117,7 +117,9 @@ def store_remote_graph(
     return GraphWithNamedArgs(graph, NamedTensors.from_dict(args))
 
 
-def load_remote(buffers: NamedRemoteBuffers, entry: int | popxl.Tensor = 0, use_io_tiles: bool = False) -> NamedTensors:
+def load_remote(
+    buffers: NamedRemoteBuffers, entry: int | popxl.Tensor = 0, use_io_tiles: bool = False
+) -> NamedTensors:
     """Load ``entry`` of every buffer in the current graph (not outlined)."""
     names, items = buffers.unpack() if buffers.len_flat() else ([], [])
     with _tiles(use_io_tiles):

@@ -13,7 +13,9 @@ from .named_replica_grouping import NamedReplicaGrouping
 from .named_tensors import NamedTensors
 
 
-def replica_sharded_spec(t: popxl.Tensor | popxl.TensorSpec, shard_over: popxl.ReplicaGrouping) -> popxl.TensorSpec:
+def replica_sharded_spec(
+    t: popxl.Tensor | popxl.TensorSpec, shard_over: popxl.ReplicaGrouping
+) -> popxl.TensorSpec:
     """The spec of ``t``'s shard over ``shard_over``'s groups: ``(nelms / group_size,)`` with
     ``meta_shape = t.shape``. Unchanged when ``t`` is already sharded, the group has one
     replica, or the size does not divide evenly."""
@@ -54,7 +56,9 @@ def all_gather_replica_sharded_graph(
             x = popxl.graph_input(t.shape, t.dtype, name, meta_shape=t.meta_shape)
             args[name] = x
             group = groups.get(name)
-            popxl.graph_output(gather_replica_sharded_tensor(x, use_io_tiles, group.const_rg if group else None))
+            popxl.graph_output(
+                gather_replica_sharded_tensor(x, use_io_tiles, group.const_rg if group else None)
+            )
     return GraphWithNamedArgs(graph, NamedTensors.from_dict(args)), names
 
 
@@ -97,7 +101,9 @@ def reduce_replica_sharded_graph(
         for name, t in zip(names, items):
             x = popxl.graph_input(t.shape, t.dtype, name, meta_shape=t.meta_shape)
             args[name] = x
-            popxl.graph_output(reduce_replica_sharded_tensor(x, op, replica_group, groups.get(name, replica_group)))
+            popxl.graph_output(
+                reduce_replica_sharded_tensor(x, op, replica_group, groups.get(name, replica_group))
+            )
     return GraphWithNamedArgs(graph, NamedTensors.from_dict(args)), names
 
 

@@ -32,7 +32,9 @@ class _Streams(OrderedDict):
         try:
             return OrderedDict.__getitem__(self, key)
         except KeyError:
-            raise AttributeError(f"No stream '{key}'. Available keys: {list(self.keys())}") from None
+            raise AttributeError(
+                f"No stream '{key}'. Available keys: {list(self.keys())}"
+            ) from None
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, int):

@@ -43,9 +43,13 @@ class WeightsDict(MutableMapping):
     def __setitem__(self, key: popxl.Variable, value: np.ndarray) -> None:
         value = np.asarray(value)
         if value.dtype != key.dtype.as_numpy():
-            raise ValueError(f"{key.id}: dtype {value.dtype} does not match the variable's {key.dtype}.")
+            raise ValueError(
+                f"{key.id}: dtype {value.dtype} does not match the variable's {key.dtype}."
+            )
         if value.shape != key.shape_on_host:
-            raise ValueError(f"{key.id}: shape {value.shape} does not match the variable's host shape {key.shape_on_host}.")
+            raise ValueError(
+                f"{key.id}: shape {value.shape} does not match the variable's host shape {key.shape_on_host}."
+            )
         self._data[key] = value
 
     def __getitem__(self, key: popxl.Variable) -> np.ndarray:

@@ -116,7 +116,9 @@ class VariableFactory:
     def create_input(self, prefix: str | None = None) -> popxl.Tensor:
         """A graph input of this factory's spec in the current graph."""
         name = self.name if prefix is None else f"{prefix}.{self.name}"
-        return popxl.graph_input(self.shape, self.dtype, name, by_ref=self.by_ref, meta_shape=self.meta_shape)
+        return popxl.graph_input(
+            self.shape, self.dtype, name, by_ref=self.by_ref, meta_shape=self.meta_shape
+        )
 
     def next_data(self, empty: bool = False) -> np.ndarray:
         """The next host value (stacked per group when the grouping has several groups)."""
@@ -138,7 +140,9 @@ class VariableFactory:
             return np.lib.format.open_memmap(path, mode="r" if read_only_if_exists else "r+")
         os.makedirs(memmap_dir, exist_ok=True)
         data = self.next_data(empty)
-        mm = np.lib.format.open_memmap(path, mode="w+", dtype=self.dtype.as_numpy(), shape=data.shape)
+        mm = np.lib.format.open_memmap(
+            path, mode="w+", dtype=self.dtype.as_numpy(), shape=data.shape
+        )
         if not empty:
             mm[...] = data
             mm.flush()
@@ -160,7 +164,11 @@ class VariableFactory:
             data = self.next_data(empty)
         if self.replica_sharded:
             _, shard = popxl.replica_sharded_variable(
-                data, self.dtype, name, replica_grouping=self.replica_grouping, shard_over=self.shard_over
+                data,
+                self.dtype,
+                name,
+                replica_grouping=self.replica_grouping,
+                shard_over=self.shard_over,
             )
             return shard
         return popxl.variable(data, self.dtype, name, replica_grouping=self.replica_grouping)
@@ -240,7 +248,9 @@ class NamedVariableFactories(DotTree[VariableFactory]):
 
     @property
     def replica_groupings(self) -> NamedReplicaGrouping:
-        return NamedReplicaGrouping.from_dict({k: f.replica_grouping for k, f in self.to_dict().items()})
+        return NamedReplicaGrouping.from_dict(
+            {k: f.replica_grouping for k, f in self.to_dict().items()}
+        )
 
 
 def add_variable_input(

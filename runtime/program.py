@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
-
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -126,7 +125,13 @@ def structural_key(
                 if isinstance(t, Constant) and t not in numbering:
                     feed("const", num(t), t.shape, t.dtype.name)
                     h.update(np.ascontiguousarray(t._data).tobytes())
-            feed(op.opdef.key, attrs, [num(t) for t in op.inputs], sorted(op.modified_inputs), op.execution_context)
+            feed(
+                op.opdef.key,
+                attrs,
+                [num(t) for t in op.inputs],
+                sorted(op.modified_inputs),
+                op.execution_context,
+            )
             feed([(num(t), t.shape, t.dtype.name) for t in op.outputs])
         feed("outs", [num(t) for t in g._outputs])
     return h.hexdigest()
@@ -201,7 +206,12 @@ def _make_step(
         for buffer, value in zip(buffers, state[n_vars:]):
             ctx.fx[remote.buffer_key(buffer.remote_buffer_id)] = value
         _, _, new_vars = lower_graph(
-            ctx, main, [], extra=dict(zip(variables, state[:n_vars])), read_back=variables, ops=schedule
+            ctx,
+            main,
+            [],
+            extra=dict(zip(variables, state[:n_vars])),
+            read_back=variables,
+            ops=schedule,
         )
         new_buffers = [ctx.fx[remote.buffer_key(b.remote_buffer_id)] for b in buffers]
         outs = tuple(ctx.fx[host_io.buffer_key(s.tensor_id)] for s in d2h)
@@ -212,9 +222,13 @@ def _make_step(
     if mode == "none":
         return jax.jit(replica_step, donate_argnums=(0,)), (False,) * n_state
     if mode == "shard_map":
-        return jax.jit(_shard_mapped(replica_step, replicas), donate_argnums=(0,)), (True,) * n_state
+        return jax.jit(_shard_mapped(replica_step, replicas), donate_argnums=(0,)), (
+            True,
+        ) * n_state
     candidates = [_may_be_shared(v, replicas) for v in variables] + [False] * len(buffers)
-    batched = _replica_varying_state(replica_step, candidates, variables, buffers, h2d, nht, replicas)
+    batched = _replica_varying_state(
+        replica_step, candidates, variables, buffers, h2d, nht, replicas
+    )
     axes = tuple(0 if b else None for b in batched)
     step = jax.vmap(
         replica_step,
@@ -256,17 +270,24 @@ def _replica_varying_state(
     while True:
         flags: list[bool] = []
 
-        def probe(state: tuple, ins: tuple) -> tuple:
+        def probe(state: tuple, ins: tuple, flags: list[bool] = flags) -> tuple:
             new_state, outs = replica_step(state, ins)
             flags[:] = [_is_batched(x) for x in new_state]
             return new_state, outs
 
         state = tuple(
-            jax.ShapeDtypeStruct(shape if s else (replicas, *shape), dt) for shape, dt, s in zip(shapes, dts, shared)
+            jax.ShapeDtypeStruct(shape if s else (replicas, *shape), dt)
+            for shape, dt, s in zip(shapes, dts, shared)
         )
         axes = tuple(None if s else 0 for s in shared)
         jax.eval_shape(
-            jax.vmap(probe, in_axes=(axes, 1), out_axes=(0, (1, 0)), axis_name=REPLICA_AXIS, axis_size=replicas),
+            jax.vmap(
+                probe,
+                in_axes=(axes, 1),
+                out_axes=(0, (1, 0)),
+                axis_name=REPLICA_AXIS,
+                axis_size=replicas,
+            ),
             state,
             inputs,
         )
@@ -326,7 +347,17 @@ def build_program(ir: Ir) -> Program:
         cached = _STEP_CACHE[key] = _make_step(ir, variables, buffers, h2d, d2h, mode)
     step, batched = cached
     return Program(
-        ir, variables, buffers, h2d, d2h, step, ir.replication_factor, mode, _uses_x64(graphs), key, batched
+        ir,
+        variables,
+        buffers,
+        h2d,
+        d2h,
+        step,
+        ir.replication_factor,
+        mode,
+        _uses_x64(graphs),
+        key,
+        batched,
     )
 
 

@@ -28,7 +28,9 @@ def _slot(env: Env, offset_tensor: object, entries: int) -> object:
 def _lower_remote_load(ctx: LoweringContext, env: Env, op: Op) -> None:
     key = buffer_key(op.attrs["buffer_id"])
     buffer = ctx.fx[key]
-    value = lax.dynamic_index_in_dim(buffer, _slot(env, op.inputs[1], buffer.shape[0]), 0, keepdims=False)
+    value = lax.dynamic_index_in_dim(
+        buffer, _slot(env, op.inputs[1], buffer.shape[0]), 0, keepdims=False
+    )
     if op.opdef.modifies:
         env.write(op.inputs[0], value)
         env.alias(op.outputs[0], op.inputs[0])

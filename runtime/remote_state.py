@@ -38,7 +38,9 @@ def slot_value(var: Variable, host: np.ndarray, replica: int, per_replica: bool)
     return _shard(var, full, replica) if var._replica_sharded else full
 
 
-def write_slots(buffer: np.ndarray, var: Variable, host: np.ndarray, replicas: int, per_replica: bool) -> None:
+def write_slots(
+    buffer: np.ndarray, var: Variable, host: np.ndarray, replicas: int, per_replica: bool
+) -> None:
     """Write ``var``'s host value into its slot of every replica's copy of ``buffer``."""
     offset = var._remote_offset
     if replicas == 1:

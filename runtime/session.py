@@ -112,7 +112,8 @@ class Session:
         self._remote_vars = [v for v in ir._variables if v._remote_buffer is not None]
         # Remote buffers keep their contents while detached (streaming memory).
         self._buffers_host = [
-            np.zeros(a.shape, a.dtype) for a in abstract_state(self._program)[len(self._program.variables) :]
+            np.zeros(a.shape, a.dtype)
+            for a in abstract_state(self._program)[len(self._program.variables) :]
         ]
         self._state: tuple | None = None
         self._host_stale = False
@@ -255,7 +256,11 @@ class Session:
         replicas = self._program.replicas
         for var in variables:
             remote_state.write_slots(
-                buffers[self._buffer_index(var)], var, self._host[var], replicas, self._per_replica(var)
+                buffers[self._buffer_index(var)],
+                var,
+                self._host[var],
+                replicas,
+                self._per_replica(var),
             )
 
     def weights_to_host(self) -> None:
@@ -414,7 +419,9 @@ class Session:
         on_chip = [v for v in written if v in index]
         remote = [v for v in written if v._remote_buffer is not None]
         with self._x64():
-            placed = jax.device_put([self._device_layout(v, self._host[v]) for v in on_chip], self._sharding)
+            placed = jax.device_put(
+                [self._device_layout(v, self._host[v]) for v in on_chip], self._sharding
+            )
             for var, value in zip(on_chip, placed):
                 state[index[var]] = value
             if remote:

@@ -33,8 +33,9 @@ EMPTY_OUTPUT_MSG = (
 )
 
 
-def _per_axis(op: str, values: Any, shape: tuple, what: str, fill: int, pairs: bool = False,
-              minimum: int = 1) -> tuple[int, ...]:
+def _per_axis(
+    op: str, values: Any, shape: tuple, what: str, fill: int, pairs: bool = False, minimum: int = 1
+) -> tuple[int, ...]:
     """One int per spatial axis of ``shape`` (two for begin/end pads).
 
     Empty, or all ``fill`` (like the 2-D defaults given for a 1-D or 3-D input), means
@@ -47,8 +48,9 @@ def _per_axis(op: str, values: Any, shape: tuple, what: str, fill: int, pairs: b
         return (fill,) * n
     if len(got) != n:
         hint = PADS_HINT if pairs else ""
-        raise core_error(BAD_LENGTH_MSG.format(op=op, what=what, n=n, shape=shape, k=k,
-                                               got=got, hint=hint))
+        raise core_error(
+            BAD_LENGTH_MSG.format(op=op, what=what, n=n, shape=shape, k=k, got=got, hint=hint)
+        )
     if any(v < minimum for v in got):
         raise ValueError(f"{op}: every `{what}` value must be >= {minimum}, got {got}.")
     return got
@@ -56,12 +58,14 @@ def _per_axis(op: str, values: Any, shape: tuple, what: str, fill: int, pairs: b
 
 def _check_spatial_rank(op: str, t: Tensor) -> None:
     if t.rank < 3:
-        raise core_error(f"{op}: expected an input (N, C, *spatial) of rank >= 3, got shape "
-                         f"{t.shape}.")
+        raise core_error(
+            f"{op}: expected an input (N, C, *spatial) of rank >= 3, got shape {t.shape}."
+        )
 
 
-def _window(d: int, k: int, s: int, dil: int, lo: int, hi: int, pad_type: str,
-            ceil_mode: bool = False) -> tuple[int, int, int]:
+def _window(
+    d: int, k: int, s: int, dil: int, lo: int, hi: int, pad_type: str, ceil_mode: bool = False
+) -> tuple[int, int, int]:
     """Geometry of one axis of length ``d`` (ONNX rules; ``same_*``: ``out = ceil(d / s)``)."""
     k_eff = (k - 1) * dil + 1
     if pad_type == "valid":
@@ -80,6 +84,7 @@ def _window(d: int, k: int, s: int, dil: int, lo: int, hi: int, pad_type: str,
 
 def _nonempty(op: str, windows: list, spatial: tuple, kernel: tuple, dilation: tuple) -> list:
     if any(out < 1 for *_, out in windows):
-        raise core_error(EMPTY_OUTPUT_MSG.format(op=op, kernel=tuple(kernel),
-                                                 dilation=dilation, spatial=spatial))
+        raise core_error(
+            EMPTY_OUTPUT_MSG.format(op=op, kernel=tuple(kernel), dilation=dilation, spatial=spatial)
+        )
     return windows

@@ -25,8 +25,12 @@ SPECIFIED_TWICE_MSG = (
     "positionally in `inputs`: {t}"
 )
 NOT_COERCIBLE_MSG = "Input {where} could not be coerced into a tensor for the called graph: {err}"
-NOT_ENOUGH_MSG = "Not enough inputs have been provided for the called graph ({graph}).\n\nMissing inputs:\n"
-NOT_A_GRAPH_MSG = "The graph to call must be a popxl.Graph, got {type}. Build one with ir.create_graph(fn, ...)."
+NOT_ENOUGH_MSG = (
+    "Not enough inputs have been provided for the called graph ({graph}).\n\nMissing inputs:\n"
+)
+NOT_A_GRAPH_MSG = (
+    "The graph to call must be a popxl.Graph, got {type}. Build one with ir.create_graph(fn, ...)."
+)
 OTHER_IR_MSG = "Graph {g} belongs to {g_ir}, but the current graph belongs to {ir}; graphs can only be called within their own Ir."
 MAIN_CALLED_MSG = "The main graph cannot be called, repeated or branched to; build a subgraph with ir.create_graph instead."
 RECURSIVE_MSG = (
@@ -232,7 +236,9 @@ class CallSiteInfo:
         """The parent tensor connected to a graph input or output."""
         graph = self.called_graph
         if graph_tensor in graph._inputs:
-            return self.parent_input(self.graph_to_parent_input_index(graph._inputs.index(graph_tensor)))
+            return self.parent_input(
+                self.graph_to_parent_input_index(graph._inputs.index(graph_tensor))
+            )
         if graph_tensor in graph._outputs:
             index = graph._outputs.index(graph_tensor)
             return self.parent_output(self.graph_to_parent_output_index(index))

@@ -93,8 +93,14 @@ def _fold(values: list, op: str) -> Any:
     if op == "square_add":
         values = [v * v for v in values]
     combine = {
-        "add": jnp.add, "mean": jnp.add, "square_add": jnp.add, "mul": jnp.multiply,
-        "min": jnp.minimum, "max": jnp.maximum, "and": jnp.logical_and, "or": jnp.logical_or,
+        "add": jnp.add,
+        "mean": jnp.add,
+        "square_add": jnp.add,
+        "mul": jnp.multiply,
+        "min": jnp.minimum,
+        "max": jnp.maximum,
+        "and": jnp.logical_and,
+        "or": jnp.logical_or,
     }[op]
     out = values[0]
     for v in values[1:]:
@@ -164,7 +170,12 @@ def _same_infer(t: Any, **_: Any) -> list:
 
 
 ALL_REDUCE = define(
-    "replicated_all_reduce", "ReplicatedAllReduce", _same_infer, _all_reduce, effect=True, special="collective"
+    "replicated_all_reduce",
+    "ReplicatedAllReduce",
+    _same_infer,
+    _all_reduce,
+    effect=True,
+    special="collective",
 )
 ALL_REDUCE_ = define(
     "replicated_all_reduce_",
@@ -178,7 +189,9 @@ ALL_REDUCE_ = define(
 )
 
 
-def replicated_all_reduce(t: Tensor, op: CollectiveOps = "add", group: ReplicaGrouping | None = None) -> Tensor:
+def replicated_all_reduce(
+    t: Tensor, op: CollectiveOps = "add", group: ReplicaGrouping | None = None
+) -> Tensor:
     """Reduce ``t`` over the replicas of each group; every member gets the result.
 
     Args:
@@ -191,7 +204,9 @@ def replicated_all_reduce(t: Tensor, op: CollectiveOps = "add", group: ReplicaGr
     return record(ALL_REDUCE, {"t": t}, attrs, [f"{t.name}_all_reduce"])[0]
 
 
-def replicated_all_reduce_(t: Tensor, op: CollectiveOps = "add", group: ReplicaGrouping | None = None) -> Tensor:
+def replicated_all_reduce_(
+    t: Tensor, op: CollectiveOps = "add", group: ReplicaGrouping | None = None
+) -> Tensor:
     """In-place ``replicated_all_reduce``."""
     attrs = {"op": _check_op(op), "groups": _groups(group)}
     return record(ALL_REDUCE_, {"t": t}, attrs, [f"{t.name}_all_reduce"])[0]
@@ -200,7 +215,9 @@ def replicated_all_reduce_(t: Tensor, op: CollectiveOps = "add", group: ReplicaG
 # all_gather / slice --------------------------------------------------------------------------
 
 
-def _gather_shape(shape: tuple[int, ...], meta: tuple[int, ...], *, axis: int, mode: str, groups: Groups) -> tuple:
+def _gather_shape(
+    shape: tuple[int, ...], meta: tuple[int, ...], *, axis: int, mode: str, groups: Groups
+) -> tuple:
     size = _group_size(groups)
     if mode == "new_axis":
         return (size, *shape)
@@ -211,10 +228,20 @@ def _gather_shape(shape: tuple[int, ...], meta: tuple[int, ...], *, axis: int, m
 
 
 def _all_gather_infer(t: Any, *, axis: int, mode: str, groups: Groups, **_: Any) -> list:
-    return [spec(_gather_shape(t.shape, t.meta_shape, axis=axis, mode=mode, groups=groups), t.dtype)]
+    return [
+        spec(_gather_shape(t.shape, t.meta_shape, axis=axis, mode=mode, groups=groups), t.dtype)
+    ]
 
 
-def _all_gather(x: Any, *, axis: int, mode: str, groups: Groups, meta: tuple[int, ...] = (), impl: str = "native") -> Any:
+def _all_gather(
+    x: Any,
+    *,
+    axis: int,
+    mode: str,
+    groups: Groups,
+    meta: tuple[int, ...] = (),
+    impl: str = "native",
+) -> Any:
     stacked = _members(x, groups) if _group_size(groups) > 1 else x[None]
     if mode == "new_axis":
         return stacked
@@ -226,13 +253,21 @@ def _all_gather(x: Any, *, axis: int, mode: str, groups: Groups, meta: tuple[int
 
 
 ALL_GATHER = define(
-    "replicated_all_gather", "ReplicatedAllGather", _all_gather_infer, _all_gather,
-    effect=True, grad="collective", special="collective",
+    "replicated_all_gather",
+    "ReplicatedAllGather",
+    _all_gather_infer,
+    _all_gather,
+    effect=True,
+    grad="collective",
+    special="collective",
 )
 
 
 def replicated_all_gather(
-    t: Tensor, axis: int = 0, group: ReplicaGrouping | None = None, output_shape: OutputShape = "auto"
+    t: Tensor,
+    axis: int = 0,
+    group: ReplicaGrouping | None = None,
+    output_shape: OutputShape = "auto",
 ) -> Tensor:
     """Gather ``t`` from the replicas of each group, in rank order.
 
@@ -244,10 +279,14 @@ def replicated_all_gather(
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise ValueError(f"axis must be an int, got {axis!r}.")
     if output_shape not in ("new_axis", "concat", "meta_shape", "auto"):
-        raise ValueError(f"output_shape must be 'new_axis', 'concat', 'meta_shape' or 'auto', got {output_shape!r}.")
+        raise ValueError(
+            f"output_shape must be 'new_axis', 'concat', 'meta_shape' or 'auto', got {output_shape!r}."
+        )
     mode = output_shape if output_shape != "auto" else ("meta_shape" if t.meta_shape else "concat")
     if mode == "meta_shape" and not t.meta_shape:
-        raise ValueError(f"output_shape='meta_shape' needs a tensor with a meta-shape; {t.id} has none.")
+        raise ValueError(
+            f"output_shape='meta_shape' needs a tensor with a meta-shape; {t.id} has none."
+        )
     ax = normalize_axis(axis, max(t.rank, 1)) if mode == "concat" else axis
     attrs = {"axis": ax, "mode": mode, "groups": _groups(group), "meta": t.meta_shape}
     return record(ALL_GATHER, {"t": t}, attrs, [f"{t.name}_all_gathered"])[0]
@@ -269,8 +308,13 @@ def _replicated_slice(x: Any, *, axis: int, groups: Groups, impl: str = "native"
 
 
 SLICE = define(
-    "replicated_slice", "ReplicatedSlice", _slice_infer, _replicated_slice,
-    effect=True, grad="collective", special="collective",
+    "replicated_slice",
+    "ReplicatedSlice",
+    _slice_infer,
+    _replicated_slice,
+    effect=True,
+    grad="collective",
+    special="collective",
 )
 
 
@@ -290,7 +334,9 @@ def replicated_slice(t: Tensor, axis: int = 0, group: ReplicaGrouping | None = N
             f"replicated_slice: axis {ax} of {t.id} has size {t.shape[ax]}, which is not "
             f"divisible by the group size {_group_size(groups)}."
         )
-    return record(SLICE, {"t": t}, {"axis": ax, "groups": groups}, [f"{t.name}_replicated_slice"])[0]
+    return record(SLICE, {"t": t}, {"axis": ax, "groups": groups}, [f"{t.name}_replicated_slice"])[
+        0
+    ]
 
 
 # reduce-scatter / sharded slice ------------------------------------------------------------
@@ -312,12 +358,20 @@ def _sharded_slice(x: Any, *, groups: Groups, rts: bool, impl: str = "native") -
 
 
 REDUCE_SCATTER = define(
-    "replicated_reduce_scatter", "ReplicatedReduceScatter", _shard_infer, _reduce_scatter,
-    effect=True, special="collective",
+    "replicated_reduce_scatter",
+    "ReplicatedReduceScatter",
+    _shard_infer,
+    _reduce_scatter,
+    effect=True,
+    special="collective",
 )
 SHARDED_SLICE = define(
-    "replica_sharded_slice", "ReplicaShardedSlice", _shard_infer, _sharded_slice,
-    effect=True, special="collective",
+    "replica_sharded_slice",
+    "ReplicaShardedSlice",
+    _shard_infer,
+    _sharded_slice,
+    effect=True,
+    special="collective",
 )
 
 
@@ -334,7 +388,11 @@ def replicated_reduce_scatter(
     ``configure_output_for_replicated_tensor_sharding`` it is a replica-sharded tensor
     (``meta_shape = t.shape``).
     """
-    attrs = {"op": _check_op(op), "groups": _groups(group), "rts": bool(configure_output_for_replicated_tensor_sharding)}
+    attrs = {
+        "op": _check_op(op),
+        "groups": _groups(group),
+        "rts": bool(configure_output_for_replicated_tensor_sharding),
+    }
     return record(REDUCE_SCATTER, {"t": t}, attrs, [f"{t.name}_reduce_scattered"])[0]
 
 
@@ -360,14 +418,24 @@ def _sum_list(*xs: Any, op: str) -> tuple:
 
 IPU_ALL_REDUCE = define("all_reduce", "AllReduce", _list_infer, _sum_list)
 IPU_IDENTICAL_INPUTS = define(
-    "all_reduce_identical_inputs", "AllReduceIdenticalInputs", _list_infer, lambda *xs, op: tuple(xs), grad="collective"
+    "all_reduce_identical_inputs",
+    "AllReduceIdenticalInputs",
+    _list_infer,
+    lambda *xs, op: tuple(xs),
+    grad="collective",
 )
 IPU_IDENTICAL_GRADS = define(
-    "all_reduce_identical_grad_inputs", "AllReduceIdenticalGradInputs", _list_infer, _sum_list, grad="collective"
+    "all_reduce_identical_grad_inputs",
+    "AllReduceIdenticalGradInputs",
+    _list_infer,
+    _sum_list,
+    grad="collective",
 )
 
 
-def _ipu_list(ts: Iterable[Tensor], ipus: list[int] | None, op: str) -> tuple[list[Tensor], list[int]]:
+def _ipu_list(
+    ts: Iterable[Tensor], ipus: list[int] | None, op: str
+) -> tuple[list[Tensor], list[int]]:
     tensors = list(ts)
     if ipus is None:
         try:
@@ -382,24 +450,32 @@ def _ipu_list(ts: Iterable[Tensor], ipus: list[int] | None, op: str) -> tuple[li
     return tensors, list(ipus)
 
 
-def _record_ipu_reduce(opdef: Any, ts: Iterable[Tensor], ipus: list[int] | None, op: str) -> list[Tensor]:
+def _record_ipu_reduce(
+    opdef: Any, ts: Iterable[Tensor], ipus: list[int] | None, op: str
+) -> list[Tensor]:
     tensors, ipus = _ipu_list(ts, ipus, op)
     inputs = {f"t{i}": t for i, t in enumerate(tensors)}
     names = [f"all_reduce_out_{i}" for i in range(len(tensors))]
     return record(opdef, inputs, {"op": op}, names, check_placement=False)
 
 
-def all_reduce(ts: list[Tensor], ipus: list[int] | None = None, op: CollectiveOps = "add") -> list[Tensor]:
+def all_reduce(
+    ts: list[Tensor], ipus: list[int] | None = None, op: CollectiveOps = "add"
+) -> list[Tensor]:
     """Reduce tensors living on different IPUs of one replica; one result per IPU."""
     return _record_ipu_reduce(IPU_ALL_REDUCE, ts, ipus, op)
 
 
-def all_reduce_identical_inputs(ts: list[Tensor], ipus: list[int] | None = None, op: CollectiveOps = "add") -> list[Tensor]:
+def all_reduce_identical_inputs(
+    ts: list[Tensor], ipus: list[int] | None = None, op: CollectiveOps = "add"
+) -> list[Tensor]:
     """Forward: identity (the inputs are known to be equal). Backward: all-reduce."""
     return _record_ipu_reduce(IPU_IDENTICAL_INPUTS, ts, ipus, op)
 
 
-def all_reduce_identical_grad_inputs(ts: list[Tensor], ipus: list[int] | None = None, op: CollectiveOps = "add") -> list[Tensor]:
+def all_reduce_identical_grad_inputs(
+    ts: list[Tensor], ipus: list[int] | None = None, op: CollectiveOps = "add"
+) -> list[Tensor]:
     """Forward: all-reduce. Backward: identity (the gradients are known to be equal)."""
     return _record_ipu_reduce(IPU_IDENTICAL_GRADS, ts, ipus, op)
 

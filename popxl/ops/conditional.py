@@ -74,9 +74,13 @@ class ConditionalSiteInfo(CallSiteInfo):
             for i, t in enumerate(self._op.inputs[offset : offset + len(graph.inputs)]):
                 if t is parent_tensor:
                     return graph._inputs[i]
-        raise ValueError(f"Tensor {parent_tensor.name} is not a parent graph input of the call site.")
+        raise ValueError(
+            f"Tensor {parent_tensor.name} is not a parent graph input of the call site."
+        )
 
-    def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = False) -> None:
+    def set_parent_input_modified(
+        self, parent_tensor: Tensor, infer_modified_regions: bool = False
+    ) -> None:
         raise NotImplementedError(BY_REF_MSG.format(g=self.called_graph[0].id))
 
 
@@ -138,7 +142,12 @@ def conditional_with_info(
     names = [f"{a.name}_or_{b.name}" for a, b in zip(then_branch.outputs, else_branch.outputs)]
     offsets = (1, 1 + len(then_parents))
     op = add_call_like(
-        CONDITIONAL, (then_branch, else_branch), offsets, [cond, *then_parents, *else_parents], specs, names
+        CONDITIONAL,
+        (then_branch, else_branch),
+        offsets,
+        [cond, *then_parents, *else_parents],
+        specs,
+        names,
     )
     return ConditionalSiteInfo(op)
 

@@ -43,8 +43,9 @@ def _check_conv_options(available_memory_proportions: Any, partials_types: Any =
             raise ValueError(f"Bad partials type {p!r}: choose 'float' or 'half'.")
 
 
-def _conv_windows(x: tuple, w: tuple, stride: tuple, padding: tuple, dilation: tuple,
-                  pad_type: str) -> list:
+def _conv_windows(
+    x: tuple, w: tuple, stride: tuple, padding: tuple, dilation: tuple, pad_type: str
+) -> list:
     k = len(x) - 2
     windows = [
         _window(x[2 + i], w[2 + i], stride[i], dilation[i], padding[i], padding[k + i], pad_type)
@@ -55,8 +56,10 @@ def _conv_windows(x: tuple, w: tuple, stride: tuple, padding: tuple, dilation: t
 
 def _conv_out_channels(op: str, x: tuple, w: tuple, groups: int, transpose: bool) -> int:
     if len(x) < 3 or len(w) != len(x):
-        raise core_error(f"{op}: expected an input (N, C, *spatial) of rank >= 3 and a weight "
-                         f"of the same rank, got shapes {x} and {w}.")
+        raise core_error(
+            f"{op}: expected an input (N, C, *spatial) of rank >= 3 and a weight "
+            f"of the same rank, got shapes {x} and {w}."
+        )
     c = x[1]
     if transpose:
         ok, expected, out = w[0] == c and c % groups == 0, f"(C={c}, M/groups, *kernel)", w[1]
@@ -74,31 +77,55 @@ def _conv_dtype(op: str, t: Any, w: Any, scale: tuple) -> dtypes.dtype:
         return dtypes.float16
     dt = same_dtype(op, t, w)
     if dt not in FLOATS:
-        raise core_error(f"{op}: inputs must be float16 or float32, got {dt.name}. For float8 "
-                         "data use the _pow2scaled variant.")
+        raise core_error(
+            f"{op}: inputs must be float16 or float32, got {dt.name}. For float8 "
+            "data use the _pow2scaled variant."
+        )
     return dt
 
 
-def _conv(x: Any, w: Any, strides: tuple, pads: list, dilation: tuple, groups: int,
-          lhs_dilation: tuple | None = None) -> Any:
+def _conv(
+    x: Any,
+    w: Any,
+    strides: tuple,
+    pads: list,
+    dilation: tuple,
+    groups: int,
+    lhs_dilation: tuple | None = None,
+) -> Any:
     out = lax.conv_general_dilated(
-        x, w, strides, pads, lhs_dilation=lhs_dilation, rhs_dilation=dilation,
-        feature_group_count=groups, precision=lax.Precision.HIGHEST,
+        x,
+        w,
+        strides,
+        pads,
+        lhs_dilation=lhs_dilation,
+        rhs_dilation=dilation,
+        feature_group_count=groups,
+        precision=lax.Precision.HIGHEST,
         preferred_element_type=jnp.float32 if x.dtype == jnp.float16 else None,
     )
     return out.astype(x.dtype)
 
 
-def _conv_infer(t: Any, w: Any, *scale: Any, stride: tuple, padding: tuple, dilation: tuple,
-                groups: int, pad_type: str) -> list:
+def _conv_infer(
+    t: Any,
+    w: Any,
+    *scale: Any,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    pad_type: str,
+) -> list:
     dt = _conv_dtype("Conv", t, w, scale)
     m = _conv_out_channels("conv", t.shape, w.shape, groups, transpose=False)
     windows = _conv_windows(t.shape, w.shape, stride, padding, dilation, pad_type)
     return [spec((t.shape[0], m, *(out for *_, out in windows)), dt)]
 
 
-def _lower_conv(x: Any, w: Any, *, stride: tuple, padding: tuple, dilation: tuple, groups: int,
-                pad_type: str) -> Any:
+def _lower_conv(
+    x: Any, w: Any, *, stride: tuple, padding: tuple, dilation: tuple, groups: int, pad_type: str
+) -> Any:
     windows = _conv_windows(x.shape, w.shape, stride, padding, dilation, pad_type)
     return _conv(x, w, stride, [(lo, hi) for lo, hi, _ in windows], dilation, groups)
 
@@ -119,8 +146,9 @@ CONV_POW2SCALED = define(
 )
 
 
-def _conv_attrs(op: str, t: Tensor, stride: Any, padding: Any, dilation: Any, groups: Any,
-                pad_type: Any) -> dict:
+def _conv_attrs(
+    op: str, t: Tensor, stride: Any, padding: Any, dilation: Any, groups: Any, pad_type: Any
+) -> dict:
     _check_spatial_rank(op, t)
     pad_type = _check_choice(pad_type or "not_set", PAD_TYPES, BAD_PAD_TYPE_MSG)
     groups = 1 if groups is None else int(groups)
@@ -231,8 +259,17 @@ def conv_pow2scaled(
 # Transposed convolution ------------------------------------------------------------------
 
 
-def _transpose_windows(x: tuple, w: tuple, *, stride: tuple, padding: tuple, dilation: tuple,
-                       pad_type: str, output_padding: tuple, output_shape: tuple) -> list:
+def _transpose_windows(
+    x: tuple,
+    w: tuple,
+    *,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    pad_type: str,
+    output_padding: tuple,
+    output_shape: tuple,
+) -> list:
     """(pad_begin, pad_end, out) per axis by the ONNX ``ConvTranspose`` rules."""
     k = len(x) - 2
     windows = []
@@ -267,8 +304,9 @@ def _lower_conv_transpose(x: Any, w: Any, *, groups: int, **attrs: Any) -> Any:
     w = jnp.flip(w, tuple(range(2, w.ndim)))
     pads = [
         ((k - 1) * d - lo, (k - 1) * d - hi + extra)
-        for k, d, (lo, hi, _), extra in zip(kernel, attrs["dilation"], windows,
-                                            attrs["output_padding"])
+        for k, d, (lo, hi, _), extra in zip(
+            kernel, attrs["dilation"], windows, attrs["output_padding"]
+        )
     ]
     n = len(kernel)
     return _conv(x, w, (1,) * n, pads, attrs["dilation"], groups, lhs_dilation=attrs["stride"])
@@ -278,26 +316,33 @@ CONV_TRANSPOSE = define(
     "conv_transpose", "ConvTranspose", _conv_transpose_infer, _lower_conv_transpose
 )
 CONV_TRANSPOSE_POW2SCALED = define(
-    "conv_transpose_pow2scaled", "ConvTranspose", _conv_transpose_infer,
-    _pow2scaled(_lower_conv_transpose), grad="none",
+    "conv_transpose_pow2scaled",
+    "ConvTranspose",
+    _conv_transpose_infer,
+    _pow2scaled(_lower_conv_transpose),
+    grad="none",
 )
 
 
-def _conv_transpose_attrs(op: str, t: Tensor, weight: Tensor, output_padding: Any,
-                          output_shape: Any, *conv_args: Any) -> dict:
+def _conv_transpose_attrs(
+    op: str, t: Tensor, weight: Tensor, output_padding: Any, output_shape: Any, *conv_args: Any
+) -> dict:
     attrs = _conv_attrs(op, t, *conv_args)
-    attrs["output_padding"] = _per_axis(op, output_padding, t.shape, "output_padding", 0,
-                                        minimum=0)
+    attrs["output_padding"] = _per_axis(op, output_padding, t.shape, "output_padding", 0, minimum=0)
     shape = tuple(int(v) for v in output_shape or ())
     if len(shape) == t.rank:
         expected = (t.shape[0], weight.shape[1] * attrs["groups"])
         if weight.rank > 1 and shape[:2] != expected:
-            raise ValueError(f"{op}: output_shape {shape} does not start with (N, M) = "
-                             f"{expected}; pass the spatial sizes only.")
+            raise ValueError(
+                f"{op}: output_shape {shape} does not start with (N, M) = "
+                f"{expected}; pass the spatial sizes only."
+            )
         shape = shape[2:]
     if shape and len(shape) != t.rank - 2:
-        raise ValueError(f"{op}: output_shape needs one size per spatial axis of the input "
-                         f"{t.shape} (or the full output shape), got {tuple(output_shape)}.")
+        raise ValueError(
+            f"{op}: output_shape needs one size per spatial axis of the input "
+            f"{t.shape} (or the full output shape), got {tuple(output_shape)}."
+        )
     if shape and attrs["pad_type"] == "valid":
         raise ValueError(f"{op}: pad_type 'valid' cannot be used if output_shape is also set.")
     attrs["output_shape"] = shape
@@ -349,8 +394,18 @@ def conv_transpose(
     """
     check_in_graph(context.get_current_graph(), t=t, weight=weight)
     _check_conv_options(available_memory_proportions, partials_types)
-    attrs = _conv_transpose_attrs("conv_transpose", t, weight, output_padding, output_shape,
-                                  stride, padding, dilation, groups, pad_type)
+    attrs = _conv_transpose_attrs(
+        "conv_transpose",
+        t,
+        weight,
+        output_padding,
+        output_shape,
+        stride,
+        padding,
+        dilation,
+        groups,
+        pad_type,
+    )
     return record(CONV_TRANSPOSE, {"t": t, "weight": weight}, attrs, ["convtranspose_out"])[0]
 
 
@@ -380,7 +435,8 @@ def conv_transpose_pow2scaled(
     check_in_graph(context.get_current_graph(), t=t, weight=weight, log2_scale=log2_scale)
     _check_pow2scaled(op, t, weight, log2_scale)
     _check_conv_options(available_memory_proportions)
-    attrs = _conv_transpose_attrs(op, t, weight, output_padding, output_shape,
-                                  stride, padding, dilation, groups, pad_type)
+    attrs = _conv_transpose_attrs(
+        op, t, weight, output_padding, output_shape, stride, padding, dilation, groups, pad_type
+    )
     inputs = {"t": t, "weight": weight, "log2_scale": log2_scale}
     return record(CONV_TRANSPOSE_POW2SCALED, inputs, attrs, ["convtranspose_out"])[0]

@@ -145,7 +145,9 @@ def _increment_mod(x: Any, *, increment: float, modulus: float) -> Any:
 
 
 OPS["increment_mod"] = define("increment_mod", "IncrementMod", _same_as_input, _increment_mod)
-OPS["increment_mod_"] = define_inplace(OPS["increment_mod"], "increment_mod_", "IncrementModInplace")
+OPS["increment_mod_"] = define_inplace(
+    OPS["increment_mod"], "increment_mod_", "IncrementModInplace"
+)
 
 
 def _scaled_add_infer(x: Any, y: Any, *scales: Any, **_: Any) -> list:
@@ -155,7 +157,9 @@ def _scaled_add_infer(x: Any, y: Any, *scales: Any, **_: Any) -> list:
         )
     for s in scales:
         if s.shape not in ((), (1,)):
-            raise ValueError(f"scaled_add factors must be scalars, got a tensor of shape {s.shape}.")
+            raise ValueError(
+                f"scaled_add factors must be scalars, got a tensor of shape {s.shape}."
+            )
     return [x]
 
 
@@ -178,7 +182,9 @@ def _unary(name: str, t: Tensor, out: str | None = None) -> Tensor:
     return record(OPS[name], {"t": t}, names=[out or f"{name}_out"])[0]
 
 
-def _binary(name: str, lhs: Tensor, rhs: Tensor, out: str, names: tuple[str, str] = ("lhs", "rhs")) -> Tensor:
+def _binary(
+    name: str, lhs: Tensor, rhs: Tensor, out: str, names: tuple[str, str] = ("lhs", "rhs")
+) -> Tensor:
     return record(OPS[name], {names[0]: lhs, names[1]: rhs}, names=[out])[0]
 
 
@@ -456,7 +462,9 @@ def _where_infer(c: Any, a: Any, b: Any) -> list:
     return [spec(shape, same_dtype("Where", a, b))]
 
 
-OPS["where"] = define("where", "Where", _where_infer, lambda c, x, y: jnp.where(c, x, y), nondiff_inputs=(0,))
+OPS["where"] = define(
+    "where", "Where", _where_infer, lambda c, x, y: jnp.where(c, x, y), nondiff_inputs=(0,)
+)
 
 
 def where(condition: Tensor, lhs: Tensor, rhs: Tensor) -> Tensor:

@@ -130,7 +130,12 @@ def tied_gather(
 
 
 def _grouped_infer(
-    t: Any, indices: Any, *, axis: int, group_size: int, zero_OOR: bool  # noqa: N803
+    t: Any,
+    indices: Any,
+    *,
+    axis: int,
+    group_size: int,
+    zero_OOR: bool,  # noqa: N803
 ) -> list:
     if group_size == 1:
         return _gather_infer(t, indices, axis=axis, zero_OOR=zero_OOR)
@@ -145,7 +150,12 @@ def _grouped_infer(
 
 
 def _grouped_take(
-    x: Any, idx: Any, *, axis: int, group_size: int, zero_OOR: bool  # noqa: N803
+    x: Any,
+    idx: Any,
+    *,
+    axis: int,
+    group_size: int,
+    zero_OOR: bool,  # noqa: N803
 ) -> Any:
     if group_size == 1:
         return _take(x, idx, axis=axis, zero_OOR=zero_OOR)

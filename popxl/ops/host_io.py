@@ -6,19 +6,22 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from .. import context
-from .._op import define
+from .._op import core_error, define
 from ..dtypes import dtype as DType
 from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Tensor
 from ._base import jnp, record, spec
-from .._op import core_error
 
 
-def _init_infer(*, shape: tuple[int, ...], dtype: DType, meta_shape: tuple[int, ...], init_type: str) -> list:
+def _init_infer(
+    *, shape: tuple[int, ...], dtype: DType, meta_shape: tuple[int, ...], init_type: str
+) -> list:
     return [spec(shape, dtype, meta_shape)]
 
 
-def _init(*, shape: tuple[int, ...], dtype: DType, meta_shape: tuple[int, ...], init_type: str) -> Any:
+def _init(
+    *, shape: tuple[int, ...], dtype: DType, meta_shape: tuple[int, ...], init_type: str
+) -> Any:
     # 'undef' memory is unspecified on the IPU; zeros keep runs deterministic.
     return jnp.zeros(shape, dtype.as_numpy())
 

@@ -18,8 +18,10 @@ def _channel_params_dtype(op: str, t: Any, *params: Any) -> dtypes.dtype:
         raise core_error(f"{op}: expected an input (N, C, ...) of rank >= 2, got shape {t.shape}.")
     for p in params:
         if p.shape != (t.shape[1],):
-            raise core_error(f"{op}: per-channel parameters must have shape ({t.shape[1]},) "
-                             f"for an input of shape {t.shape}, got {p.shape}.")
+            raise core_error(
+                f"{op}: per-channel parameters must have shape ({t.shape[1]},) "
+                f"for an input of shape {t.shape}, got {p.shape}."
+            )
     dt = same_dtype(op, t, *params)
     if dt not in FLOATS:
         raise core_error(f"{op}: inputs must be float16 or float32, got {dt.name}.")
@@ -34,15 +36,17 @@ def _batch_norm_infer(t: Any, *params: Any, epsilon: float, momentum: float) -> 
     return [spec(t.shape, _channel_params_dtype("BatchNormalization", t, *params))]
 
 
-def _lower_batch_norm(x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, epsilon: float,
-                      momentum: float) -> Any:
+def _lower_batch_norm(
+    x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, epsilon: float, momentum: float
+) -> Any:
     centred = x.astype(_compute_type(x)) - _per_channel(mean, x)
     y = centred * lax.rsqrt(_per_channel(var, x) + epsilon)
     return (y * _per_channel(scale, x) + _per_channel(bias, x)).astype(x.dtype)
 
 
-BATCH_NORM = define("batch_norm_inference", "BatchNormalization", _batch_norm_infer,
-                    _lower_batch_norm)
+BATCH_NORM = define(
+    "batch_norm_inference", "BatchNormalization", _batch_norm_infer, _lower_batch_norm
+)
 
 
 def batch_norm_inference(
@@ -74,8 +78,10 @@ def batch_norm_inference(
 def _group_norm_infer(t: Any, weight: Any, bias: Any, *, num_groups: int, eps: float) -> list:
     dt = _channel_params_dtype("GroupNormalization", t, weight, bias)
     if t.shape[1] % num_groups:
-        raise core_error(f"group_norm: the {t.shape[1]} channels of the input {t.shape} do not "
-                         f"split into num_groups={num_groups} equal groups.")
+        raise core_error(
+            f"group_norm: the {t.shape[1]} channels of the input {t.shape} do not "
+            f"split into num_groups={num_groups} equal groups."
+        )
     stats = spec((t.shape[0] * num_groups,), dt)
     return [spec(t.shape, dt), stats, stats]
 
@@ -92,8 +98,9 @@ def _lower_group_norm(x: Any, weight: Any, bias: Any, *, num_groups: int, eps: f
 GROUP_NORM = define("group_norm", "GroupNormalization", _group_norm_infer, _lower_group_norm)
 
 
-def group_norm(t: Tensor, weight: Tensor, bias: Tensor, num_groups: int,
-               eps: float = 1e-05) -> Tensor:
+def group_norm(
+    t: Tensor, weight: Tensor, bias: Tensor, num_groups: int, eps: float = 1e-05
+) -> Tensor:
     """Group normalisation of an ``(N, C, ...)`` input with per-channel ``weight``/``bias``.
 
     The channels split into ``num_groups`` consecutive groups; each (sample, group) is

@@ -25,13 +25,31 @@ from .nn import _check_choice, _compute_type
 # Pooling ---------------------------------------------------------------------------------
 
 
-def _pool_windows(op: str, x: tuple, *, kernel_size: tuple, stride: tuple, padding: tuple,
-                  dilation: tuple, in_dilations: tuple, auto_pad: str, ceil_mode: bool,
-                  **_: Any) -> list:
+def _pool_windows(
+    op: str,
+    x: tuple,
+    *,
+    kernel_size: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    in_dilations: tuple,
+    auto_pad: str,
+    ceil_mode: bool,
+    **_: Any,
+) -> list:
     k = len(x) - 2
     windows = [
-        _window((x[2 + i] - 1) * in_dilations[i] + 1, kernel_size[i], stride[i], dilation[i],
-                padding[i], padding[k + i], auto_pad, ceil_mode)
+        _window(
+            (x[2 + i] - 1) * in_dilations[i] + 1,
+            kernel_size[i],
+            stride[i],
+            dilation[i],
+            padding[i],
+            padding[k + i],
+            auto_pad,
+            ceil_mode,
+        )
         for i in range(k)
     ]
     return _nonempty(op, windows, x[2:], kernel_size, dilation)
@@ -58,15 +76,29 @@ def _pool(x: Any, fill: Any, reducer: Any, attrs: dict) -> Any:
         # JAX has no max-pool gradient with window dilation: take the max over kernel taps.
         out_sp = [out for *_, out in windows]
         taps = [
-            padded[(..., *(slice(j * d, j * d + (o - 1) * s + 1, s)
-                           for j, d, o, s in zip(tap, dilation, out_sp, stride)))]
+            padded[
+                (
+                    ...,
+                    *(
+                        slice(j * d, j * d + (o - 1) * s + 1, s)
+                        for j, d, o, s in zip(tap, dilation, out_sp, stride)
+                    ),
+                )
+            ]
             for tap in np.ndindex(*kernel)
         ]
         out = functools.reduce(jnp.maximum, taps)
     else:
         ones = (1, 1)
-        out = lax.reduce_window(padded, fill, reducer, ones + kernel, ones + stride, "VALID",
-                                window_dilation=ones + dilation)
+        out = lax.reduce_window(
+            padded,
+            fill,
+            reducer,
+            ones + kernel,
+            ones + stride,
+            "VALID",
+            window_dilation=ones + dilation,
+        )
     k, pads = x.ndim - 2, attrs["out_pads"]
     out_config = [(0, 0, 0)] * 2 + [(pads[i], pads[k + i], 0) for i in range(k)]
     return lax.pad(out, jnp.zeros((), x.dtype), out_config)
@@ -84,14 +116,24 @@ def _lower_max_pool(x: Any, storage_order: str, **attrs: Any) -> Any:
     return _pool(x, lowest, lax.max, attrs)
 
 
-AVERAGE_POOL = define("average_pool", "AveragePool", _pool_infer("average_pool"),
-                      _lower_average_pool)
+AVERAGE_POOL = define(
+    "average_pool", "AveragePool", _pool_infer("average_pool"), _lower_average_pool
+)
 MAX_POOL = define("max_pool", "MaxPool", _pool_infer("max_pool"), _lower_max_pool)
 
 
-def _pool_attrs(op: str, t: Tensor, kernel_size: Any, stride: Any, padding: Any,
-                out_pads: Any, dilation: Any, in_dilations: Any, auto_pad: Any,
-                ceil_mode: Any) -> dict:
+def _pool_attrs(
+    op: str,
+    t: Tensor,
+    kernel_size: Any,
+    stride: Any,
+    padding: Any,
+    out_pads: Any,
+    dilation: Any,
+    in_dilations: Any,
+    auto_pad: Any,
+    ceil_mode: Any,
+) -> dict:
     _check_spatial_rank(op, t)
     if not kernel_size:
         raise ValueError(f"{op}: kernel_size is required (one size per spatial axis).")
@@ -143,8 +185,18 @@ def average_pool(
         PopXLException: argument lengths that do not match the input's spatial axes.
     """
     check_in_graph(context.get_current_graph(), t=t)
-    attrs = _pool_attrs("average_pool", t, kernel_size, stride, padding, out_pads, dilation,
-                        in_dilations, auto_pad, ceil_mode)
+    attrs = _pool_attrs(
+        "average_pool",
+        t,
+        kernel_size,
+        stride,
+        padding,
+        out_pads,
+        dilation,
+        in_dilations,
+        auto_pad,
+        ceil_mode,
+    )
     return record(AVERAGE_POOL, {"t": t}, attrs, ["averagepool_out"])[0]
 
 
@@ -173,8 +225,18 @@ def max_pool(
         PopXLException: argument lengths that do not match the input's spatial axes.
     """
     check_in_graph(context.get_current_graph(), t=t)
-    attrs = _pool_attrs("max_pool", t, kernel_size, stride, padding, out_pads, dilation,
-                        in_dilations, auto_pad, ceil_mode)
+    attrs = _pool_attrs(
+        "max_pool",
+        t,
+        kernel_size,
+        stride,
+        padding,
+        out_pads,
+        dilation,
+        in_dilations,
+        auto_pad,
+        ceil_mode,
+    )
     msg = "storage_order {!r} is not valid, must be 'row' or 'column'."
     attrs["storage_order"] = _check_choice(storage_order, ("row", "column"), msg)
     return record(MAX_POOL, {"t": t}, attrs, ["maxpool_out"])[0]

@@ -173,9 +173,7 @@ def median(t: Tensor, axis: int | Iterable[int] | None = None, keepdims: bool = 
     return _reduce("median", t, axis, keepdims)
 
 
-def sumsquare(
-    t: Tensor, axis: int | Iterable[int] | None = None, keepdims: bool = False
-) -> Tensor:
+def sumsquare(t: Tensor, axis: int | Iterable[int] | None = None, keepdims: bool = False) -> Tensor:
     """Sum of squares ``Σ t²`` over ``axis`` (axis rules as ``sum``)."""
     return _reduce("sumsquare", t, axis, keepdims)
 
@@ -195,9 +193,7 @@ def logsum(t: Tensor, axis: int | Iterable[int] | None = None, keepdims: bool = 
     return _reduce("logsum", t, axis, keepdims)
 
 
-def logsumexp(
-    t: Tensor, axis: int | Iterable[int] | None = None, keepdims: bool = False
-) -> Tensor:
+def logsumexp(t: Tensor, axis: int | Iterable[int] | None = None, keepdims: bool = False) -> Tensor:
     """``log(Σ exp(t))`` over ``axis`` (axis rules as ``sum``), computed without overflow."""
     return _reduce("logsumexp", t, axis, keepdims)
 

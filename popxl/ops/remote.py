@@ -35,7 +35,12 @@ REMOTE_LOAD_ = define(
     alias_outputs=((0, 0),),
 )
 REMOTE_STORE = define(
-    "remote_store", "RemoteStore", lambda t, offset, **_: [], special="remote_store", effect=True, grad="none"
+    "remote_store",
+    "RemoteStore",
+    lambda t, offset, **_: [],
+    special="remote_store",
+    effect=True,
+    grad="none",
 )
 
 
@@ -51,14 +56,19 @@ def _offset_tensor(offset: int | Tensor) -> Tensor:
 def _load(remote_buffer: RemoteBuffer, offset: int | Tensor, name: str, out_name: str) -> Tensor:
     offset_t = _offset_tensor(offset)
     buffer = init(
-        remote_buffer.tensor_shape, remote_buffer.tensor_dtype, f"{name}_remote_load", "undef",
+        remote_buffer.tensor_shape,
+        remote_buffer.tensor_dtype,
+        f"{name}_remote_load",
+        "undef",
         remote_buffer.meta_shape,
     )
     attrs = {"buffer_id": remote_buffer.remote_buffer_id}
     return record(REMOTE_LOAD, {"t": buffer, "offset": offset_t}, attrs, [out_name])[0]
 
 
-def remote_load(remote_buffer: RemoteBuffer, offset: int | Tensor, name: str | None = None) -> Tensor:
+def remote_load(
+    remote_buffer: RemoteBuffer, offset: int | Tensor, name: str | None = None
+) -> Tensor:
     """Slot ``offset`` of this replica's copy of ``remote_buffer`` (with the buffer's
     meta-shape, so a replica-sharded slot loads as a shard)."""
     offset_t = _offset_tensor(offset)

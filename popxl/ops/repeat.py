@@ -52,7 +52,9 @@ def repeat_with_info(
     """
     check_callable(graph, context.get_current_graph())
     if repeat_count < 0:
-        raise ValueError(f"Repeat count must be >= 0. Repeat count: {repeat_count}. Graph: {graph.id}")
+        raise ValueError(
+            f"Repeat count must be >= 0. Repeat count: {repeat_count}. Graph: {graph.id}"
+        )
     n_in, n_out = len(graph.inputs), len(graph.outputs)
     if n_in < n_out:
         raise ValueError(
@@ -69,7 +71,9 @@ def repeat_with_info(
     ir = graph.ir
     specs = [spec(t.shape, t.dtype, t.meta_shape) for t in graph.outputs]
     names = [f"{t.name}__t{ir._next_dedup()}" for t in graph.outputs]
-    op = add_call_like(REPEAT, (graph,), (0,), parents, specs, names, repeat_count=int(repeat_count))
+    op = add_call_like(
+        REPEAT, (graph,), (0,), parents, specs, names, repeat_count=int(repeat_count)
+    )
     info = CallSiteInfo(op)
     for t in graph._by_ref_inputs:
         info.set_parent_input_modified(parents[graph._inputs.index(t)])

@@ -18,7 +18,11 @@ from .nn import FLOATS, _check_choice, _compute_type
 INTERPOLATE_MODES = ("nearest", "linear", "cubic")
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 COORDINATE_MODES = (
-    "half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_crop_and_resize"
+    "half_pixel",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_crop_and_resize",
 )
 NEAREST_ROUNDING = {
     "round_prefer_floor": lambda c: np.ceil(c - 0.5),
@@ -31,13 +35,17 @@ CUBIC_A = -0.75  # ONNX's default cubic_coeff_a
 
 def _resized_shape(shape: tuple, scale_factor: tuple) -> tuple[int, ...]:
     if len(scale_factor) != len(shape):
-        raise core_error(f"interpolate: scale_factor needs one value per axis of the input "
-                         f"{shape}, got {scale_factor}.")
+        raise core_error(
+            f"interpolate: scale_factor needs one value per axis of the input "
+            f"{shape}, got {scale_factor}."
+        )
     # float32 arithmetic, as the original's (its scales are float32)
     out = tuple(math.floor(np.float32(d) * np.float32(s)) for d, s in zip(shape, scale_factor))
     if any(o < 1 for o in out):
-        raise core_error(f"interpolate: scale_factor {scale_factor} shrinks the input {shape} "
-                         f"to the empty shape {out}.")
+        raise core_error(
+            f"interpolate: scale_factor {scale_factor} shrinks the input {shape} "
+            f"to the empty shape {out}."
+        )
     return out
 
 
@@ -74,8 +82,9 @@ def _cubic_weights(r: np.ndarray) -> np.ndarray:
     return np.stack([far(r + 1), near(r), near(1 - r), far(2 - r)])
 
 
-def _resize_taps(out_len: int, in_len: int, scale: float, mode: str, nearest_mode: str,
-                 coordinate_mode: str) -> tuple[np.ndarray, np.ndarray]:
+def _resize_taps(
+    out_len: int, in_len: int, scale: float, mode: str, nearest_mode: str, coordinate_mode: str
+) -> tuple[np.ndarray, np.ndarray]:
     """Input indices and weights, each ``(taps, out_len)``, of one axis; edges clamp."""
     coords = _source_coords(out_len, in_len, scale, coordinate_mode)
     if mode == "nearest":
@@ -94,8 +103,14 @@ def _interpolate_infer(t: Any, *, scale_factor: tuple, **_: Any) -> list:
     return [spec(_resized_shape(t.shape, scale_factor), t.dtype)]
 
 
-def _lower_interpolate(x: Any, *, scale_factor: tuple, mode: str, nearest_mode: str,
-                       coordinate_transformation_mode: str) -> Any:
+def _lower_interpolate(
+    x: Any,
+    *,
+    scale_factor: tuple,
+    mode: str,
+    nearest_mode: str,
+    coordinate_transformation_mode: str,
+) -> Any:
     y = x if mode == "nearest" else x.astype(_compute_type(x))
     out_shape = _resized_shape(x.shape, scale_factor)
     for axis, (d, s, o) in enumerate(zip(x.shape, scale_factor, out_shape)):
@@ -107,8 +122,10 @@ def _lower_interpolate(x: Any, *, scale_factor: tuple, mode: str, nearest_mode: 
             continue
         shape = [1] * x.ndim
         shape[axis] = o
-        taps = [jnp.take(y, i, axis=axis) * jnp.asarray(w, y.dtype).reshape(shape)
-                for i, w in zip(index, weights)]
+        taps = [
+            jnp.take(y, i, axis=axis) * jnp.asarray(w, y.dtype).reshape(shape)
+            for i, w in zip(index, weights)
+        ]
         y = sum(taps[1:], taps[0])
     return y.astype(x.dtype)
 
@@ -158,15 +175,20 @@ def interpolate(
     See also ``torch.nn.functional.interpolate``.
     """
     check_in_graph(context.get_current_graph(), t=t)
-    mode = _check_choice(mode or "nearest", INTERPOLATE_MODES,
-                         "interpolate type {!r} is not valid, must be nearest, linear or cubic.")
+    mode = _check_choice(
+        mode or "nearest",
+        INTERPOLATE_MODES,
+        "interpolate type {!r} is not valid, must be nearest, linear or cubic.",
+    )
     nearest_mode = _check_choice(
-        nearest_mode or "round_prefer_floor", NEAREST_MODES,
+        nearest_mode or "round_prefer_floor",
+        NEAREST_MODES,
         "nearest mode {!r} is not valid, must be round_prefer_floor, round_prefer_ceil, "
         "floor or ceil.",
     )
     coordinate_mode = _check_choice(
-        coordinate_transformation_mode or "half_pixel", COORDINATE_MODES,
+        coordinate_transformation_mode or "half_pixel",
+        COORDINATE_MODES,
         "coordinate transformation mode {!r} is not valid, must be half_pixel, "
         "pytorch_half_pixel, align_corners, asymmetric or tf_crop_and_resize.",
     )
@@ -185,16 +207,26 @@ def interpolate(
 # RoIAlign --------------------------------------------------------------------------------
 
 
-def _roi_align_infer(t: Any, rois: Any, batch_index: Any, *, output_size: tuple,
-                     spatial_scale: float, sampling_ratio: int) -> list:
+def _roi_align_infer(
+    t: Any,
+    rois: Any,
+    batch_index: Any,
+    *,
+    output_size: tuple,
+    spatial_scale: float,
+    sampling_ratio: int,
+) -> list:
     if len(t.shape) != 4:
         raise core_error(f"roi_align: the input must be (N, C, H, W), got shape {t.shape}.")
     if len(rois.shape) != 2 or rois.shape[1] != 4:
-        raise core_error(f"roi_align: rois must be (num_rois, 4) boxes [x1, y1, x2, y2], got "
-                         f"shape {rois.shape}.")
+        raise core_error(
+            f"roi_align: rois must be (num_rois, 4) boxes [x1, y1, x2, y2], got shape {rois.shape}."
+        )
     if batch_index.shape != rois.shape[:1]:
-        raise core_error(f"roi_align: batch_index must be ({rois.shape[0]},), one image index "
-                         f"per roi, got shape {batch_index.shape}.")
+        raise core_error(
+            f"roi_align: batch_index must be ({rois.shape[0]},), one image index "
+            f"per roi, got shape {batch_index.shape}."
+        )
     if batch_index.dtype != dtypes.int32:
         raise core_error(f"roi_align: batch_index must be int32, got {batch_index.dtype.name}.")
     dt = same_dtype("RoiAlign", t, rois)
@@ -233,13 +265,21 @@ def _roi_axis_weights(start: Any, end: Any, bins: int, sampling_ratio: int, leng
         w = _bilinear_weights(first + (i + 0.5) * step, length)
         return total + jnp.where((i < grid)[:, None, None], w, 0.0)
 
-    total = lax.fori_loop(0, count, add_sample, jnp.zeros((*start.shape, bins, length),
-                                                          start.dtype))
+    total = lax.fori_loop(
+        0, count, add_sample, jnp.zeros((*start.shape, bins, length), start.dtype)
+    )
     return total / grid[:, None, None]
 
 
-def _lower_roi_align(x: Any, rois: Any, batch_index: Any, *, output_size: tuple,
-                     spatial_scale: float, sampling_ratio: int) -> Any:
+def _lower_roi_align(
+    x: Any,
+    rois: Any,
+    batch_index: Any,
+    *,
+    output_size: tuple,
+    spatial_scale: float,
+    sampling_ratio: int,
+) -> Any:
     f = _compute_type(x)
     # Boxes get no gradient (as in the original), which also keeps the adaptive sampling
     # loop out of reverse-mode differentiation.
@@ -252,8 +292,9 @@ def _lower_roi_align(x: Any, rois: Any, batch_index: Any, *, output_size: tuple,
     return out.astype(x.dtype)
 
 
-ROI_ALIGN = define("roi_align", "RoiAlign", _roi_align_infer, _lower_roi_align,
-                   nondiff_inputs=(1, 2))
+ROI_ALIGN = define(
+    "roi_align", "RoiAlign", _roi_align_infer, _lower_roi_align, nondiff_inputs=(1, 2)
+)
 
 
 def roi_align(
@@ -291,9 +332,14 @@ def roi_align(
     """
     size = tuple(int(s) for s in output_size)
     if len(size) != 2 or min(size) < 1:
-        raise ValueError(f"roi_align: output_size must be two positive ints (out_h, out_w), "
-                         f"got {tuple(output_size)}.")
-    attrs = {"output_size": size, "spatial_scale": float(spatial_scale),
-             "sampling_ratio": int(sampling_ratio)}
+        raise ValueError(
+            f"roi_align: output_size must be two positive ints (out_h, out_w), "
+            f"got {tuple(output_size)}."
+        )
+    attrs = {
+        "output_size": size,
+        "spatial_scale": float(spatial_scale),
+        "sampling_ratio": int(sampling_ratio),
+    }
     inputs = {"t": t, "rois": rois, "batch_index": batch_index}
     return record(ROI_ALIGN, inputs, attrs, ["roi_align_out"])[0]

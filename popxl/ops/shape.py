@@ -32,7 +32,9 @@ def _reshape_inverse(old: Sequence[Any], new: Any, *, shape: tuple[int, ...]) ->
     return (new.reshape(old[0].shape),)
 
 
-RESHAPE = define("reshape", "Reshape", _reshape_infer, lambda x, *, shape: x.reshape(shape), grad_needs="none")
+RESHAPE = define(
+    "reshape", "Reshape", _reshape_infer, lambda x, *, shape: x.reshape(shape), grad_needs="none"
+)
 RESHAPE_ = define_view(RESHAPE, "reshape_", "ReshapeInplace", _reshape_inverse)
 
 
@@ -196,9 +198,7 @@ def _onnx_bounds(dim: int, start: int, stop: int, step: int) -> tuple[int, int, 
     return min(max(start, -1), dim - 1), min(max(stop, -1), dim - 1), step
 
 
-def _slice_bounds(
-    t: Tensor, start: Any, stop: Any, step: Any, axis: Any
-) -> _Bounds:
+def _slice_bounds(t: Tensor, start: Any, stop: Any, step: Any, axis: Any) -> _Bounds:
     starts, stops, steps, axes = (_as_list(v) for v in (start, stop, step, axis))
     lengths = {len(v) for v in (starts, stops, steps, axes) if v is not None}
     if len(lengths) > 1:
@@ -303,7 +303,13 @@ def _concat_inverse(old: Sequence[Any], new: Any, *, axis: int) -> tuple:
     return tuple(jnp.split(new, edges, axis=axis))
 
 
-CONCAT = define("concat", "Concat", _concat_infer, lambda *xs, axis: jnp.concatenate(xs, axis), grad_needs="none")
+CONCAT = define(
+    "concat",
+    "Concat",
+    _concat_infer,
+    lambda *xs, axis: jnp.concatenate(xs, axis),
+    grad_needs="none",
+)
 CONCAT_ = define_view(CONCAT, "concat_", "ConcatInplace", _concat_inverse)
 
 
@@ -344,7 +350,9 @@ def split(t: Tensor, splits: int | list[int], axis: int = 0) -> list[Tensor]:
     size = t.shape[ax]
     if isinstance(splits, int):
         if splits < 1 or size % splits:
-            raise ValueError(f"split: axis {ax} of size {size} cannot be split into {splits} equal parts.")
+            raise ValueError(
+                f"split: axis {ax} of size {size} cannot be split into {splits} equal parts."
+            )
         lengths = [size // splits] * splits
     else:
         lengths = [int(s) for s in splits]
@@ -353,7 +361,9 @@ def split(t: Tensor, splits: int | list[int], axis: int = 0) -> list[Tensor]:
     outs = []
     begin = 0
     for i, n in enumerate(lengths):
-        bounds = tuple((begin, begin + n, 1) if a == ax else (0, d, 1) for a, d in enumerate(t.shape))
+        bounds = tuple(
+            (begin, begin + n, 1) if a == ax else (0, d, 1) for a, d in enumerate(t.shape)
+        )
         outs.append(record(SLICE, {"t": t}, {"bounds": bounds}, [f"{t.name}_split_{i}"])[0])
         begin += n
     return outs

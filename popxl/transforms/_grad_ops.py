@@ -21,7 +21,9 @@ def grad_opdef(forward: OpDef) -> OpDef:
     """The gradient op kind of ``forward`` (printed as ``<Type>Grad``)."""
     opdef = _GRAD_OPDEFS.get(forward.key)
     if opdef is None:
-        opdef = OpDef(f"{forward.key}__grad", f"{forward.type}Grad", _no_infer, special="vjp", grad="none")
+        opdef = OpDef(
+            f"{forward.key}__grad", f"{forward.type}Grad", _no_infer, special="vjp", grad="none"
+        )
         _GRAD_OPDEFS[forward.key] = opdef
     return opdef
 
@@ -51,7 +53,9 @@ class VjpRecipe:
         """Written roots, then the outputs that own new storage, in cotangent order."""
         from ._storage import roots, written_inputs  # noqa: PLC0415
 
-        written = dict.fromkeys(r for i in written_inputs(self.op) for r in roots(self.op.inputs[i]))
+        written = dict.fromkeys(
+            r for i in written_inputs(self.op) for r in roots(self.op.inputs[i])
+        )
         fresh = tuple(o for o in self.op.outputs if parents(o) is None)
         return tuple(written) + fresh
 
@@ -64,7 +68,16 @@ class VjpRecipe:
             for r in self.results
         )
         specs = tuple((r.shape, r.dtype.name) for r in self.roots)
-        return (op.opdef.key, attrs, inputs, results, specs, self.needs_values, self.present, self.grad_for)
+        return (
+            op.opdef.key,
+            attrs,
+            inputs,
+            results,
+            specs,
+            self.needs_values,
+            self.present,
+            self.grad_for,
+        )
 
     def _chain(self, h: Tensor, attr_key: Callable[[Any], Any]) -> Any:
         if h in self.roots:
@@ -72,4 +85,9 @@ class VjpRecipe:
         op = h._producer
         assert op is not None
         attrs = tuple(sorted((k, attr_key(v)) for k, v in op.attrs.items()))
-        return (op.opdef.key, attrs, op.outputs.index(h), tuple(self._chain(p, attr_key) for p in parents(h) or ()))
+        return (
+            op.opdef.key,
+            attrs,
+            op.outputs.index(h),
+            tuple(self._chain(p, attr_key) for p in parents(h) or ()),
+        )

@@ -92,7 +92,9 @@ def _is_float(t: Tensor) -> bool:
 class _Differentiator:
     """Bookkeeping for one autodiff call: versions, cotangents, activations."""
 
-    def __init__(self, graph: Graph, provided: list[Tensor], required: list[Tensor], infos: GradInfos):
+    def __init__(
+        self, graph: Graph, provided: list[Tensor], required: list[Tensor], infos: GradInfos
+    ):
         self.fwd = graph
         self.provided = provided
         self.required = required
@@ -121,7 +123,9 @@ class _Differentiator:
                 for version, gradient in RULES[step.op.opdef.grad](self, step, cots):
                     self._accumulate(version, gradient)
             outputs = self._required_outputs(analysis)
-        expected_outputs = [ExpectedConnection._create(t, ExpectedConnectionType.FwdGrad) for t in self.required]
+        expected_outputs = [
+            ExpectedConnection._create(t, ExpectedConnectionType.FwdGrad) for t in self.required
+        ]
         for t in outputs:
             self.grad._outputs.append(t)
         expected_inputs = seeds + self.expected_inputs
@@ -157,7 +161,9 @@ class _Differentiator:
                 )
             floats_out = [t for t in callee.outputs if _is_float(t)]
             floats_in = [t for t in callee.inputs if _is_float(t)]
-            result = autodiff(callee, floats_out, floats_in, self.infos, return_all_grad_graphs=True)
+            result = autodiff(
+                callee, floats_out, floats_in, self.infos, return_all_grad_graphs=True
+            )
             self.infos.update(result)  # type: ignore[arg-type]
 
     def _snapshot_view_handles(self) -> None:
@@ -175,7 +181,9 @@ class _Differentiator:
 
     def _identity(self, h: Tensor, before: Op | None) -> Tensor:
         with self.fwd:
-            op = add_op(self.fwd, elementwise.OPS["identity"], (h,), {}, [h.spec], [f"{h.name}_snapshot"])
+            op = add_op(
+                self.fwd, elementwise.OPS["identity"], (h,), {}, [h.spec], [f"{h.name}_snapshot"]
+            )
         move_before(self.fwd, op, before)
         return op.outputs[0]
 
@@ -208,7 +216,9 @@ class _Differentiator:
             self.cotangents[version] = gradient
         else:
             name = f"Gradient___{version.root.name}"
-            op = add_op(self.grad, elementwise.OPS["add"], (previous, gradient), {}, [previous.spec], [name])
+            op = add_op(
+                self.grad, elementwise.OPS["add"], (previous, gradient), {}, [previous.spec], [name]
+            )
             self.cotangents[version] = op.outputs[0]
 
     # Activations -----------------------------------------------------------------------
@@ -225,7 +235,9 @@ class _Differentiator:
             source = root if self.analysis.is_final(version) else self._tap(version)
             self._export(source)
             tensor = graph_input(source.shape, source.dtype, source.name)
-            self.expected_inputs.append(ExpectedConnection._create(source, ExpectedConnectionType.Fwd))
+            self.expected_inputs.append(
+                ExpectedConnection._create(source, ExpectedConnectionType.Fwd)
+            )
         self.activations[version] = tensor
         return tensor
 
@@ -295,16 +307,24 @@ def _vjp_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Cont
     op = step.op
     _check_no_effects(op)
     nondiff_roots = {r for i in op.opdef.nondiff_inputs for r in _roots_of(op.inputs[i])}
-    diff_roots = {r for i, h in enumerate(op.inputs) if i not in op.opdef.nondiff_inputs for r in _roots_of(h)}
+    diff_roots = {
+        r for i, h in enumerate(op.inputs) if i not in op.opdef.nondiff_inputs for r in _roots_of(h)
+    }
     grad_for = tuple(
-        k for k, v in enumerate(step.befores)
+        k
+        for k, v in enumerate(step.befores)
         if _is_float(v.root) and (v.root in diff_roots or v.root not in nondiff_roots)
     )
     if not grad_for:
         return []
     needs_values = op.opdef.grad_needs != "none"
-    recipe = VjpRecipe(op, tuple(v.root for v in step.befores), needs_values,
-                       tuple(c is not None for c in cots), grad_for)
+    recipe = VjpRecipe(
+        op,
+        tuple(v.root for v in step.befores),
+        needs_values,
+        tuple(c is not None for c in cots),
+        grad_for,
+    )
     inputs = [d.fwd_value(v) for v in step.befores] if needs_values else []
     inputs += [c for c in cots if c is not None]
     specs = [step.befores[k].root.spec for k in grad_for]
@@ -343,7 +363,9 @@ def _call_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Con
         if ec.connection_type is ExpectedConnectionType.FwdGrad:
             parent = op.outputs[callee._outputs.index(t)]
             cot = out_cots.get(parent)
-            args.append(cot if cot is not None else init(t.shape, t.dtype, f"Gradient___{t.name}", "zero"))
+            args.append(
+                cot if cot is not None else init(t.shape, t.dtype, f"Gradient___{t.name}", "zero")
+            )
         elif t in callee._inputs:
             handle = d.call_input(op, callee._inputs.index(t))
             args.append(d.fwd_value(d.version_before(step, handle)))
@@ -370,9 +392,14 @@ def _collective_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) 
     if key == "all_reduce_identical_grad_inputs":
         grads = list(cots)
     else:
-        present = [c if c is not None else init(t.shape, t.dtype, "zero_grad", "zero") for c, t in zip(cots, op.outputs)]
+        present = [
+            c if c is not None else init(t.shape, t.dtype, "zero_grad", "zero")
+            for c, t in zip(cots, op.outputs)
+        ]
         if key == "all_reduce_identical_inputs":
-            grads = coll._record_ipu_reduce(coll.IPU_ALL_REDUCE, present, list(range(len(present))), op.attrs["op"])
+            grads = coll._record_ipu_reduce(
+                coll.IPU_ALL_REDUCE, present, list(range(len(present))), op.attrs["op"]
+            )
         else:
             grads = [_collective_adjoint(coll, op, present[0])]
     contributions = []
@@ -391,9 +418,19 @@ def _collective_adjoint(coll: Any, op: Op, cot: Tensor) -> Tensor:
     groups = attrs["groups"]
     if op.opdef.key == "replicated_all_gather":
         if attrs["mode"] == "meta_shape":
-            return record(coll.SHARDED_SLICE, {"t": cot}, {"groups": groups, "rts": True}, [f"{cot.name}_sharded_slice"])[0]
+            return record(
+                coll.SHARDED_SLICE,
+                {"t": cot},
+                {"groups": groups, "rts": True},
+                [f"{cot.name}_sharded_slice"],
+            )[0]
         axis = 0 if attrs["mode"] == "new_axis" else attrs["axis"]
-        return record(coll.SLICE, {"t": cot}, {"axis": axis, "groups": groups}, [f"{cot.name}_replicated_slice"])[0]
+        return record(
+            coll.SLICE,
+            {"t": cot},
+            {"axis": axis, "groups": groups},
+            [f"{cot.name}_replicated_slice"],
+        )[0]
     from ..ops.shape import reshape  # noqa: PLC0415
 
     source, axis = op.inputs[0], attrs["axis"]
@@ -418,8 +455,17 @@ def _print_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Co
 
 
 def _print_kwargs(attrs: dict[str, Any]) -> dict[str, Any]:
-    keep = ("title", "summarise_threshold", "edge_items", "max_line_width", "digits",
-            "float_format", "separator", "open_bracket", "close_bracket")
+    keep = (
+        "title",
+        "summarise_threshold",
+        "edge_items",
+        "max_line_width",
+        "digits",
+        "float_format",
+        "separator",
+        "open_bracket",
+        "close_bracket",
+    )
     return {k: attrs[k] for k in keep if k in attrs}
 
 

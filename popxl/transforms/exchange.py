@@ -50,7 +50,9 @@ def io_tile_exchange(verify_overlap: bool = True) -> Iterator[None]:
     finally:
         graph.remove_op_created_hook(handle)
     if verify_overlap:
-        others = [op for op in created if op.opdef.key not in EXCHANGE_OPS and op.opdef.key != "init"]
+        others = [
+            op for op in created if op.opdef.key not in EXCHANGE_OPS and op.opdef.key != "init"
+        ]
         exchanges = any(op.opdef.key in EXCHANGE_OPS for op in created)
         if len(others) + int(exchanges) > 1:
             raise RuntimeError(OVERLAP_MSG.format(ops=others))

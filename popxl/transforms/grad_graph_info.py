@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..graph import Graph
@@ -25,7 +25,9 @@ class ExpectedConnection:
         raise TypeError("ExpectedConnection cannot be constructed directly; read GradGraphInfo.")
 
     @classmethod
-    def _create(cls, fwd_tensor: Tensor, connection_type: ExpectedConnectionType) -> ExpectedConnection:
+    def _create(
+        cls, fwd_tensor: Tensor, connection_type: ExpectedConnectionType
+    ) -> ExpectedConnection:
         self = object.__new__(cls)
         self._fwd_tensor = fwd_tensor
         self._type = connection_type
@@ -111,7 +113,9 @@ class GradGraphInfo:
             if ec.connection_type is ExpectedConnectionType.Fwd
         }
 
-    def fwd_graph_ins_to_grad_parent_outs(self, grad_call_info: CallSiteInfo) -> dict[Tensor, Tensor]:
+    def fwd_graph_ins_to_grad_parent_outs(
+        self, grad_call_info: CallSiteInfo
+    ) -> dict[Tensor, Tensor]:
         """Forward-graph tensor → its gradient at the gradient call site."""
         return {
             ec.fwd_tensor: grad_call_info.graph_to_parent(self._graph.outputs[i])
@@ -136,7 +140,6 @@ class GradGraphInfo:
         lines += [f"    {ec!r}" for ec in self._expected_outputs]
         lines += ["  ]", "]"]
         return "\n".join(lines)
-
 
 
 __all__ = ["ExpectedConnectionType", "ExpectedConnection", "GradGraphInfo"]

@@ -65,7 +65,9 @@ class Conv2D(Module):
     ) -> None:
         super().__init__()
         self.out_channels = out_channels
-        self.kernel_size = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        self.kernel_size = (
+            (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        )
         self.strides = tuple(strides)
         if isinstance(paddings, str):
             if paddings not in PAD_TYPES:
@@ -86,20 +88,35 @@ class Conv2D(Module):
     def build(self, x: popxl.Tensor) -> popxl.Tensor:
         shape = (self.out_channels, x.shape[1] // self.groups, *self.kernel_size)
         group = self.replica_grouping
-        w = self.add_variable_input("weight", partial(truncated_normal, shape), x.dtype, replica_grouping=group)
+        w = self.add_variable_input(
+            "weight", partial(truncated_normal, shape), x.dtype, replica_grouping=group
+        )
         y = ops.conv(
-            x, w, self.strides, self.paddings, self.dilations, self.groups, self.pad_type,
-            self.available_memory_proportions, self.partials_types, self.enable_conv_dithering,
+            x,
+            w,
+            self.strides,
+            self.paddings,
+            self.dilations,
+            self.groups,
+            self.pad_type,
+            self.available_memory_proportions,
+            self.partials_types,
+            self.enable_conv_dithering,
         )
         if self.bias:
             b = self.add_variable_input(
-                "bias", partial(np.zeros, (1, self.out_channels, 1, 1)), x.dtype, replica_grouping=group
+                "bias",
+                partial(np.zeros, (1, self.out_channels, 1, 1)),
+                x.dtype,
+                replica_grouping=group,
             )
             y = y + b
         return y
 
     @staticmethod
-    def torch_mapping(variables: NamedTensors, nn_layer: Any, dtype: popxl.dtype = popxl.float32) -> WeightsDict:
+    def torch_mapping(
+        variables: NamedTensors, nn_layer: Any, dtype: popxl.dtype = popxl.float32
+    ) -> WeightsDict:
         """Host values from a ``torch.nn.Conv2d`` (its ``(out,)`` bias reshaped to
         ``(1, out, 1, 1)``)."""
         weights = WeightsDict({variables.weight: to_numpy(nn_layer.weight, dtype)})

@@ -83,12 +83,17 @@ class Embedding(Module):
     def build(self, indices: popxl.Tensor) -> popxl.Tensor:
         shape = (self.vocab_shard_size, self.hidden_size)
         self.weight = self.add_variable_input(
-            "weight", partial(truncated_normal, shape), self.dtype, replica_grouping=self.replica_grouping
+            "weight",
+            partial(truncated_normal, shape),
+            self.dtype,
+            replica_grouping=self.replica_grouping,
         )
         return ops.gather(self.weight, indices, self.axis, zero_OOR=self.n_shards > 1)
 
     @staticmethod
-    def torch_mapping(variables: NamedTensors, nn_layer: Any, dtype: popxl.dtype = popxl.float32) -> WeightsDict:
+    def torch_mapping(
+        variables: NamedTensors, nn_layer: Any, dtype: popxl.dtype = popxl.float32
+    ) -> WeightsDict:
         """Host values from a ``torch.nn.Embedding``: its ``(vocab, hidden)`` table padded
         with zero rows to ``n_shards * vocab_shard_size`` and, when sharded, split into one
         shard per group (host shape ``(n_shards, vocab_shard_size, hidden)``)."""
@@ -98,7 +103,11 @@ class Embedding(Module):
         n_shards = var.shape_on_host[0] if len(var.shape_on_host) > len(var.shape) else 1
         capacity = n_shards * shard
         if table.shape[0] > capacity:
-            raise ValueError(MAPPING_MSG.format(rows=table.shape[0], capacity=capacity, n_shards=n_shards, shard=shard))
+            raise ValueError(
+                MAPPING_MSG.format(
+                    rows=table.shape[0], capacity=capacity, n_shards=n_shards, shard=shard
+                )
+            )
         padded = np.zeros((capacity, hidden), table.dtype)
         padded[: table.shape[0]] = table
         return WeightsDict({var: padded.reshape(var.shape_on_host)})

@@ -45,12 +45,18 @@ class GroupNorm(Module):
     def build(self, x: popxl.Tensor) -> popxl.Tensor:
         channels = x.shape[1]
         group = self.replica_grouping
-        w = self.add_variable_input("weight", partial(np.ones, (channels,)), x.dtype, replica_grouping=group)
-        b = self.add_variable_input("bias", partial(np.zeros, (channels,)), x.dtype, replica_grouping=group)
+        w = self.add_variable_input(
+            "weight", partial(np.ones, (channels,)), x.dtype, replica_grouping=group
+        )
+        b = self.add_variable_input(
+            "bias", partial(np.zeros, (channels,)), x.dtype, replica_grouping=group
+        )
         return ops.group_norm(x, w, b, num_groups=self.num_groups, eps=self.eps)
 
     @staticmethod
-    def torch_mapping(variables: NamedTensors, nn_layer: Any, dtype: popxl.dtype = popxl.float32) -> WeightsDict:
+    def torch_mapping(
+        variables: NamedTensors, nn_layer: Any, dtype: popxl.dtype = popxl.float32
+    ) -> WeightsDict:
         """Host values from a ``torch.nn.GroupNorm``."""
         return WeightsDict(
             {

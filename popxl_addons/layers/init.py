@@ -7,7 +7,9 @@ from typing import Any
 import numpy as np
 
 
-def truncated_normal(shape: int | tuple[int, ...], std: float = 0.02, rng: Any = np.random) -> np.ndarray:
+def truncated_normal(
+    shape: int | tuple[int, ...], std: float = 0.02, rng: Any = np.random
+) -> np.ndarray:
     """Samples of ``N(0, std**2)`` truncated to ``[-2 std, 2 std]``, as float64.
 
     The distribution of ``scipy.stats.truncnorm.rvs(-2, 2, loc=0, scale=std)``, drawn by

@@ -40,7 +40,9 @@ class LayerNorm(Module):
         return ops.layer_norm(x, w, b, eps=eps)
 
     @staticmethod
-    def torch_mapping(variables: NamedTensors, nn_layer: Any, dtype: popxl.dtype = popxl.float32) -> WeightsDict:
+    def torch_mapping(
+        variables: NamedTensors, nn_layer: Any, dtype: popxl.dtype = popxl.float32
+    ) -> WeightsDict:
         """Host values from a ``torch.nn.LayerNorm`` (multi-dimensional params are flattened)."""
         return WeightsDict(
             {

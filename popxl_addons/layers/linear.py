@@ -34,7 +34,10 @@ class Linear(Module):
     """
 
     def __init__(
-        self, out_features: int, bias: bool = True, replica_grouping: popxl.ReplicaGrouping | None = None
+        self,
+        out_features: int,
+        bias: bool = True,
+        replica_grouping: popxl.ReplicaGrouping | None = None,
     ) -> None:
         super().__init__()
         self.out_features = out_features
@@ -44,19 +47,26 @@ class Linear(Module):
     def build(self, x: popxl.Tensor) -> popxl.Tensor:
         shape = (x.shape[-1], self.out_features)
         w = self.add_variable_input(
-            "weight", partial(truncated_normal, shape), x.dtype, replica_grouping=self.replica_grouping
+            "weight",
+            partial(truncated_normal, shape),
+            x.dtype,
+            replica_grouping=self.replica_grouping,
         )
         y = x @ w
         if self.bias:
             b = self.add_variable_input(
-                "bias", partial(np.zeros, (self.out_features,)), x.dtype,
+                "bias",
+                partial(np.zeros, (self.out_features,)),
+                x.dtype,
                 replica_grouping=self.replica_grouping,
             )
             y = y + b
         return y
 
     @staticmethod
-    def torch_mapping(variables: NamedTensors, nn_layer: Any, dtype: popxl.dtype = popxl.float32) -> WeightsDict:
+    def torch_mapping(
+        variables: NamedTensors, nn_layer: Any, dtype: popxl.dtype = popxl.float32
+    ) -> WeightsDict:
         """Host values for ``variables`` from a ``torch.nn.Linear`` (its weight transposed)."""
         weights = WeightsDict({variables.weight: to_numpy(nn_layer.weight, dtype).T})
         if "bias" in variables.keys() and has_bias(nn_layer):

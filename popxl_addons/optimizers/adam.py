@@ -119,7 +119,11 @@ class AdamOptimizerStep(Module):
         step = None
         if bias_correction:
             step = self.add_variable_input(
-                "step", partial(np.zeros, ()), popxl.float32, by_ref=True, replica_grouping=replica_grouping
+                "step",
+                partial(np.zeros, ()),
+                popxl.float32,
+                by_ref=True,
+                replica_grouping=replica_grouping,
             )
         updater = ops.var_updates.adam_updater(
             first_order,
@@ -134,17 +138,29 @@ class AdamOptimizerStep(Module):
         ops.scaled_add_(var, updater, b=-lr)
 
     def _state(
-        self, name: str, var: popxl.Tensor, dtype: popxl.dtype, replica_grouping: popxl.ReplicaGrouping | None
+        self,
+        name: str,
+        var: popxl.Tensor,
+        dtype: popxl.dtype,
+        replica_grouping: popxl.ReplicaGrouping | None,
     ) -> popxl.Tensor:
         """A zero-initialised by-ref moment shaped (and sharded) like ``var``."""
         if var.meta_shape:
             shard_over = math.prod(var.meta_shape) // math.prod(var.shape)
             return self.add_replica_sharded_variable_input(
-                name, partial(np.zeros, var.meta_shape), dtype, by_ref=True,
-                replica_grouping=replica_grouping, shard_over=shard_over,
+                name,
+                partial(np.zeros, var.meta_shape),
+                dtype,
+                by_ref=True,
+                replica_grouping=replica_grouping,
+                shard_over=shard_over,
             )
         return self.add_variable_input(
-            name, partial(np.zeros, var.shape), dtype, by_ref=True, replica_grouping=replica_grouping
+            name,
+            partial(np.zeros, var.shape),
+            dtype,
+            by_ref=True,
+            replica_grouping=replica_grouping,
         )
 
 

@@ -44,7 +44,9 @@ def autodiff(
     fwd = _as_gwna(graph)
     infos = _normalise_called_graphs_grad_info(fwd.called_graphs_grad_info)
     infos.update(_normalise_called_graphs_grad_info(called_graphs_grad_info))
-    all_infos = popxl_autodiff(fwd.graph, grads_provided, grads_required, infos, return_all_grad_graphs=True)
+    all_infos = popxl_autodiff(
+        fwd.graph, grads_provided, grads_required, infos, return_all_grad_graphs=True
+    )
     return GraphWithNamedArgs.from_grad_graph(all_infos[fwd.graph])  # type: ignore[index]
 
 
@@ -84,7 +86,9 @@ def autodiff_with_accumulation(
     factories: dict[str, VariableFactory] = {}
     args: dict[str, popxl.Tensor] = {}
     with bwd, popxl.in_sequence(True):
-        counter_factory = VariableFactory(lambda: np.zeros((), np.float32), popxl.float32, "mean_accum_counter", True)
+        counter_factory = VariableFactory(
+            lambda: np.zeros((), np.float32), popxl.float32, "mean_accum_counter", True
+        )
         counter = counter_factory.create_input()
         factories["mean_accum_counter"], args["mean_accum_counter"] = counter_factory, counter
         with popxl.in_sequence(False):

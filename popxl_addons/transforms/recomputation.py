@@ -70,7 +70,9 @@ def recompute_graph(grad_graph: GraphWithNamedArgs) -> GraphWithNamedArgs:
         for i, ec in enumerate(info.expected_inputs):
             if ec.connection_type is Fwd and bwd.inputs[i] not in grad_map:
                 t = ec.fwd_tensor
-                grad_map[bwd.inputs[i]] = fwd_map[t] if t in fwd_map else recomputed[fwd.outputs.index(t)]
+                grad_map[bwd.inputs[i]] = (
+                    fwd_map[t] if t in fwd_map else recomputed[fwd.outputs.index(t)]
+                )
         for g in ops.call(bwd, inputs_dict=grad_map):
             popxl.graph_output(g)
     new_info = make_grad_graph_info(graph, fwd, expected, info.outputs)

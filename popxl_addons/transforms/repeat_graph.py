@@ -21,7 +21,9 @@ def repeat_graph(graph: popxl.Graph, repeat_count: int) -> popxl.Graph:
     if repeat_count <= 1:
         return graph
     if graph.outputs:
-        raise ValueError(f"repeat_graph cannot move {graph.id}: it has outputs. Use a graph without outputs.")
+        raise ValueError(
+            f"repeat_graph cannot move {graph.id}: it has outputs. Use a graph without outputs."
+        )
     ir = graph.ir
     body = ir._new_subgraph("repeat_graph")
     moved = list(graph._ops)
@@ -33,7 +35,9 @@ def repeat_graph(graph: popxl.Graph, repeat_count: int) -> popxl.Graph:
             if isinstance(t, popxl.Constant):
                 mapping[t] = popxl.constant(t.data, t.dtype, t.name)
             else:
-                mapping[t] = popxl.graph_input(t.shape, t.dtype, t.name, by_ref=True, meta_shape=t.meta_shape)
+                mapping[t] = popxl.graph_input(
+                    t.shape, t.dtype, t.name, by_ref=True, meta_shape=t.meta_shape
+                )
     graph._ops = []
     for op in moved:
         _move_op(op, graph, body, mapping)

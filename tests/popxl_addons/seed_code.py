@@ -4,6 +4,7 @@ Only the dataset loader differs: the tutorial downloads MNIST with torchvision, 
 tests cannot; ``get_mnist_data`` here yields small batches with the same torch-style
 methods (``.squeeze()``, ``.float()``, ``.int()``, ``.detach().numpy()``).
 """
+
 # ruff: noqa
 from tqdm import tqdm
 import numpy as np
@@ -41,9 +42,7 @@ def simple_example():
     ir = popxl.Ir(replication=1)
     with ir.main_graph:
         # create a variable factory and a graph from the module
-        facts, linear_graph = Linear(32).create_graph(
-            popxl.TensorSpec((2, 4), popxl.float32)
-        )
+        facts, linear_graph = Linear(32).create_graph(popxl.TensorSpec((2, 4), popxl.float32))
         print("factories: \n", facts)
         print("\n graph: \n", linear_graph.print_schedule())
         # since we are in the main graph, we can instantiate variables using the factories
@@ -68,9 +67,7 @@ def simple_example():
 def multiple_bound_graphs():
     ir = popxl.Ir()
     with ir.main_graph:
-        facts, linear_graph = Linear(32).create_graph(
-            popxl.TensorSpec((2, 4), popxl.float32)
-        )
+        facts, linear_graph = Linear(32).create_graph(popxl.TensorSpec((2, 4), popxl.float32))
         variables1 = facts.init()
         variables2 = facts.init()
         # the same subgraph can be bound to different variables,
@@ -142,9 +139,7 @@ class NetOutlined(addons.Module):
 def outlined():
     ir = popxl.Ir()
     with ir.main_graph:
-        args, net_graph = NetOutlined().create_graph(
-            popxl.TensorSpec((28, 28), popxl.float32)
-        )
+        args, net_graph = NetOutlined().create_graph(popxl.TensorSpec((28, 28), popxl.float32))
         print(args.to_dict().keys())
         print("\n", net_graph.print_schedule())
 
@@ -153,31 +148,23 @@ def dot_tree_example(input_tensor_data):
     ir = popxl.Ir(replication=1)
     with ir.main_graph:
         input_tensor = popxl.variable(input_tensor_data, name="x")
-        facts, linear_graph = Linear(32).create_graph(
-            popxl.TensorSpec((2, 4), popxl.float32)
-        )
+        facts, linear_graph = Linear(32).create_graph(popxl.TensorSpec((2, 4), popxl.float32))
         variables = facts.init()
         variables2 = facts.init()
         print("----- DotTree functionalities -----\n")
         collection = addons.NamedTensors()  # empty collection
         collection.insert("layer1", variables)  # add a new key with the insert method
         collection.insert("layer2", variables2)
-        print(
-            "A nested collection: the nested structure appear from the dot structure of names"
-        )
+        print("A nested collection: the nested structure appear from the dot structure of names")
         print(collection, "\n")  # nested structure
         print("Each leaf can be accessed with dot syntax: collection.layer1")
-        print(
-            collection.layer1
-        )  # each leaf node in the tree can be accessed with dot syntax
+        print(collection.layer1)  # each leaf node in the tree can be accessed with dot syntax
         collection_dict = collection.to_dict()  # convert the collection to dictionary
         nt = addons.NamedTensors.from_dict(
             {"x": input_tensor}
         )  # create the collection from a dictionary
         nt_b = addons.NamedTensors.from_dict({"b": variables.bias})
-        nt.update(
-            nt_b
-        )  # update the collection with another collection, keys should not repeat
+        nt.update(nt_b)  # update the collection with another collection, keys should not repeat
         # print("\n",nt)
         names = ["new_bias_name", "new_weight_name"]
         nt_from_lists = addons.NamedTensors.pack(

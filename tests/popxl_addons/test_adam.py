@@ -13,8 +13,21 @@ SHAPE = (3, 4)
 STEPS = 4
 
 
-def np_adam(w, grads, *, lr, beta1=0.9, beta2=0.999, eps=1e-5, weight_decay=1e-2,
-            bias_correction=True, loss_scaling=1.0, norms=None, norm_max=None, m_dtype=np.float32):
+def np_adam(
+    w,
+    grads,
+    *,
+    lr,
+    beta1=0.9,
+    beta2=0.999,
+    eps=1e-5,
+    weight_decay=1e-2,
+    bias_correction=True,
+    loss_scaling=1.0,
+    norms=None,
+    norm_max=None,
+    m_dtype=np.float32,
+):
     """Reference Adam(W): returns the weight and state after each gradient in ``grads``."""
     w = w.astype(np.float64)
     m = np.zeros_like(w)
@@ -85,8 +98,9 @@ def problem():
 CASES = {
     "defaults_fp32_moment": dict(lr=0.05, first_order_dtype=popxl.float32),
     "no_bias_correction": dict(lr=0.05, bias_correction=False, first_order_dtype=popxl.float32),
-    "no_weight_decay": dict(lr=0.1, weight_decay=0.0, beta1=0.8, beta2=0.99, eps=1e-3,
-                            first_order_dtype=popxl.float32),
+    "no_weight_decay": dict(
+        lr=0.1, weight_decay=0.0, beta1=0.8, beta2=0.99, eps=1e-3, first_order_dtype=popxl.float32
+    ),
     "strong_weight_decay": dict(lr=0.01, weight_decay=0.5, first_order_dtype=popxl.float32),
     "loss_scaling": dict(lr=0.05, loss_scaling=128.0, first_order_dtype=popxl.float32),
 }
@@ -123,11 +137,18 @@ def test_adam_global_norm_clipping_with_loss_scaling(problem):
     # the norms of the unscaled gradients; the first two are clipped, the others are not
     norms = [5.0, 2.5, 0.5, 1.0]
     scaled = [g * loss_scaling for g in grads]
-    hyper = dict(lr=0.05, loss_scaling=loss_scaling, global_norm_max=1.0, first_order_dtype=popxl.float32)
+    hyper = dict(
+        lr=0.05, loss_scaling=loss_scaling, global_norm_max=1.0, first_order_dtype=popxl.float32
+    )
     _, graph, results = run_adam(w0, scaled, norms=norms, **hyper)
     for n, result in enumerate(results, 1):
-        expected = np_adam(w0, scaled[:n], norms=norms, norm_max=1.0, **{
-            k: v for k, v in hyper.items() if k not in ("first_order_dtype", "global_norm_max")})
+        expected = np_adam(
+            w0,
+            scaled[:n],
+            norms=norms,
+            norm_max=1.0,
+            **{k: v for k, v in hyper.items() if k not in ("first_order_dtype", "global_norm_max")},
+        )
         assert_state_close(result, expected)
     clipped = np_adam(w0, scaled[:1], norms=norms, norm_max=1.0, lr=0.05, loss_scaling=8.0)
     unclipped = np_adam(w0, scaled[:1], lr=0.05, loss_scaling=8.0)
@@ -151,7 +172,9 @@ def test_adam_tensor_hyper_parameters_equal_float_ones(problem, names):
     values = dict(lr=0.05, beta1=0.8, beta2=0.99, eps=1e-4, weight_decay=0.1, loss_scaling=16.0)
     floats = {k: v for k, v in values.items() if k not in names}
     tensors = {k: values[k] for k in names}
-    _, graph, by_tensor = run_adam(w0, grads, tensors=tensors, first_order_dtype=popxl.float32, **floats)
+    _, graph, by_tensor = run_adam(
+        w0, grads, tensors=tensors, first_order_dtype=popxl.float32, **floats
+    )
     _, _, by_float = run_adam(w0, grads, first_order_dtype=popxl.float32, **values)
     # var, grad, the tensor hyper-parameters, first_order, second_order, step
     assert len(graph.graph.inputs) == 5 + len(names)
@@ -202,7 +225,10 @@ def test_adam_tutorial_single_step_values():
 
 def test_adam_cache_reuses_one_graph_for_equal_shapes():
     rng = np.random.default_rng(3)
-    w = {k: rng.normal(size=s).astype(np.float32) for k, s in [("a", SHAPE), ("b", SHAPE), ("c", (5,))]}
+    w = {
+        k: rng.normal(size=s).astype(np.float32)
+        for k, s in [("a", SHAPE), ("b", SHAPE), ("c", (5,))]
+    }
     g = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in w.items()}
     ir = popxl.Ir()
     with ir.main_graph:
@@ -225,7 +251,9 @@ def test_adam_cache_reuses_one_graph_for_equal_shapes():
         session.run()
     for key in w:
         expected = np_adam(w[key], [g[key]], lr=0.1, m_dtype=np.float16)
-        np.testing.assert_allclose(session.get_tensor_data(variables[key]), expected["var"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            session.get_tensor_data(variables[key]), expected["var"], rtol=1e-4, atol=1e-5
+        )
 
 
 def test_adam_sharded_variable_gets_sharded_moments():

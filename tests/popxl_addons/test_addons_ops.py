@@ -56,10 +56,14 @@ def _run(build):
 def test_cross_entropy_matches_numpy(reduction, ignore_index):
     (loss,) = _run(
         lambda: [
-            addons.ops.cross_entropy(popxl.constant(LOGITS), popxl.constant(LABELS), ignore_index, reduction=reduction)
+            addons.ops.cross_entropy(
+                popxl.constant(LOGITS), popxl.constant(LABELS), ignore_index, reduction=reduction
+            )
         ]
     )
-    np.testing.assert_allclose(loss, _ce_ref(LOGITS, LABELS, ignore_index, reduction), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        loss, _ce_ref(LOGITS, LABELS, ignore_index, reduction), rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
@@ -70,19 +74,27 @@ def test_cross_entropy_with_grad_scales_only_the_gradient(reduction, ignore_inde
             popxl.constant(LOGITS), popxl.constant(LABELS), 4.0, ignore_index, reduction
         )
     )
-    np.testing.assert_allclose(loss, _ce_ref(LOGITS, LABELS, ignore_index, reduction), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(grad, 4.0 * _ce_grad_ref(LOGITS, LABELS, ignore_index, reduction), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        loss, _ce_ref(LOGITS, LABELS, ignore_index, reduction), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        grad, 4.0 * _ce_grad_ref(LOGITS, LABELS, ignore_index, reduction), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_cross_entropy_with_grad_equals_autodiff_of_cross_entropy():
     def build():
         graph = popxl.gir().create_graph(
-            lambda x, y: addons.ops.cross_entropy(x, y), popxl.TensorSpec((5, 4), F32), popxl.TensorSpec((5,), popxl.int32)
+            lambda x, y: addons.ops.cross_entropy(x, y),
+            popxl.TensorSpec((5, 4), F32),
+            popxl.TensorSpec((5,), popxl.int32),
         )
         grad = addons.autodiff(graph, grads_required=[graph.inputs[0]])
         x, y = popxl.constant(LOGITS), popxl.constant(LABELS)
         info = ops.call_with_info(graph, x, y)
-        (dx,) = grad.call(popxl.constant(np.float32(1.0)), args=grad.grad_graph_info.inputs_dict(info))
+        (dx,) = grad.call(
+            popxl.constant(np.float32(1.0)), args=grad.grad_graph_info.inputs_dict(info)
+        )
         _, dx_direct = addons.ops.cross_entropy_with_grad(x, y)
         return [dx, dx_direct]
 

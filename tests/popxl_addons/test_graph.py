@@ -116,8 +116,17 @@ def test_subgraph_io_map_maps_inputs_args_and_outputs():
         outs = bound.call(x)
         io = bound.subgraph_io_map(x, outs=outs)
     g = graph.graph
-    assert io == {g.inputs[0]: x, graph.args.a: variables.a, graph.args.b: variables.b, g.outputs[0]: outs[0]}
-    assert bound.subgraph_io_map(x) == {g.inputs[0]: x, graph.args.a: variables.a, graph.args.b: variables.b}
+    assert io == {
+        g.inputs[0]: x,
+        graph.args.a: variables.a,
+        graph.args.b: variables.b,
+        g.outputs[0]: outs[0],
+    }
+    assert bound.subgraph_io_map(x) == {
+        g.inputs[0]: x,
+        graph.args.a: variables.a,
+        graph.args.b: variables.b,
+    }
 
 
 def test_bound_graph_requires_every_input_to_be_connected():
@@ -134,7 +143,10 @@ def test_bind_ignores_unknown_keys():
     ir, _, graph, variables = _setup()
     with ir.main_graph:
         extra = NamedTensors.from_dict(
-            {**variables.to_dict(), "unused": popxl.variable(np.zeros(1, np.float32), name="unused")}
+            {
+                **variables.to_dict(),
+                "unused": popxl.variable(np.zeros(1, np.float32), name="unused"),
+            }
         )
         bound = graph.bind(extra)
         assert set(bound.args) == {graph.args.a, graph.args.b}

@@ -59,7 +59,9 @@ def test_same_module_instance_and_spec_give_the_same_graph():
     scale = Scale(2.0)
     with popxl.Ir().main_graph:
         assert cache.create_graph(scale, _spec()) is cache.create_graph(scale, _spec())
-        assert cache.create_graph(Scale(2.0), _spec()) is not cache.create_graph(Scale(2.0), _spec())
+        assert cache.create_graph(Scale(2.0), _spec()) is not cache.create_graph(
+            Scale(2.0), _spec()
+        )
 
 
 def test_lambdas_with_the_same_body_give_different_graphs():
@@ -100,7 +102,9 @@ def test_python_arguments_are_part_of_the_key():
     cache = GraphCache()
     with popxl.Ir().main_graph:
         g2 = cache.create_graph(scaled, _spec(), 2.0)
-        assert cache.create_graph(scaled, _spec(), factor=2.0) is g2  # defaults and keywords bind alike
+        assert (
+            cache.create_graph(scaled, _spec(), factor=2.0) is g2
+        )  # defaults and keywords bind alike
         assert cache.create_graph(scaled, _spec(), 3.0) is not g2
 
 
@@ -118,7 +122,10 @@ def test_cached_graph_computes():
     ir = popxl.Ir()
     with ir.main_graph:
         g = cache.create_graph(HashedScale(3.0), _spec())
-        (y,) = ops.call(cache.create_graph(HashedScale(3.0), _spec()), popxl.variable(np.array([1.0, 2.0], np.float32)))
+        (y,) = ops.call(
+            cache.create_graph(HashedScale(3.0), _spec()),
+            popxl.variable(np.array([1.0, 2.0], np.float32)),
+        )
         s = popxl.d2h_stream(y.shape, y.dtype)
         ops.host_store(s, y)
     assert len(ir._call_sites_of(g)) == 1
@@ -160,7 +167,9 @@ def test_function_decorator_passes_list_and_keyword_tensors():
 
     ir = popxl.Ir()
     with ir.main_graph:
-        a, b, s = (popxl.variable(np.array(v, np.float32)) for v in ([1.0, 2.0], [3.0, 4.0], [1.0, -1.0]))
+        a, b, s = (
+            popxl.variable(np.array(v, np.float32)) for v in ([1.0, 2.0], [3.0, 4.0], [1.0, -1.0])
+        )
         (r,) = combine([a, b], scale=s)
         stream = popxl.d2h_stream(r.shape, r.dtype)
         ops.host_store(stream, r)

@@ -88,7 +88,10 @@ def test_truncated_normal_takes_a_generator_std_and_scalar_shape():
 def test_linear_matches_numpy_and_declares_weight_then_bias(seeded):
     x = np.random.rand(3, 4).astype(np.float32)
     (y,), variables, w, facts = run_layer(Linear(6), [x])
-    assert factory_specs(facts) == [("weight", (4, 6), popxl.float32), ("bias", (6,), popxl.float32)]
+    assert factory_specs(facts) == [
+        ("weight", (4, 6), popxl.float32),
+        ("bias", (6,), popxl.float32),
+    ]
     assert variables.weight.name == "weight" and variables.bias.name == "bias"
     assert np.abs(w["weight"]).max() <= 0.04 and w["weight"].std() > 0.01
     np.testing.assert_array_equal(w["bias"], np.zeros(6, np.float32))
@@ -259,7 +262,9 @@ def test_group_norm_defaults_and_cache(seeded):
     x = np.random.rand(3, 4, 5).astype(np.float32)
     (y,), _, w, _ = run_layer(GroupNorm(2), [x])
     np.testing.assert_array_equal(w["weight"], np.ones(4, np.float32))
-    np.testing.assert_allclose(y, np_group_norm(x, np.ones(4), np.zeros(4), 2, 1e-5), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        y, np_group_norm(x, np.ones(4), np.zeros(4), 2, 1e-5), rtol=1e-4, atol=1e-4
+    )
 
     ir = popxl.Ir()
     with ir.main_graph:
@@ -275,7 +280,15 @@ def test_group_norm_defaults_and_cache(seeded):
 
 @pytest.mark.parametrize(
     "vocab, shards, size",
-    [(100, 1, 112), (112, 1, 112), (113, 1, 128), (1, 1, 16), (100, 4, 32), (1000, 3, 336), (64, 4, 16)],
+    [
+        (100, 1, 112),
+        (112, 1, 112),
+        (113, 1, 128),
+        (1, 1, 16),
+        (100, 4, 32),
+        (1000, 3, 336),
+        (64, 4, 16),
+    ],
 )
 def test_embedding_vocab_shard_size_is_a_multiple_of_16(vocab, shards, size):
     assert Embedding.get_vocab_shard_size(vocab, shards) == size
@@ -311,7 +324,9 @@ def test_embedding_sharded_over_replica_groups_gives_zeros_out_of_range(seeded):
     built = []
 
     def layer(ir):  # replica r is in group r % 2
-        built.append(Embedding(popxl.float32, vocab, hidden, replica_grouping=ir.replica_grouping(2, 2)))
+        built.append(
+            Embedding(popxl.float32, vocab, hidden, replica_grouping=ir.replica_grouping(2, 2))
+        )
         return built[0]
 
     offsets = Embedding.get_offsets(vocab, 2)
@@ -375,8 +390,12 @@ def np_conv2d(x, w, stride=(1, 1), pads=(0, 0, 0, 0), dilation=(1, 1), groups=1)
         for i in range(kh):
             for j in range(kw):
                 r0, c0 = i * dilation[0], j * dilation[1]
-                patch = xs[:, :, r0 : r0 + (oh - 1) * stride[0] + 1 : stride[0],
-                           c0 : c0 + (ow - 1) * stride[1] + 1 : stride[1]]
+                patch = xs[
+                    :,
+                    :,
+                    r0 : r0 + (oh - 1) * stride[0] + 1 : stride[0],
+                    c0 : c0 + (ow - 1) * stride[1] + 1 : stride[1],
+                ]
                 out[:, o] += np.einsum("nchw,c->nhw", patch, w[o, :, i, j])
     return out
 
@@ -401,7 +420,9 @@ def test_conv2d_int_kernel_declares_weight_then_bias(seeded):
 
 CONV_CASES = {
     "explicit": dict(kernel_size=(2, 3), paddings=(1, 2, 0, 1)),
-    "strided_dilated": dict(kernel_size=(3, 2), strides=(2, 1), dilations=(1, 2), paddings=(1, 0, 1, 0)),
+    "strided_dilated": dict(
+        kernel_size=(3, 2), strides=(2, 1), dilations=(1, 2), paddings=(1, 0, 1, 0)
+    ),
     "same_upper": dict(kernel_size=(2, 4), strides=(2, 2), paddings="same_upper"),
     "same_lower": dict(kernel_size=(2, 4), strides=(2, 2), paddings="same_lower"),
     "valid": dict(kernel_size=3, paddings="valid"),
@@ -443,7 +464,9 @@ def test_conv2d_without_bias_and_torch_mapping(seeded):
     torch_like = SimpleNamespace(
         weight=FakeTorchTensor(np.random.rand(3, 2, 2, 2)), bias=FakeTorchTensor(np.arange(3.0))
     )
-    (y,), _, w, _ = run_layer(Conv2D(3, (2, 2)), [x], weights=lambda v: Conv2D.torch_mapping(v, torch_like))
+    (y,), _, w, _ = run_layer(
+        Conv2D(3, (2, 2)), [x], weights=lambda v: Conv2D.torch_mapping(v, torch_like)
+    )
     np.testing.assert_array_equal(w["bias"], np.arange(3.0, dtype=np.float32).reshape(1, 3, 1, 1))
     expected = np_conv2d(x, torch_like.weight.numpy()) + np.arange(3.0).reshape(1, 3, 1, 1)
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5)
@@ -470,12 +493,20 @@ def test_layers_inline_as_submodules_under_their_attribute_names(seeded):
     (y,), variables, w, facts = run_layer(Block(), [x])
     assert list(facts.to_dict()) == ["fc.weight", "fc.bias", "norm.weight", "norm.bias"]
     assert variables.fc.weight.name == "fc.weight"
-    expected = np_layer_norm(x @ w["fc.weight"] + w["fc.bias"], w["norm.weight"], w["norm.bias"], 1e-5)
+    expected = np_layer_norm(
+        x @ w["fc.weight"] + w["fc.bias"], w["norm.weight"], w["norm.bias"], 1e-5
+    )
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5)
     ir = popxl.Ir()
     with ir.main_graph:
         _, graph = Block().create_graph(popxl.TensorSpec((3, 4), popxl.float32))
-    assert [t.name for t in graph.graph.inputs] == ["x", "fc/weight", "fc/bias", "norm/weight", "norm/bias"]
+    assert [t.name for t in graph.graph.inputs] == [
+        "x",
+        "fc/weight",
+        "fc/bias",
+        "norm/weight",
+        "norm/bias",
+    ]
 
 
 def test_layers_are_not_loaded_by_import_popxl_addons():

@@ -21,11 +21,14 @@ class Linear(addons.Module):
 
     def build(self, x):
         w = self.add_variable_input(
-            "weight", lambda: self.rng.normal(0, 1, (x.shape[-1], self.out_features)).astype(np.float32)
+            "weight",
+            lambda: self.rng.normal(0, 1, (x.shape[-1], self.out_features)).astype(np.float32),
         )
         y = x @ w
         if self.bias:
-            y = y + self.add_variable_input("bias", lambda: np.full(self.out_features, 0.5, np.float32))
+            y = y + self.add_variable_input(
+                "bias", lambda: np.full(self.out_features, 0.5, np.float32)
+            )
         return y
 
 
@@ -124,7 +127,9 @@ def test_dotted_variable_names_need_overwrite_to_merge_and_duplicates_raise():
     class Merging(addons.Module):
         def build(self, x):
             a = self.add_variable_input("fwd.scale", lambda: np.full((), 3.0, np.float32))
-            b = self.add_variable_input("fwd.offset", lambda: np.full((), 1.0, np.float32), overwrite=True)
+            b = self.add_variable_input(
+                "fwd.offset", lambda: np.full((), 1.0, np.float32), overwrite=True
+            )
             return x * a + b
 
     class Duplicate(addons.Module):
@@ -222,7 +227,12 @@ def test_same_class_twice_gives_independent_subtrees_and_inline_code():
     with ir.main_graph:
         facts, graph = Pair().create_graph(popxl.TensorSpec((1, 2), F32))
     assert facts.fc1.weight is not facts.fc2.weight
-    assert [t.name for t in graph.graph.inputs[1:]] == ["fc1/weight", "fc1/bias", "fc2/weight", "fc2/bias"]
+    assert [t.name for t in graph.graph.inputs[1:]] == [
+        "fc1/weight",
+        "fc1/bias",
+        "fc2/weight",
+        "fc2/bias",
+    ]
     assert [op.type for op in graph.graph.ops] == ["MatMul", "Add", "MatMul", "Add"]
 
 
@@ -243,7 +253,9 @@ def test_from_list_names_tensors_without_the_container_scope():
         stack = Stack()
         assert stack.layers[0] is stack.layers.get("0") is stack.layers._sub_modules[0]
         facts, graph = stack.create_graph(popxl.TensorSpec((1, 2), F32))
-        assert facts.keys_flat() == [f"layers.{i}.{n}" for i in range(3) for n in ("weight", "bias")]
+        assert facts.keys_flat() == [
+            f"layers.{i}.{n}" for i in range(3) for n in ("weight", "bias")
+        ]
         assert [t.name for t in graph.graph.inputs[1:3]] == ["0/weight", "0/bias"]
         variables = facts.init()
         streams = _stores(*graph.bind(variables).call(popxl.variable(x_data)))
@@ -262,7 +274,10 @@ def test_iterating_a_module_that_is_not_a_container_raises():
 def test_from_variable_factories_registers_numbered_inputs():
     ir = popxl.Ir()
     with ir.main_graph:
-        factories = [VariableFactory(lambda i=i: np.full(2, float(i), np.float32), name=f"v{i}") for i in range(2)]
+        factories = [
+            VariableFactory(lambda i=i: np.full(2, float(i), np.float32), name=f"v{i}")
+            for i in range(2)
+        ]
 
         class Multi(addons.Module):
             def build(self, x):
@@ -383,7 +398,11 @@ def test_create_graph_twice_on_an_outlining_module_works():
     with popxl.Ir().main_graph:
         first, g0 = outlined.create_graph(popxl.TensorSpec((1, 2), F32))
         second, g1 = outlined.create_graph(popxl.TensorSpec((1, 2), F32))
-    assert first.keys_flat() == second.keys_flat() == ["fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"]
+    assert (
+        first.keys_flat()
+        == second.keys_flat()
+        == ["fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"]
+    )
     assert g0.graph is not g1.graph
 
 
@@ -421,7 +440,9 @@ def test_call_module_outlines_under_the_class_name_and_returns_only_forward_outp
         variables = facts.init()
         streams = _stores(*graph.bind(variables).call(popxl.variable(x_data)))
     (out,), data = _run(ir, streams, variables.tensors)
-    np.testing.assert_allclose(out, x_data @ data[variables.Linear.weight] + data[variables.Linear.bias], rtol=1e-5)
+    np.testing.assert_allclose(
+        out, x_data @ data[variables.Linear.weight] + data[variables.Linear.bias], rtol=1e-5
+    )
 
 
 def test_call_module_twice_with_the_same_class_needs_names():
@@ -462,7 +483,9 @@ def test_call_module_passes_keyword_and_list_tensor_arguments():
     with ir.main_graph:
         facts, graph = Caller().create_graph(spec, spec, spec)
         variables = facts.init()
-        a, b, m = (popxl.variable(np.array(v, np.float32)) for v in ([5.0, 7.0], [1.0, 2.0], [1.0, 0.0]))
+        a, b, m = (
+            popxl.variable(np.array(v, np.float32)) for v in ([5.0, 7.0], [1.0, 2.0], [1.0, 0.0])
+        )
         streams = _stores(*graph.bind(variables).call(a, b, m))
     (out,), _ = _run(ir, streams)
     np.testing.assert_allclose(out, [8.5, 0.5])
@@ -540,7 +563,9 @@ def _custom_grad_session(module, grads_required=None, call_before_autodiff=True,
 @pytest.mark.parametrize("direct", [False, True])
 def test_build_grad_gradients_match_numpy(call_before_autodiff, direct):
     scale = Scale()
-    fwd, grad, (y, dx, dw) = _custom_grad_session(scale, call_before_autodiff=call_before_autodiff, direct=direct)
+    fwd, grad, (y, dx, dw) = _custom_grad_session(
+        scale, call_before_autodiff=call_before_autodiff, direct=direct
+    )
     np.testing.assert_allclose(y, X * W)
     np.testing.assert_allclose(dx, DY * W)
     np.testing.assert_allclose(dw, DY * X)
@@ -549,7 +574,10 @@ def test_build_grad_gradients_match_numpy(call_before_autodiff, direct):
 def test_build_grad_graph_info_connections():
     fwd, grad, _ = _custom_grad_session(Scale())
     info = grad.grad_graph_info
-    Fwd, FwdGrad = popxl.transforms.ExpectedConnectionType.Fwd, popxl.transforms.ExpectedConnectionType.FwdGrad
+    Fwd, FwdGrad = (
+        popxl.transforms.ExpectedConnectionType.Fwd,
+        popxl.transforms.ExpectedConnectionType.FwdGrad,
+    )
     y, x, w = fwd.graph.outputs[0], fwd.graph.inputs[0], fwd.args.w
     assert [(ec.fwd_tensor, ec.connection_type) for ec in info.expected_inputs] == [
         (y, FwdGrad),
@@ -844,7 +872,9 @@ def test_implements_grad_graph():
 
 
 def test_cache_with_build_grad_is_rejected():
-    with pytest.raises(ValueError, match="You cannot use graph caching if you have implemented build_grad."):
+    with pytest.raises(
+        ValueError, match="You cannot use graph caching if you have implemented build_grad."
+    ):
         Scale(cache=True)
 
 
@@ -926,7 +956,9 @@ def test_cached_module_keeps_the_custom_gradients_of_its_call_modules():
         variables = facts.init()
         info = fwd.bind(variables).call_with_info(popxl.variable(X))
         grad = addons.autodiff(fwd)
-        streams = _stores(*grad.call(popxl.constant(DY), args=grad.grad_graph_info.inputs_dict(info)))
+        streams = _stores(
+            *grad.call(popxl.constant(DY), args=grad.grad_graph_info.inputs_dict(info))
+        )
     (dx, dw), _ = _run(ir, streams)
     np.testing.assert_allclose(dx, 10.0 * DY * W)
     np.testing.assert_allclose(dw, 10.0 * DY * X)

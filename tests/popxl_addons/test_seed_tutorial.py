@@ -82,7 +82,16 @@ def test_bound_graphs_have_default_reprs(capsys):
 def test_nested_module_keys_and_inlined_schedule(capsys):
     seed_code.nested_modules()
     printed = capsys.readouterr().out
-    keys = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias", "fc4.weight", "fc4.bias"]
+    keys = [
+        "fc1.weight",
+        "fc1.bias",
+        "fc2.weight",
+        "fc2.bias",
+        "fc3.weight",
+        "fc3.bias",
+        "fc4.weight",
+        "fc4.bias",
+    ]
     assert f"dict_keys({keys})" in printed
     assert NET_SCHEDULE in printed
 
@@ -90,7 +99,16 @@ def test_nested_module_keys_and_inlined_schedule(capsys):
 def test_outlined_module_keys_and_schedule(capsys):
     seed_code.outlined()
     printed = capsys.readouterr().out
-    keys = ["fc1.weight", "fc1.bias", "fc4.weight", "fc4.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"]
+    keys = [
+        "fc1.weight",
+        "fc1.bias",
+        "fc4.weight",
+        "fc4.bias",
+        "fc2.weight",
+        "fc2.bias",
+        "fc3.weight",
+        "fc3.bias",
+    ]
     assert f"dict_keys({keys})" in printed
     assert OUTLINED_SCHEDULE in printed
 

@@ -37,7 +37,9 @@ def test_input_and_output_streams_by_name_position_and_iteration():
     with ir.main_graph:
         inputs = addons.InputStreams(x=((2,), F32), y=((), popxl.int32))
         outputs = addons.OutputStreams(out=((2,), F32))
-        ops.host_store(outputs.out, ops.host_load(inputs.x) * ops.cast(ops.host_load(inputs[1]), F32))
+        ops.host_store(
+            outputs.out, ops.host_load(inputs.x) * ops.cast(ops.host_load(inputs[1]), F32)
+        )
     assert isinstance(inputs, OrderedDict)
     assert inputs.x is inputs["x"] is inputs[0] and inputs[1] is inputs.y
     assert inputs[:2] == [inputs.x, inputs.y]
@@ -74,7 +76,9 @@ def test_weights_dict_validates_dtype_and_host_shape():
     with ir.main_graph:
         w = popxl.variable(np.zeros((2, 3), np.float32), name="w")
         grouped = popxl.variable(
-            np.zeros((2, 3), np.float32), name="g", replica_grouping=ir.replica_grouping(group_size=1)
+            np.zeros((2, 3), np.float32),
+            name="g",
+            replica_grouping=ir.replica_grouping(group_size=1),
         )
     weights = WeightsDict({w: np.ones((2, 3), np.float32)})
     weights[grouped] = np.ones((2, 3), np.float32)  # host shape (num_groups, 3)
@@ -126,7 +130,10 @@ def test_build_groups_maps_every_name_to_the_grouping():
 def test_grouping_helpers_in_a_single_process():
     ir = popxl.Ir(replication=128)
     with ir.main_graph:
-        assert fill_none_group(None, 5) == 5 and fill_none_group(ir.replica_grouping(), 5) == ir.replica_grouping()
+        assert (
+            fill_none_group(None, 5) == 5
+            and fill_none_group(ir.replica_grouping(), 5) == ir.replica_grouping()
+        )
         assert get_instance_replica_grouping() == ir.replica_grouping()
         assert not is_cross_instance(ir.replica_grouping())
         assert get_ild_size_from_popdist() == 64

@@ -93,7 +93,9 @@ def test_grad_info_maps_variables_to_their_gradients():
         variables = facts.init()
         fwd_info = fwd.bind(variables).call_with_info(popxl.variable(X, name="x"))
         grad = addons.autodiff(fwd, grads_required=fwd.args.tensors)
-        grad_info = grad.call_with_info(popxl.constant(DY), args=grad.grad_graph_info.inputs_dict(fwd_info))
+        grad_info = grad.call_with_info(
+            popxl.constant(DY), args=grad.grad_graph_info.inputs_dict(fwd_info)
+        )
         by_variable = grad.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(fwd_info, grad_info)
         assert set(by_variable) == {variables.weight, variables.bias}
         streams = _stores(by_variable[variables.weight], by_variable[variables.bias])
@@ -108,7 +110,11 @@ def test_grad_info_maps_variables_to_their_gradients():
 def test_autodiff_accepts_a_bare_graph_and_a_subset_of_grads():
     ir = popxl.Ir()
     with ir.main_graph:
-        graph = ir.create_graph(lambda x, w: ops.tanh(x @ w), popxl.TensorSpec((4, 2), F32), popxl.TensorSpec((2, 3), F32))
+        graph = ir.create_graph(
+            lambda x, w: ops.tanh(x @ w),
+            popxl.TensorSpec((4, 2), F32),
+            popxl.TensorSpec((2, 3), F32),
+        )
         grad = addons.autodiff(graph, grads_required=[graph.inputs[1]])
         assert grad.grad_graph_info.forward_graph is graph
         assert grad.grad_graph_info.outputs == (graph.inputs[1],)
@@ -138,7 +144,9 @@ def test_autodiff_called_graphs_grad_info_argument_wins():
         _, inner = Custom(1.0).create_graph(popxl.TensorSpec((2,), F32))
         custom = inner.autodiff()
         _, other = Custom(7.0).create_graph(popxl.TensorSpec((2,), F32))
-        other_grad = other.from_module.create_grad_graph(addons.GraphWithNamedArgs(inner.graph, inner.args))
+        other_grad = other.from_module.create_grad_graph(
+            addons.GraphWithNamedArgs(inner.graph, inner.args)
+        )
         outer = addons.GraphWithNamedArgs(
             ir.create_graph(lambda x: ops.call(inner.graph, x)[0], popxl.TensorSpec((2,), F32)),
             called_graphs_grad_info={inner.graph: custom.grad_graph_info},
@@ -149,7 +157,9 @@ def test_autodiff_called_graphs_grad_info_argument_wins():
         outs = []
         for g in (g_default, g_override):
             info = outer.call_with_info(x)
-            outs += g.call(popxl.constant(np.ones(2, np.float32)), args=g.grad_graph_info.inputs_dict(info))
+            outs += g.call(
+                popxl.constant(np.ones(2, np.float32)), args=g.grad_graph_info.inputs_dict(info)
+            )
         streams = _stores(*outs)
     with popxl.Session(ir, "ipu_model") as session:
         out = session.run()
@@ -174,7 +184,9 @@ def _accumulation_program(module=Dense, steps_per_run=1, grads_required_x=True):
         x_stream = popxl.h2d_stream((4, 2), F32, "x")
         dy_stream = popxl.h2d_stream(fwd.graph.outputs[0].shape, F32, "dy")
         info = fwd.bind(variables).call_with_info(ops.host_load(x_stream))
-        outs = grad.bind(accum).call(ops.host_load(dy_stream), args=grad.grad_graph_info.inputs_dict(info))
+        outs = grad.bind(accum).call(
+            ops.host_load(dy_stream), args=grad.grad_graph_info.inputs_dict(info)
+        )
         streams = _stores(*outs)
     ir.main_graph.verify()
     return ir, fwd, grad, accum_facts, accum, variables, x_stream, dy_stream, streams
@@ -185,7 +197,11 @@ def test_accumulator_keys_names_and_order():
     # fwd.args.tensors is sorted by tensor name: bias, weight
     assert facts.keys_flat() == ["mean_accum_counter", "accum.bias", "accum.weight"]
     assert grad.args.keys_flat() == facts.keys_flat()
-    assert [t.name for t in grad.args.values_flat()] == ["mean_accum_counter", "accum.bias", "accum.weight"]
+    assert [t.name for t in grad.args.values_flat()] == [
+        "mean_accum_counter",
+        "accum.bias",
+        "accum.weight",
+    ]
     assert all(t in grad.graph._by_ref_inputs for t in grad.args.values_flat())
     assert [t.name for t in accum.tensors] == ["accum.bias", "accum.weight", "mean_accum_counter"]
     assert accum.tensors[:-1] == (accum.accum.bias, accum.accum.weight)
@@ -211,8 +227,12 @@ def test_running_mean_over_several_runs_equals_the_mean_of_step_gradients():
     refs = [_dense_ref(x, W0, B0, dy) for x, dy in zip(xs, dys)]
     for dx, ref in zip(dxs, refs):
         np.testing.assert_allclose(dx, ref[1], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(data[accum.accum.weight], np.mean([r[2] for r in refs], 0), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(data[accum.accum.bias], np.mean([r[3] for r in refs], 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        data[accum.accum.weight], np.mean([r[2] for r in refs], 0), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        data[accum.accum.bias], np.mean([r[3] for r in refs], 0), rtol=1e-5, atol=1e-6
+    )
     assert data[accum.mean_accum_counter] == 3.0
 
 
@@ -272,7 +292,9 @@ def test_accumulator_replica_groupings_come_from_the_named_groupings():
         facts, fwd = Dense().create_graph(popxl.TensorSpec((4, 2), F32))
         per_replica = ir.replica_grouping(group_size=1)
         groupings = NamedReplicaGrouping.from_dict({"weight": per_replica})
-        accum_facts, grad = addons.autodiff_with_accumulation(fwd, fwd.args.tensors, replica_groupings=groupings)
+        accum_facts, grad = addons.autodiff_with_accumulation(
+            fwd, fwd.args.tensors, replica_groupings=groupings
+        )
         assert accum_facts.accum.weight.replica_grouping == per_replica
         assert accum_facts.accum.bias.replica_grouping == ir.replica_grouping()
         variables = facts.init()
@@ -285,7 +307,9 @@ def test_accumulator_replica_groupings_come_from_the_named_groupings():
         weight = session.get_tensor_data(accum.accum.weight)
     assert weight.shape == (2, 2, 3)  # one accumulator per replica
     for r in range(2):
-        np.testing.assert_allclose(weight[r], _dense_ref(xs[r], W0, B0, DY)[2], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            weight[r], _dense_ref(xs[r], W0, B0, DY)[2], rtol=1e-5, atol=1e-6
+        )
 
 
 def test_accumulation_returns_factories():
@@ -331,7 +355,9 @@ def test_recomputed_gradients_equal_the_plain_ones_and_numpy():
 
 def test_recomputed_fwd_inputs_are_only_forward_inputs():
     fwd, grad, recomp, *_ = _grads_with_and_without_recompute(Dense, X, DY, (4, 2))
-    plain_fwd = [ec.fwd_tensor for ec in grad.grad_graph_info.expected_inputs if ec.connection_type is Fwd]
+    plain_fwd = [
+        ec.fwd_tensor for ec in grad.grad_graph_info.expected_inputs if ec.connection_type is Fwd
+    ]
     assert any(t not in fwd.graph.inputs for t in plain_fwd)  # the plain graph takes intermediates
     info = recomp.grad_graph_info
     kinds = [ec.connection_type for ec in info.expected_inputs]
@@ -350,7 +376,10 @@ def test_recompute_when_the_gradient_does_not_need_the_input():
     dy = np.array([3.0, -4.0], np.float32)
     fwd, grad, recomp, plain, again = _grads_with_and_without_recompute(AddTwo, x, dy, (2,))
     assert not any(ec.connection_type is Fwd for ec in grad.grad_graph_info.expected_inputs)
-    assert [ec.fwd_tensor for ec in recomp.grad_graph_info.expected_inputs] == [fwd.graph.outputs[0], fwd.graph.inputs[0]]
+    assert [ec.fwd_tensor for ec in recomp.grad_graph_info.expected_inputs] == [
+        fwd.graph.outputs[0],
+        fwd.graph.inputs[0],
+    ]
     np.testing.assert_allclose(plain[0], dy)
     np.testing.assert_allclose(again[0], dy)
 
@@ -368,18 +397,24 @@ def test_recompute_input_order():
     ir = popxl.Ir()
     with ir.main_graph:
         _, fwd = Order().create_graph(popxl.TensorSpec((2,), F32))
-        _, grad = addons.autodiff_with_accumulation(fwd, [fwd.args.z_off], grads_required=[fwd.args.b])
+        _, grad = addons.autodiff_with_accumulation(
+            fwd, [fwd.args.z_off], grads_required=[fwd.args.b]
+        )
         recomp = recompute_graph(grad)
     plain = grad.grad_graph_info
     plain_fwd = [ec.fwd_tensor for ec in plain.expected_inputs if ec.connection_type is Fwd]
     assert any(t not in fwd.graph.inputs for t in plain_fwd)  # sin(x)
-    assert fwd.args.b in plain_fwd and fwd.args.a not in plain_fwd and fwd.args.z_off not in plain_fwd
+    assert (
+        fwd.args.b in plain_fwd and fwd.args.a not in plain_fwd and fwd.args.z_off not in plain_fwd
+    )
     info = recomp.grad_graph_info
     # 1. FwdGrad inputs; 2. Fwd inputs that are forward inputs, in the plain order; 3. the
     # other forward inputs sorted by name; 4. other gradient-graph inputs sorted by name.
     first = [t for t in plain_fwd if t in fwd.graph.inputs]
     assert info.inputs == (fwd.graph.outputs[0], *first, fwd.args.a, fwd.args.z_off)
-    assert [ec.connection_type for ec in info.expected_inputs] == [FwdGrad] + [Fwd] * (len(first) + 2)
+    assert [ec.connection_type for ec in info.expected_inputs] == [FwdGrad] + [Fwd] * (
+        len(first) + 2
+    )
     n = len(info.expected_inputs)
     assert [t.name for t in recomp.graph.inputs[n:]] == ["accum.z_off", "mean_accum_counter"]
     assert all(t in recomp.graph._by_ref_inputs for t in recomp.graph.inputs[n:])
@@ -405,10 +440,16 @@ def test_recomputed_accumulation_graph_accumulates_like_the_plain_one():
     with popxl.Session(ir, "ipu_model") as session:
         session.run()
         data = session.get_tensors_data(plain_accum.tensors + recomp_accum.tensors)
-    refs = [_dense_ref(_rand(4, 2, seed=40 + i), W0, B0, _rand(4, 3, seed=50 + i)) for i in range(2)]
-    np.testing.assert_allclose(data[plain_accum.accum.weight], np.mean([r[2] for r in refs], 0), rtol=1e-5, atol=1e-6)
+    refs = [
+        _dense_ref(_rand(4, 2, seed=40 + i), W0, B0, _rand(4, 3, seed=50 + i)) for i in range(2)
+    ]
+    np.testing.assert_allclose(
+        data[plain_accum.accum.weight], np.mean([r[2] for r in refs], 0), rtol=1e-5, atol=1e-6
+    )
     for key in ("accum.weight", "accum.bias", "mean_accum_counter"):
-        np.testing.assert_allclose(data[recomp_accum[key]], data[plain_accum[key]], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            data[recomp_accum[key]], data[plain_accum[key]], rtol=1e-6, atol=1e-7
+        )
 
 
 def test_recompute_needs_a_gradient_graph():
@@ -454,7 +495,10 @@ def test_repeat_graph_runs_n_training_steps_per_run():
     assert body is not ir.main_graph and "repeat_graph" in body.name
     assert len(ir.main_graph.ops) == 1 and ir.main_graph.ops[0].called_graphs == (body,)
     with popxl.Session(ir, "ipu_model") as session:
-        ys = [session.run({x_stream: xs[i : i + steps], dy_stream: dys[i : i + steps]})[y_stream] for i in (0, steps)]
+        ys = [
+            session.run({x_stream: xs[i : i + steps], dy_stream: dys[i : i + steps]})[y_stream]
+            for i in (0, steps)
+        ]
         repeated = session.get_tensors_data([variables.weight, variables.bias])
     assert ys[0].shape == (steps, 4, 3)
 
@@ -465,8 +509,12 @@ def test_repeat_graph_runs_n_training_steps_per_run():
         single = session.get_tensors_data([variables1.weight, variables1.bias])
 
     np.testing.assert_allclose(np.concatenate(ys), np.stack(single_ys), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(repeated[variables.weight], single[variables1.weight], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(repeated[variables.bias], single[variables1.bias], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        repeated[variables.weight], single[variables1.weight], rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        repeated[variables.bias], single[variables1.bias], rtol=1e-5, atol=1e-6
+    )
 
     w, b = W0.copy(), B0.copy()
     for x, dy in zip(xs, dys):

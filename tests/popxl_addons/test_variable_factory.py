@@ -1,6 +1,5 @@
 """VariableFactory and NamedVariableFactories (reference 1.3 and 6.4)."""
 
-
 import numpy as np
 import pytest
 
@@ -71,7 +70,9 @@ def test_random_callable_consumes_two_draws_at_build_and_init_gets_the_second():
     np.random.seed(42)
     ir = popxl.Ir()
     with ir.main_graph:
-        factory = VariableFactory(lambda: np.random.normal(0, 0.02, (3, 2)).astype(np.float32), name="w")
+        factory = VariableFactory(
+            lambda: np.random.normal(0, 0.02, (3, 2)).astype(np.float32), name="w"
+        )
         w = factory.create_tensor()
     np.testing.assert_allclose(_read(ir, [w])[w], expected_first_init.astype(np.float32))
 
@@ -196,7 +197,9 @@ def test_several_groups_stack_successive_draws_per_group():
 def test_replica_sharded_factory_has_flat_shard_shape_and_full_meta_shape():
     ir = popxl.Ir(replication=4)
     with ir.main_graph:
-        f = VariableFactory(lambda: np.arange(12, dtype=np.float32).reshape(3, 4), name="w", shard_over=4)
+        f = VariableFactory(
+            lambda: np.arange(12, dtype=np.float32).reshape(3, 4), name="w", shard_over=4
+        )
         assert f.replica_sharded
         assert f.shape == (3,) and f.meta_shape == (3, 4)
         with pytest.raises(ValueError, match="shard_over"):
@@ -223,7 +226,9 @@ def test_replica_groupings_property_mirrors_the_keys():
         half = ir.replica_grouping(group_size=1)
         facts = NamedVariableFactories.from_dict(
             {
-                "a.w": VariableFactory(lambda: np.zeros(1, np.float32), name="w", replica_grouping=half),
+                "a.w": VariableFactory(
+                    lambda: np.zeros(1, np.float32), name="w", replica_grouping=half
+                ),
                 "b": VariableFactory(lambda: np.zeros(1, np.float32), name="b"),
             }
         )
@@ -380,7 +385,9 @@ def test_add_variable_input_makes_an_input_and_a_matching_factory():
     with ir.main_graph:
         graph = ir.create_empty_graph("g")
         with graph:
-            t, f = add_variable_input("w", lambda: np.ones(3, np.float32), popxl.float16, by_ref=True)
+            t, f = add_variable_input(
+                "w", lambda: np.ones(3, np.float32), popxl.float16, by_ref=True
+            )
     assert graph.inputs == (t,) and t in graph._by_ref_inputs
     assert t.name == "w" and t.dtype == popxl.float16 and t.shape == (3,)
     assert f.name == "w" and f.dtype == popxl.float16 and f.by_ref
@@ -393,7 +400,9 @@ def test_add_replica_sharded_variable_input_shards_over_the_whole_group_by_defau
         with graph:
             t, f = add_replica_sharded_variable_input("w", lambda: np.zeros((4, 2), np.float32))
             g2 = ir.replica_grouping(group_size=2)
-            t2, f2 = add_replica_sharded_variable_input("v", lambda: np.zeros((4, 2), np.float32), replica_grouping=g2)
+            t2, f2 = add_replica_sharded_variable_input(
+                "v", lambda: np.zeros((4, 2), np.float32), replica_grouping=g2
+            )
     assert t.shape == (2,) and t.meta_shape == (4, 2)
     assert f.shape == (2,) and f.meta_shape == (4, 2) and f.replica_sharded
     assert t2.shape == (4,) and f2.replica_grouping == g2

@@ -23,10 +23,20 @@ def test_custom_optimiser_demo_shows_graph_and_state(capsys):
 
 
 def test_data_parallel_tutorial_trains(capsys):
-    args = ["--epochs", "10", "--data-parallel", "2", "--gradient-accumulation", "2", "--throughput"]
+    args = [
+        "--epochs",
+        "10",
+        "--data-parallel",
+        "2",
+        "--gradient-accumulation",
+        "2",
+        "--throughput",
+    ]
     accuracy = load_tutorial("3_data_parallelism").main(args)
     printed = capsys.readouterr().out
-    assert "global batch = micro batch 8 x gradient accumulation 2 x data parallel 2 = 32" in printed
+    assert (
+        "global batch = micro batch 8 x gradient accumulation 2 x data parallel 2 = 32" in printed
+    )
     assert "Throughput:" in printed
     assert accuracy >= 85.0
 

@@ -108,7 +108,9 @@ def train(session, input_streams, loss_stream, training_data, epochs: int) -> fl
             bar = tqdm(training_data, total=len(training_data))
             start = time.perf_counter()
             for step, (images, labels) in enumerate(bar, 1):
-                inputs: Mapping[popxl.HostToDeviceStream, np.ndarray] = dict(zip(input_streams, [images, labels]))
+                inputs: Mapping[popxl.HostToDeviceStream, np.ndarray] = dict(
+                    zip(input_streams, [images, labels])
+                )
                 loss = float(session.run(inputs)[loss_stream])
                 samples_per_s = step * len(labels) / (time.perf_counter() - start)
                 bar.set_description(f"Loss:{loss:0.4f}", refresh=False)
@@ -130,7 +132,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8, help="training batch size")
     parser.add_argument("--test-batch-size", type=int, default=80, help="test batch size")
     parser.add_argument(
-        "--epochs", type=int, default=None, help="training epochs (default: 1 on MNIST, 8 on the bundled digits)"
+        "--epochs",
+        type=int,
+        default=None,
+        help="training epochs (default: 1 on MNIST, 8 on the bundled digits)",
     )
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     parser.add_argument("--device", default="ipu_hw", choices=["ipu_hw", "ipu_model", "cpu"])
@@ -145,14 +150,20 @@ def main(argv=None) -> float:
     training_data, test_data = get_mnist_data(args.test_batch_size, args.batch_size, args.data_dir)
     epochs = args.epochs or default_epochs(training_data)
 
-    train_session, train_streams, train_variables, loss_stream = train_program(args.batch_size, args.device, args.lr)
+    train_session, train_streams, train_variables, loss_stream = train_program(
+        args.batch_size, args.device, args.lr
+    )
     train(train_session, train_streams, loss_stream, training_data, epochs)
     trained = train_session.get_tensors_data(train_variables.tensors)
 
-    test_session, test_streams, test_variables, out_stream = test_program(args.test_batch_size, args.device)
+    test_session, test_streams, test_variables, out_stream = test_program(
+        args.test_batch_size, args.device
+    )
     # Copy the weights across by name: {train variable: test variable} for matching keys.
     train_to_test = train_variables.to_mapping(test_variables)
-    test_session.write_variables_data({test: trained[tr].copy() for tr, test in train_to_test.items()})
+    test_session.write_variables_data(
+        {test: trained[tr].copy() for tr, test in train_to_test.items()}
+    )
 
     test_accuracy = evaluate(test_session, test_streams, out_stream, test_data)
     print(f"Accuracy on test set: {test_accuracy:0.2f}%")

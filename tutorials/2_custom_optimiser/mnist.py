@@ -55,7 +55,9 @@ class Adam(addons.Module):
         ops.var_updates.accumulate_moving_average_square_(second_order, grad, f=beta2)
         step = None
         if bias_correction:
-            step = self.add_variable_input("step", partial(np.zeros, ()), popxl.float32, by_ref=True)
+            step = self.add_variable_input(
+                "step", partial(np.zeros, ()), popxl.float32, by_ref=True
+            )
         updater = ops.var_updates.adam_updater(
             first_order,
             second_order,
@@ -69,7 +71,9 @@ class Adam(addons.Module):
         ops.scaled_add_(var, updater, b=-lr)
 
 
-def optimiser_step(variables: addons.NamedTensors, grads: dict, optimiser: Adam, learning_rate: float) -> None:
+def optimiser_step(
+    variables: addons.NamedTensors, grads: dict, optimiser: Adam, learning_rate: float
+) -> None:
     """One Adam update per variable; variables of equal shape share one cached graph."""
     for name, var in variables.named_tensors.items():
         facts, graph = optimiser.create_graph(
@@ -96,7 +100,9 @@ def train_program(batch_size: int, device: str, learning_rate: float):
         loss_stream = popxl.d2h_stream(loss.shape, loss.dtype, "loss")
         ops.host_store(loss_stream, loss)
 
-        bwd_info = bwd_graph.call_with_info(dlogits, args=bwd_graph.grad_graph_info.inputs_dict(fwd_info))
+        bwd_info = bwd_graph.call_with_info(
+            dlogits, args=bwd_graph.grad_graph_info.inputs_dict(fwd_info)
+        )
         grads = bwd_graph.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(fwd_info, bwd_info)
         optimiser_step(variables, grads, Adam(cache=True), learning_rate)
     ir.num_host_transfers = 1
@@ -124,7 +130,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="PopXL custom optimiser: MNIST with Adam.")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--test-batch-size", type=int, default=80)
-    parser.add_argument("--epochs", type=int, default=None, help="default: 1 on MNIST, 8 on the bundled digits")
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="default: 1 on MNIST, 8 on the bundled digits"
+    )
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--device", default="ipu_hw", choices=["ipu_hw", "ipu_model", "cpu"])
     parser.add_argument("--data-dir", default=None)
@@ -150,12 +158,20 @@ def main(argv=None) -> float:
             for step, (images, labels) in enumerate(bar, 1):
                 loss = float(session.run(dict(zip(streams, [images, labels])))[loss_stream])
                 bar.set_description(f"Loss:{loss:0.4f}", refresh=False)
-                bar.set_postfix(samples_per_s=f"{step * len(labels) / (time.perf_counter() - start):.0f}", refresh=False)
+                bar.set_postfix(
+                    samples_per_s=f"{step * len(labels) / (time.perf_counter() - start):.0f}",
+                    refresh=False,
+                )
     trained = session.get_tensors_data(variables.tensors)
 
-    test_session, test_streams, test_variables, out_stream = test_program(args.test_batch_size, args.device)
+    test_session, test_streams, test_variables, out_stream = test_program(
+        args.test_batch_size, args.device
+    )
     test_session.write_variables_data(
-        {test: trained[train].copy() for train, test in variables.to_mapping(test_variables).items()}
+        {
+            test: trained[train].copy()
+            for train, test in variables.to_mapping(test_variables).items()
+        }
     )
     test_accuracy = evaluate(test_session, test_streams, out_stream, test_data)
     print(f"Accuracy on test set: {test_accuracy:0.2f}%")

@@ -62,7 +62,9 @@ def train_program(micro_batch: int, accumulation: int, replicas: int, device: st
                     ops.collectives.replicated_all_reduce_(g, op="mean")
             adam = Adam(cache=True)
             for var, grad in zip(variables.tensors, grads):
-                state_facts, opt = adam.create_graph(var, var.spec, lr=lr, weight_decay=0.0, bias_correction=False)
+                state_facts, opt = adam.create_graph(
+                    var, var.spec, lr=lr, weight_decay=0.0, bias_correction=False
+                )
                 opt.bind(state_facts.init()).call(var, grad)
             if accumulation > 1:
                 ops.var_updates.accumulator_scale_(accumulated.mean_accum_counter, 0.0)
@@ -96,17 +98,23 @@ def evaluate_throughput(session, samples_per_step: int, runs: int = 5) -> float:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="PopXL data parallelism and gradient accumulation on MNIST.")
+    parser = argparse.ArgumentParser(
+        description="PopXL data parallelism and gradient accumulation on MNIST."
+    )
     parser.add_argument("--train-micro-batch-size", type=int, default=8)
     parser.add_argument("--gradient-accumulation", type=int, default=4)
     parser.add_argument("--data-parallel", type=int, default=2)
     parser.add_argument("--test-batch-size", type=int, default=80)
-    parser.add_argument("--epochs", type=int, default=None, help="default: 1 on MNIST, 30 on the bundled digits")
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="default: 1 on MNIST, 30 on the bundled digits"
+    )
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--device", default="ipu_hw", choices=["ipu_hw", "ipu_model", "cpu"])
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--throughput", action="store_true", help="also measure training throughput")
+    parser.add_argument(
+        "--throughput", action="store_true", help="also measure training throughput"
+    )
     return parser.parse_args(argv)
 
 
@@ -115,7 +123,9 @@ def main(argv=None) -> float:
     np.random.seed(args.seed)
     mb, ga, dp = args.train_micro_batch_size, args.gradient_accumulation, args.data_parallel
     global_batch = mb * ga * dp
-    print(f"global batch = micro batch {mb} x gradient accumulation {ga} x data parallel {dp} = {global_batch}")
+    print(
+        f"global batch = micro batch {mb} x gradient accumulation {ga} x data parallel {dp} = {global_batch}"
+    )
     training_data, test_data = get_mnist_data(args.test_batch_size, global_batch, args.data_dir)
     epochs = args.epochs or (1 if training_data.source == "mnist" else 30)
 
@@ -131,9 +141,14 @@ def main(argv=None) -> float:
     if args.throughput:
         evaluate_throughput(session, global_batch)
 
-    test_session, test_streams, test_variables, out_stream = test_program(args.test_batch_size, args.device)
+    test_session, test_streams, test_variables, out_stream = test_program(
+        args.test_batch_size, args.device
+    )
     test_session.write_variables_data(
-        {test: trained[train].copy() for train, test in variables.to_mapping(test_variables).items()}
+        {
+            test: trained[train].copy()
+            for train, test in variables.to_mapping(test_variables).items()
+        }
     )
     accuracy = evaluate(test_session, test_streams, out_stream, test_data)
     print(f"Accuracy on test set: {accuracy:0.2f}%")

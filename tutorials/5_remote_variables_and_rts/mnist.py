@@ -40,7 +40,10 @@ def demo_remote_variables() -> None:
         facts, graph = Add().create_graph(x)
         # Two entries: two independent sets of weights for the same graph.
         buffers = addons.named_variable_buffers(facts, entries=2, shard_over_dict=False)
-        first, second = facts.init_remote(buffers, 0, "first"), facts.init_remote(buffers, 1, "second")
+        first, second = (
+            facts.init_remote(buffers, 0, "first"),
+            facts.init_remote(buffers, 1, "second"),
+        )
         load, names = addons.load_remote_graph(buffers, entries=2)
         store = addons.store_remote_graph(buffers, entries=2)
         print(load.print_schedule())
@@ -52,7 +55,12 @@ def demo_remote_variables() -> None:
         store.bind(weights).call(0)
     with popxl.Session(ir, "ipu_model") as session:
         print("out:", session.run()[out][0], "then", session.run()[out][0])
-    print("first.weight:", session.get_tensor_data(first.weight)[0], "second.weight:", session.get_tensor_data(second.weight)[0])
+    print(
+        "first.weight:",
+        session.get_tensor_data(first.weight)[0],
+        "second.weight:",
+        session.get_tensor_data(second.weight)[0],
+    )
 
 
 def demo_replica_groupings() -> None:
@@ -62,15 +70,21 @@ def demo_replica_groupings() -> None:
         print(f"{rg}: assignment {rg.assignment}, transpose {rg.transpose().assignment}")
 
 
-def shard_groups(variables: addons.NamedTensors, group: popxl.ReplicaGrouping, threshold: int) -> dict:
+def shard_groups(
+    variables: addons.NamedTensors, group: popxl.ReplicaGrouping, threshold: int
+) -> dict:
     """Which variables to shard: big enough and evenly divisible (sorted by key)."""
     size = group.group_size
     return {
-        key: group for key, t in sorted(variables.to_dict().items()) if t.nelms >= threshold and t.nelms % size == 0
+        key: group
+        for key, t in sorted(variables.to_dict().items())
+        if t.nelms >= threshold and t.nelms % size == 0
     }
 
 
-def train_program(micro_batch: int, accumulation: int, replicas: int, threshold: int, device: str, lr: float):
+def train_program(
+    micro_batch: int, accumulation: int, replicas: int, threshold: int, device: str, lr: float
+):
     ir = popxl.Ir(replication=replicas)
     rg = ir.replica_grouping()
     with ir.main_graph:
@@ -97,7 +111,9 @@ def train_program(micro_batch: int, accumulation: int, replicas: int, threshold:
             groups = addons.NamedReplicaGrouping.from_dict(
                 {k: sharded.get(k, ir.replica_grouping(group_size=1)) for k in variables.to_dict()}
             )
-            reduce, names = reduce_replica_sharded_graph(accumulated.accum, "mean", shard_groups=groups, replica_group=rg)
+            reduce, names = reduce_replica_sharded_graph(
+                accumulated.accum, "mean", shard_groups=groups, replica_group=rg
+            )
             grads = addons.NamedTensors.pack(names, reduce.bind(accumulated.accum).call())
 
             adam = AdamOptimizerStep(cache=True)
@@ -108,7 +124,9 @@ def train_program(micro_batch: int, accumulation: int, replicas: int, threshold:
     return popxl.Session(ir, device), (img_stream, label_stream), variables, loss_stream
 
 
-def remote_step(adam: AdamOptimizerStep, key: str, var: popxl.Tensor, grad: popxl.Tensor, group, lr: float) -> None:
+def remote_step(
+    adam: AdamOptimizerStep, key: str, var: popxl.Tensor, grad: popxl.Tensor, group, lr: float
+) -> None:
     """Load the optimiser state from streaming memory, update, store it back.
 
     A sharded variable is updated through its shard, then gathered back into the full
@@ -135,12 +153,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--data-parallel", type=int, default=4)
     parser.add_argument("--sharded-threshold", type=int, default=512)
     parser.add_argument("--test-batch-size", type=int, default=80)
-    parser.add_argument("--epochs", type=int, default=None, help="default: 1 on MNIST, 40 on the bundled digits")
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="default: 1 on MNIST, 40 on the bundled digits"
+    )
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--device", default="ipu_hw", choices=["ipu_hw", "ipu_model", "cpu"])
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--demo", action="store_true", help="show remote variables and replica groupings first")
+    parser.add_argument(
+        "--demo", action="store_true", help="show remote variables and replica groupings first"
+    )
     parser.add_argument("--throughput", action="store_true")
     return parser.parse_args(argv)
 
@@ -155,7 +177,9 @@ def main(argv=None) -> float:
     training_data, test_data = get_mnist_data(args.test_batch_size, mb * ga * dp, args.data_dir)
     epochs = args.epochs or (1 if training_data.source == "mnist" else 40)
 
-    session, streams, variables, loss_stream = train_program(mb, ga, dp, args.sharded_threshold, args.device, args.lr)
+    session, streams, variables, loss_stream = train_program(
+        mb, ga, dp, args.sharded_threshold, args.device, args.lr
+    )
     with session:
         for epoch in range(1, epochs + 1):
             print(f"Epoch {epoch}/{epochs}")
@@ -167,9 +191,14 @@ def main(argv=None) -> float:
     if args.throughput:
         parallel.evaluate_throughput(session, mb * ga * dp)
 
-    test_session, test_streams, test_variables, out_stream = test_program(args.test_batch_size, args.device)
+    test_session, test_streams, test_variables, out_stream = test_program(
+        args.test_batch_size, args.device
+    )
     test_session.write_variables_data(
-        {test: trained[train].copy() for train, test in variables.to_mapping(test_variables).items()}
+        {
+            test: trained[train].copy()
+            for train, test in variables.to_mapping(test_variables).items()
+        }
     )
     accuracy = evaluate(test_session, test_streams, out_stream, test_data)
     print(f"Accuracy on test set: {accuracy:0.2f}%")

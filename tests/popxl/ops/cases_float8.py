@@ -14,8 +14,9 @@ from .harness import OpCase, f32
 
 F8 = {"143": popxl.float8_143, "152": popxl.float8_152}
 # In range, tiny (subnormal/underflow), exactly at the limit, just past it, and NaN.
-EDGES = np.array([0.0, -0.0, 1e-3, -2.5e-3, 1e-6, 3.3, -17.0, 240.0, -241.0, 250.0, 6e4, np.nan],
-                 np.float32)
+EDGES = np.array(
+    [0.0, -0.0, 1e-3, -2.5e-3, 1e-6, 3.3, -17.0, 240.0, -241.0, 250.0, 6e4, np.nan], np.float32
+)
 X = np.concatenate([f32(12, seed=20, low=-30.0, high=30.0), EDGES]).reshape(4, 6)
 
 
@@ -31,9 +32,15 @@ def _to_fp8_case(fmt, log2_scale, x=X):
     def ref(a, s):
         return host_pow2scale_cast_to_fp8(a, F8[fmt], int(s), nan_on_overflow=True)
 
-    return OpCase(f"pow2scale_cast_to_fp8_{fmt}_{x.dtype.name}_scale{log2_scale}",
-                  lambda t, s: ops.pow2scale_cast_to_fp8(t, s, F8[fmt]),
-                  [x, scale(log2_scale)], ref, rtol=0, atol=0, grad=False)
+    return OpCase(
+        f"pow2scale_cast_to_fp8_{fmt}_{x.dtype.name}_scale{log2_scale}",
+        lambda t, s: ops.pow2scale_cast_to_fp8(t, s, F8[fmt]),
+        [x, scale(log2_scale)],
+        ref,
+        rtol=0,
+        atol=0,
+        grad=False,
+    )
 
 
 def _from_fp8_case(fmt, log2_scale, target):
@@ -42,9 +49,15 @@ def _from_fp8_case(fmt, log2_scale, target):
     def ref(a, s):
         return host_pow2scale_cast_from_fp8(a, target, int(s))
 
-    return OpCase(f"pow2scale_cast_from_fp8_{fmt}_to_{target.name}_scale{log2_scale}",
-                  lambda t, s: ops.pow2scale_cast_from_fp8(t, s, target),
-                  [data, scale(log2_scale)], ref, rtol=0, atol=0, grad=False)
+    return OpCase(
+        f"pow2scale_cast_from_fp8_{fmt}_to_{target.name}_scale{log2_scale}",
+        lambda t, s: ops.pow2scale_cast_from_fp8(t, s, target),
+        [data, scale(log2_scale)],
+        ref,
+        rtol=0,
+        atol=0,
+        grad=False,
+    )
 
 
 def _matmul_ref(a, b, s):
@@ -53,8 +66,15 @@ def _matmul_ref(a, b, s):
 
 
 def _matmul_case(name, lhs, rhs, log2_scale):
-    return OpCase(f"matmul_pow2scaled_{name}", ops.matmul_pow2scaled,
-                  [lhs, rhs, scale(log2_scale)], _matmul_ref, rtol=1e-3, atol=1e-3, grad=False)
+    return OpCase(
+        f"matmul_pow2scaled_{name}",
+        ops.matmul_pow2scaled,
+        [lhs, rhs, scale(log2_scale)],
+        _matmul_ref,
+        rtol=1e-3,
+        atol=1e-3,
+        grad=False,
+    )
 
 
 A = fp8(f32(3, 4, seed=22, low=-4.0, high=4.0), "143")
@@ -83,9 +103,15 @@ CASES = [
     _from_fp8_case("143", -3, popxl.float16),
     _from_fp8_case("152", 4, popxl.float32),
     _from_fp8_case("152", -2, popxl.float16),
-    OpCase("pow2scale_cast_fp8_round_trip", _round_trip,
-           [np.array([0.5, -3.0, 24.0, 0.125], np.float32), scale(-4)],
-           lambda x, s: x.copy(), rtol=0, atol=0, grad=False),
+    OpCase(
+        "pow2scale_cast_fp8_round_trip",
+        _round_trip,
+        [np.array([0.5, -3.0, 24.0, 0.125], np.float32), scale(-4)],
+        lambda x, s: x.copy(),
+        rtol=0,
+        atol=0,
+        grad=False,
+    ),
     _matmul_case("143", A, B, 0),
     _matmul_case("143_scale_down", A, B, -3),
     _matmul_case("mixed_formats_scale_up", A, B152, 2),

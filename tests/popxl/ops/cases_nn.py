@@ -27,13 +27,34 @@ def _softmax(x, axis):
 
 MATMUL_CASES = [
     OpCase("matmul_2d", ops.matmul, [f32(3, 4, seed=1), f32(4, 5, seed=2)], np.matmul, atol=1e-5),
-    OpCase("matmul_batch_broadcast", ops.matmul, [f32(2, 1, 3, 4, seed=3), f32(3, 4, 2, seed=4)],
-           np.matmul, atol=1e-5),
-    OpCase("matmul_vector_promotion", lambda a, v: (ops.matmul(a, v), ops.matmul(v, a.T)),
-           [f32(3, 4, seed=5), f32(4, seed=6)], lambda a, v: (a @ v, v @ a.T), atol=1e-5),
-    OpCase("softmax", lambda t: ops.softmax(t, -1), [f32(3, 5, seed=7)], lambda x: _softmax(x, -1), atol=1e-6),
-    OpCase("log_softmax", lambda t: ops.log_softmax(t, 0), [f32(3, 5, seed=8)],
-           lambda x: np.log(_softmax(x, 0)).astype(np.float32), atol=1e-5),
+    OpCase(
+        "matmul_batch_broadcast",
+        ops.matmul,
+        [f32(2, 1, 3, 4, seed=3), f32(3, 4, 2, seed=4)],
+        np.matmul,
+        atol=1e-5,
+    ),
+    OpCase(
+        "matmul_vector_promotion",
+        lambda a, v: (ops.matmul(a, v), ops.matmul(v, a.T)),
+        [f32(3, 4, seed=5), f32(4, seed=6)],
+        lambda a, v: (a @ v, v @ a.T),
+        atol=1e-5,
+    ),
+    OpCase(
+        "softmax",
+        lambda t: ops.softmax(t, -1),
+        [f32(3, 5, seed=7)],
+        lambda x: _softmax(x, -1),
+        atol=1e-6,
+    ),
+    OpCase(
+        "log_softmax",
+        lambda t: ops.log_softmax(t, 0),
+        [f32(3, 5, seed=8)],
+        lambda x: np.log(_softmax(x, 0)).astype(np.float32),
+        atol=1e-5,
+    ),
 ]
 
 
@@ -52,7 +73,9 @@ def _conv_ref(x, w, stride, pads, dilation=None, groups=1):
         for o in np.ndindex(*out_sp):
             for kk in np.ndindex(*k):
                 pos = tuple(o[i] * stride[i] + kk[i] * dilation[i] for i in range(n))
-                out[(slice(None), m, *o)] += xp[(slice(None), chans, *pos)] @ w[(m, slice(None), *kk)]
+                out[(slice(None), m, *o)] += (
+                    xp[(slice(None), chans, *pos)] @ w[(m, slice(None), *kk)]
+                )
     return out
 
 
@@ -61,7 +84,9 @@ def _conv_transpose_ref(x, w, stride, pads, dilation=None, groups=1, output_padd
     dilation = dilation or (1,) * n
     output_padding = output_padding or (0,) * n
     cg, mg, k, sp = x.shape[1] // groups, w.shape[1], w.shape[2:], x.shape[2:]
-    full = [stride[i] * (sp[i] - 1) + output_padding[i] + (k[i] - 1) * dilation[i] + 1 for i in range(n)]
+    full = [
+        stride[i] * (sp[i] - 1) + output_padding[i] + (k[i] - 1) * dilation[i] + 1 for i in range(n)
+    ]
     margin = max(0, -min(pads))  # negative pads grow the output
     buf = np.zeros((x.shape[0], mg * groups, *[f + 2 * margin for f in full]))
     for c in range(x.shape[1]):
@@ -69,7 +94,9 @@ def _conv_transpose_ref(x, w, stride, pads, dilation=None, groups=1, output_padd
         for i in np.ndindex(*sp):
             for kk in np.ndindex(*k):
                 pos = tuple(margin + i[d] * stride[d] + kk[d] * dilation[d] for d in range(n))
-                buf[(slice(None), outs, *pos)] += np.outer(x[(slice(None), c, *i)], w[(c, slice(None), *kk)])
+                buf[(slice(None), outs, *pos)] += np.outer(
+                    x[(slice(None), c, *i)], w[(c, slice(None), *kk)]
+                )
     crop = [slice(margin + pads[d], margin + full[d] - pads[n + d]) for d in range(n)]
     return buf[(slice(None), slice(None), *crop)]
 
@@ -87,28 +114,81 @@ X3 = f32(1, 2, 4, 3, 4, seed=15)
 W3 = f32(2, 2, 2, 2, 3, seed=16)
 
 CONV_CASES = [
-    OpCase("conv_2d", lambda t, w: ops.conv(t, w), [X2, W2], _as(np.float32, lambda x, w: _conv_ref(x, w, (1, 1), (0,) * 4)), atol=1e-5),
-    OpCase("conv_2d_stride_pad_dilation",
-           lambda t, w: ops.conv(t, w, stride=(2, 1), padding=(1, 0, 2, 1), dilation=(1, 2)),
-           [X2, W2], _as(np.float32, lambda x, w: _conv_ref(x, w, (2, 1), (1, 0, 2, 1), (1, 2))), atol=1e-5),
-    OpCase("conv_2d_groups", lambda t, w: ops.conv(t, w, padding=(1, 1, 1, 1), groups=2), [X2, W2G],
-           _as(np.float32, lambda x, w: _conv_ref(x, w, (1, 1), (1, 1, 1, 1), groups=2)), atol=1e-5),
-    OpCase("conv_1d", lambda t, w: ops.conv(t, w, stride=(2,), padding=(1, 2), dilation=(1,)), [X1, W1],
-           _as(np.float32, lambda x, w: _conv_ref(x, w, (2,), (1, 2))), atol=1e-5),
-    OpCase("conv_3d", lambda t, w: ops.conv(t, w, stride=(1, 1, 2), padding=(0, 1, 1, 1, 0, 1), dilation=(1, 1, 1)),
-           [X3, W3], _as(np.float32, lambda x, w: _conv_ref(x, w, (1, 1, 2), (0, 1, 1, 1, 0, 1))), atol=1e-5),
+    OpCase(
+        "conv_2d",
+        lambda t, w: ops.conv(t, w),
+        [X2, W2],
+        _as(np.float32, lambda x, w: _conv_ref(x, w, (1, 1), (0,) * 4)),
+        atol=1e-5,
+    ),
+    OpCase(
+        "conv_2d_stride_pad_dilation",
+        lambda t, w: ops.conv(t, w, stride=(2, 1), padding=(1, 0, 2, 1), dilation=(1, 2)),
+        [X2, W2],
+        _as(np.float32, lambda x, w: _conv_ref(x, w, (2, 1), (1, 0, 2, 1), (1, 2))),
+        atol=1e-5,
+    ),
+    OpCase(
+        "conv_2d_groups",
+        lambda t, w: ops.conv(t, w, padding=(1, 1, 1, 1), groups=2),
+        [X2, W2G],
+        _as(np.float32, lambda x, w: _conv_ref(x, w, (1, 1), (1, 1, 1, 1), groups=2)),
+        atol=1e-5,
+    ),
+    OpCase(
+        "conv_1d",
+        lambda t, w: ops.conv(t, w, stride=(2,), padding=(1, 2), dilation=(1,)),
+        [X1, W1],
+        _as(np.float32, lambda x, w: _conv_ref(x, w, (2,), (1, 2))),
+        atol=1e-5,
+    ),
+    OpCase(
+        "conv_3d",
+        lambda t, w: ops.conv(
+            t, w, stride=(1, 1, 2), padding=(0, 1, 1, 1, 0, 1), dilation=(1, 1, 1)
+        ),
+        [X3, W3],
+        _as(np.float32, lambda x, w: _conv_ref(x, w, (1, 1, 2), (0, 1, 1, 1, 0, 1))),
+        atol=1e-5,
+    ),
     # in (5, 6), kernel (2, 3), stride (1, 2): out (5, 3), total padding 1 on each axis.
-    OpCase("conv_same_upper", lambda t, w: ops.conv(t, w, stride=(1, 2), pad_type="same_upper"),
-           [X2, f32(3, 4, 2, 3, seed=17)], _as(np.float32, lambda x, w: _conv_ref(x, w, (1, 2), (0, 0, 1, 1))), atol=1e-5),
-    OpCase("conv_same_lower", lambda t, w: ops.conv(t, w, stride=(1, 2), pad_type="same_lower"),
-           [X2, f32(3, 4, 2, 3, seed=17)], _as(np.float32, lambda x, w: _conv_ref(x, w, (1, 2), (1, 1, 0, 0))), atol=1e-5),
-    OpCase("conv_valid_ignores_padding", lambda t, w: ops.conv(t, w, padding=(3, 3, 3, 3), pad_type="valid"),
-           [X2, W2], _as(np.float32, lambda x, w: _conv_ref(x, w, (1, 1), (0,) * 4)), atol=1e-5),
-    OpCase("conv_fp16", lambda t, w: ops.conv(t, w, padding=(1, 1, 1, 1), partials_types=["half"],
-                                              available_memory_proportions=[0.5]),
-           [X2.astype(np.float16), W2.astype(np.float16)],
-           _as(np.float16, lambda x, w: _conv_ref(x.astype(np.float32), w.astype(np.float32), (1, 1), (1, 1, 1, 1))),
-           rtol=1e-2, atol=1e-2, grad=False),
+    OpCase(
+        "conv_same_upper",
+        lambda t, w: ops.conv(t, w, stride=(1, 2), pad_type="same_upper"),
+        [X2, f32(3, 4, 2, 3, seed=17)],
+        _as(np.float32, lambda x, w: _conv_ref(x, w, (1, 2), (0, 0, 1, 1))),
+        atol=1e-5,
+    ),
+    OpCase(
+        "conv_same_lower",
+        lambda t, w: ops.conv(t, w, stride=(1, 2), pad_type="same_lower"),
+        [X2, f32(3, 4, 2, 3, seed=17)],
+        _as(np.float32, lambda x, w: _conv_ref(x, w, (1, 2), (1, 1, 0, 0))),
+        atol=1e-5,
+    ),
+    OpCase(
+        "conv_valid_ignores_padding",
+        lambda t, w: ops.conv(t, w, padding=(3, 3, 3, 3), pad_type="valid"),
+        [X2, W2],
+        _as(np.float32, lambda x, w: _conv_ref(x, w, (1, 1), (0,) * 4)),
+        atol=1e-5,
+    ),
+    OpCase(
+        "conv_fp16",
+        lambda t, w: ops.conv(
+            t, w, padding=(1, 1, 1, 1), partials_types=["half"], available_memory_proportions=[0.5]
+        ),
+        [X2.astype(np.float16), W2.astype(np.float16)],
+        _as(
+            np.float16,
+            lambda x, w: _conv_ref(
+                x.astype(np.float32), w.astype(np.float32), (1, 1), (1, 1, 1, 1)
+            ),
+        ),
+        rtol=1e-2,
+        atol=1e-2,
+        grad=False,
+    ),
 ]
 
 XT = f32(2, 4, 3, 2, seed=20)
@@ -118,30 +198,78 @@ XT1 = f32(1, 2, 3, seed=23)
 WT1 = f32(2, 2, 3, seed=24)
 
 CONV_TRANSPOSE_CASES = [
-    OpCase("conv_transpose_2d", lambda t, w: ops.conv_transpose(t, w), [XT, WT],
-           _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (1, 1), (0,) * 4)), atol=1e-5),
-    OpCase("conv_transpose_stride_pads_output_padding",
-           lambda t, w: ops.conv_transpose(t, w, stride=(2, 3), padding=(1, 0, 0, 1), output_padding=(1, 2)),
-           [XT, WT], _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (2, 3), (1, 0, 0, 1), output_padding=(1, 2))),
-           atol=1e-5),
-    OpCase("conv_transpose_groups_dilation",
-           lambda t, w: ops.conv_transpose(t, w, stride=(2, 1), padding=(0, 1, 1, 0), dilation=(2, 1), groups=2),
-           [XT, WTG], _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (2, 1), (0, 1, 1, 0), (2, 1), groups=2)),
-           atol=1e-5),
-    OpCase("conv_transpose_1d", lambda t, w: ops.conv_transpose(t, w, stride=(2,), padding=(1, 0), dilation=(1,)),
-           [XT1, WT1], _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (2,), (1, 0))), atol=1e-5),
+    OpCase(
+        "conv_transpose_2d",
+        lambda t, w: ops.conv_transpose(t, w),
+        [XT, WT],
+        _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (1, 1), (0,) * 4)),
+        atol=1e-5,
+    ),
+    OpCase(
+        "conv_transpose_stride_pads_output_padding",
+        lambda t, w: ops.conv_transpose(
+            t, w, stride=(2, 3), padding=(1, 0, 0, 1), output_padding=(1, 2)
+        ),
+        [XT, WT],
+        _as(
+            np.float32,
+            lambda x, w: _conv_transpose_ref(x, w, (2, 3), (1, 0, 0, 1), output_padding=(1, 2)),
+        ),
+        atol=1e-5,
+    ),
+    OpCase(
+        "conv_transpose_groups_dilation",
+        lambda t, w: ops.conv_transpose(
+            t, w, stride=(2, 1), padding=(0, 1, 1, 0), dilation=(2, 1), groups=2
+        ),
+        [XT, WTG],
+        _as(
+            np.float32,
+            lambda x, w: _conv_transpose_ref(x, w, (2, 1), (0, 1, 1, 0), (2, 1), groups=2),
+        ),
+        atol=1e-5,
+    ),
+    OpCase(
+        "conv_transpose_1d",
+        lambda t, w: ops.conv_transpose(t, w, stride=(2,), padding=(1, 0), dilation=(1,)),
+        [XT1, WT1],
+        _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (2,), (1, 0))),
+        atol=1e-5,
+    ),
     # spatial (3, 2), kernel (3, 2), stride 2: natural sizes (7, 4). Target (6, 5): totals 1, -1.
-    OpCase("conv_transpose_output_shape",
-           lambda t, w: ops.conv_transpose(t, w, stride=(2, 2), padding=(5, 5, 5, 5), output_shape=(6, 5)),
-           [XT, WT], _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (2, 2), (1, 0, 0, -1))), atol=1e-5),
-    OpCase("conv_transpose_full_output_shape_same_upper",
-           lambda t, w: ops.conv_transpose(t, w, stride=(2, 2), pad_type="same_upper", output_shape=(2, 3, 6, 5)),
-           [XT, WT], _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (2, 2), (0, -1, 1, 0))), atol=1e-5),
+    OpCase(
+        "conv_transpose_output_shape",
+        lambda t, w: ops.conv_transpose(
+            t, w, stride=(2, 2), padding=(5, 5, 5, 5), output_shape=(6, 5)
+        ),
+        [XT, WT],
+        _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (2, 2), (1, 0, 0, -1))),
+        atol=1e-5,
+    ),
+    OpCase(
+        "conv_transpose_full_output_shape_same_upper",
+        lambda t, w: ops.conv_transpose(
+            t, w, stride=(2, 2), pad_type="same_upper", output_shape=(2, 3, 6, 5)
+        ),
+        [XT, WT],
+        _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (2, 2), (0, -1, 1, 0))),
+        atol=1e-5,
+    ),
     # length 3, kernel 3, stride 2: natural 7, same_* target 6, total 1.
-    OpCase("conv_transpose_same_lower", lambda t, w: ops.conv_transpose(t, w, stride=(2,), pad_type="same_lower"),
-           [XT1, WT1], _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (2,), (1, 0))), atol=1e-5),
-    OpCase("conv_transpose_same_upper", lambda t, w: ops.conv_transpose(t, w, stride=(2,), pad_type="same_upper"),
-           [XT1, WT1], _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (2,), (0, 1))), atol=1e-5),
+    OpCase(
+        "conv_transpose_same_lower",
+        lambda t, w: ops.conv_transpose(t, w, stride=(2,), pad_type="same_lower"),
+        [XT1, WT1],
+        _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (2,), (1, 0))),
+        atol=1e-5,
+    ),
+    OpCase(
+        "conv_transpose_same_upper",
+        lambda t, w: ops.conv_transpose(t, w, stride=(2,), pad_type="same_upper"),
+        [XT1, WT1],
+        _as(np.float32, lambda x, w: _conv_transpose_ref(x, w, (2,), (0, 1))),
+        atol=1e-5,
+    ),
 ]
 
 # Float8 operands: small multiples of 1/8 are exact in float8_143.
@@ -155,28 +283,43 @@ def _f64(x):
 
 
 POW2_CASES = [
-    OpCase("conv_pow2scaled",
-           lambda t, w, s: ops.conv_pow2scaled(t, w, s, padding=(1, 0, 0, 1)),
-           [XF8, WF8, np.array(3, np.int32)],
-           lambda x, w, s: (_conv_ref(_f64(x), _f64(w), (1, 1), (1, 0, 0, 1)) * 2.0**s).astype(np.float16),
-           rtol=1e-3, grad=False),
-    OpCase("conv_pow2scaled_negative_scale",
-           lambda t, w, s: ops.conv_pow2scaled(t, w, s, stride=(2, 2)),
-           [XF8, WF8, np.array(-2, np.int32)],
-           lambda x, w, s: (_conv_ref(_f64(x), _f64(w), (2, 2), (0,) * 4) * 2.0**s).astype(np.float16),
-           rtol=1e-3, grad=False),
-    OpCase("conv_transpose_pow2scaled",
-           lambda t, w, s: ops.conv_transpose_pow2scaled(t, w, s, stride=(2, 2)),
-           [XF8, WTF8, np.array(1, np.int32)],
-           lambda x, w, s: (_conv_transpose_ref(_f64(x), _f64(w), (2, 2), (0,) * 4) * 2.0**s).astype(np.float16),
-           rtol=1e-3, grad=False),
+    OpCase(
+        "conv_pow2scaled",
+        lambda t, w, s: ops.conv_pow2scaled(t, w, s, padding=(1, 0, 0, 1)),
+        [XF8, WF8, np.array(3, np.int32)],
+        lambda x, w, s: (_conv_ref(_f64(x), _f64(w), (1, 1), (1, 0, 0, 1)) * 2.0**s).astype(
+            np.float16
+        ),
+        rtol=1e-3,
+        grad=False,
+    ),
+    OpCase(
+        "conv_pow2scaled_negative_scale",
+        lambda t, w, s: ops.conv_pow2scaled(t, w, s, stride=(2, 2)),
+        [XF8, WF8, np.array(-2, np.int32)],
+        lambda x, w, s: (_conv_ref(_f64(x), _f64(w), (2, 2), (0,) * 4) * 2.0**s).astype(np.float16),
+        rtol=1e-3,
+        grad=False,
+    ),
+    OpCase(
+        "conv_transpose_pow2scaled",
+        lambda t, w, s: ops.conv_transpose_pow2scaled(t, w, s, stride=(2, 2)),
+        [XF8, WTF8, np.array(1, np.int32)],
+        lambda x, w, s: (_conv_transpose_ref(_f64(x), _f64(w), (2, 2), (0,) * 4) * 2.0**s).astype(
+            np.float16
+        ),
+        rtol=1e-3,
+        grad=False,
+    ),
 ]
 
 
 # Pooling ---------------------------------------------------------------------------------
 
 
-def _pool_ref(x, kind, kernel, stride=None, pads=None, dilation=None, in_dil=None, ceil=False, out_pads=None):
+def _pool_ref(
+    x, kind, kernel, stride=None, pads=None, dilation=None, in_dil=None, ceil=False, out_pads=None
+):
     n = x.ndim - 2
     stride, dilation, in_dil = stride or (1,) * n, dilation or (1,) * n, in_dil or (1,) * n
     pads = pads or (0,) * 2 * n
@@ -209,40 +352,104 @@ XP1 = f32(2, 2, 7, seed=41)
 XP3 = f32(1, 2, 4, 5, 3, seed=42)
 
 POOL_CASES = [
-    OpCase("average_pool_2x2", lambda t: ops.average_pool(t, (2, 2), stride=(2, 2)), [XP],
-           lambda x: _pool_ref(x, "avg", (2, 2), (2, 2))),
-    OpCase("average_pool_padding_excluded", lambda t: ops.average_pool(t, (3, 3), padding=(1, 1, 1, 1)), [XP],
-           lambda x: _pool_ref(x, "avg", (3, 3), pads=(1, 1, 1, 1))),
-    OpCase("average_pool_ceil_mode", lambda t: ops.average_pool(t, (2, 3), stride=(2, 2), padding=(1, 0, 0, 1), ceil_mode=True),
-           [XP], lambda x: _pool_ref(x, "avg", (2, 3), (2, 2), (1, 0, 0, 1), ceil=True)),
+    OpCase(
+        "average_pool_2x2",
+        lambda t: ops.average_pool(t, (2, 2), stride=(2, 2)),
+        [XP],
+        lambda x: _pool_ref(x, "avg", (2, 2), (2, 2)),
+    ),
+    OpCase(
+        "average_pool_padding_excluded",
+        lambda t: ops.average_pool(t, (3, 3), padding=(1, 1, 1, 1)),
+        [XP],
+        lambda x: _pool_ref(x, "avg", (3, 3), pads=(1, 1, 1, 1)),
+    ),
+    OpCase(
+        "average_pool_ceil_mode",
+        lambda t: ops.average_pool(t, (2, 3), stride=(2, 2), padding=(1, 0, 0, 1), ceil_mode=True),
+        [XP],
+        lambda x: _pool_ref(x, "avg", (2, 3), (2, 2), (1, 0, 0, 1), ceil=True),
+    ),
     # in (5, 6), kernel 2, stride 2: out (3, 3), totals (1, 0).
-    OpCase("average_pool_same_upper", lambda t: ops.average_pool(t, (2, 2), stride=(2, 2), auto_pad="same_upper"),
-           [XP], lambda x: _pool_ref(x, "avg", (2, 2), (2, 2), (0, 0, 1, 0))),
-    OpCase("average_pool_same_lower", lambda t: ops.average_pool(t, (2, 2), stride=(2, 2), auto_pad="same_lower"),
-           [XP], lambda x: _pool_ref(x, "avg", (2, 2), (2, 2), (1, 0, 0, 0))),
-    OpCase("average_pool_1d_valid", lambda t: ops.average_pool(t, (3,), stride=(2,), padding=(2, 2), auto_pad="valid"),
-           [XP1], lambda x: _pool_ref(x, "avg", (3,), (2,))),
-    OpCase("average_pool_3d", lambda t: ops.average_pool(t, (2, 2, 2), padding=(1, 0, 1, 0, 1, 1)), [XP3],
-           lambda x: _pool_ref(x, "avg", (2, 2, 2), pads=(1, 0, 1, 0, 1, 1))),
-    OpCase("average_pool_dilations_and_out_pads",
-           lambda t: ops.average_pool(t, (2, 2), padding=(1, 1, 1, 1), dilation=(2, 1), in_dilations=(1, 2),
-                                      out_pads=(1, 0, 0, 1)),
-           [XP], lambda x: _pool_ref(x, "avg", (2, 2), pads=(1, 1, 1, 1), dilation=(2, 1), in_dil=(1, 2),
-                                     out_pads=(1, 0, 0, 1))),
-    OpCase("max_pool_2x2", lambda t: ops.max_pool(t, (2, 2), stride=(2, 2)), [XP],
-           lambda x: _pool_ref(x, "max", (2, 2), (2, 2))),
-    OpCase("max_pool_padding", lambda t: ops.max_pool(t, (3, 2), stride=(2, 1), padding=(1, 1, 1, 0)), [XP],
-           lambda x: _pool_ref(x, "max", (3, 2), (2, 1), (1, 1, 1, 0))),
+    OpCase(
+        "average_pool_same_upper",
+        lambda t: ops.average_pool(t, (2, 2), stride=(2, 2), auto_pad="same_upper"),
+        [XP],
+        lambda x: _pool_ref(x, "avg", (2, 2), (2, 2), (0, 0, 1, 0)),
+    ),
+    OpCase(
+        "average_pool_same_lower",
+        lambda t: ops.average_pool(t, (2, 2), stride=(2, 2), auto_pad="same_lower"),
+        [XP],
+        lambda x: _pool_ref(x, "avg", (2, 2), (2, 2), (1, 0, 0, 0)),
+    ),
+    OpCase(
+        "average_pool_1d_valid",
+        lambda t: ops.average_pool(t, (3,), stride=(2,), padding=(2, 2), auto_pad="valid"),
+        [XP1],
+        lambda x: _pool_ref(x, "avg", (3,), (2,)),
+    ),
+    OpCase(
+        "average_pool_3d",
+        lambda t: ops.average_pool(t, (2, 2, 2), padding=(1, 0, 1, 0, 1, 1)),
+        [XP3],
+        lambda x: _pool_ref(x, "avg", (2, 2, 2), pads=(1, 0, 1, 0, 1, 1)),
+    ),
+    OpCase(
+        "average_pool_dilations_and_out_pads",
+        lambda t: ops.average_pool(
+            t,
+            (2, 2),
+            padding=(1, 1, 1, 1),
+            dilation=(2, 1),
+            in_dilations=(1, 2),
+            out_pads=(1, 0, 0, 1),
+        ),
+        [XP],
+        lambda x: _pool_ref(
+            x,
+            "avg",
+            (2, 2),
+            pads=(1, 1, 1, 1),
+            dilation=(2, 1),
+            in_dil=(1, 2),
+            out_pads=(1, 0, 0, 1),
+        ),
+    ),
+    OpCase(
+        "max_pool_2x2",
+        lambda t: ops.max_pool(t, (2, 2), stride=(2, 2)),
+        [XP],
+        lambda x: _pool_ref(x, "max", (2, 2), (2, 2)),
+    ),
+    OpCase(
+        "max_pool_padding",
+        lambda t: ops.max_pool(t, (3, 2), stride=(2, 1), padding=(1, 1, 1, 0)),
+        [XP],
+        lambda x: _pool_ref(x, "max", (3, 2), (2, 1), (1, 1, 1, 0)),
+    ),
     # Ceil mode would start a last window in the end padding of axis 2: it is dropped.
-    OpCase("max_pool_ceil_mode_drops_padding_window",
-           lambda t: ops.max_pool(t, (2,), stride=(2,), padding=(1, 1), ceil_mode=True),
-           [f32(2, 2, 6, seed=43)], lambda x: _pool_ref(x, "max", (2,), (2,), (1, 1), ceil=True)),
-    OpCase("max_pool_dilation_3d", lambda t: ops.max_pool(t, (2, 2, 2), dilation=(2, 1, 1), storage_order="column"),
-           [XP3], lambda x: _pool_ref(x, "max", (2, 2, 2), dilation=(2, 1, 1))),
-    OpCase("max_pool_same_upper_in_dilations",
-           lambda t: ops.max_pool(t, (3, 2), stride=(2, 2), in_dilations=(1, 2), auto_pad="same_upper"),
-           # in (5, 6) dilated to (5, 11): out (3, 6), totals (2, 1).
-           [XP], lambda x: _pool_ref(x, "max", (3, 2), (2, 2), (1, 0, 1, 1), in_dil=(1, 2))),
+    OpCase(
+        "max_pool_ceil_mode_drops_padding_window",
+        lambda t: ops.max_pool(t, (2,), stride=(2,), padding=(1, 1), ceil_mode=True),
+        [f32(2, 2, 6, seed=43)],
+        lambda x: _pool_ref(x, "max", (2,), (2,), (1, 1), ceil=True),
+    ),
+    OpCase(
+        "max_pool_dilation_3d",
+        lambda t: ops.max_pool(t, (2, 2, 2), dilation=(2, 1, 1), storage_order="column"),
+        [XP3],
+        lambda x: _pool_ref(x, "max", (2, 2, 2), dilation=(2, 1, 1)),
+    ),
+    OpCase(
+        "max_pool_same_upper_in_dilations",
+        lambda t: ops.max_pool(
+            t, (3, 2), stride=(2, 2), in_dilations=(1, 2), auto_pad="same_upper"
+        ),
+        # in (5, 6) dilated to (5, 11): out (3, 6), totals (2, 1).
+        [XP],
+        lambda x: _pool_ref(x, "max", (3, 2), (2, 2), (1, 0, 1, 1), in_dil=(1, 2)),
+    ),
 ]
 
 
@@ -261,8 +468,8 @@ def _group_norm_ref(x, weight, bias, groups, eps=1e-5):
     cg = x.shape[1] // groups
     for n in range(x.shape[0]):
         for g in range(groups):
-            block = x64[n, g * cg:(g + 1) * cg]
-            y[n, g * cg:(g + 1) * cg] = (block - block.mean()) / np.sqrt(block.var() + eps)
+            block = x64[n, g * cg : (g + 1) * cg]
+            y[n, g * cg : (g + 1) * cg] = (block - block.mean()) / np.sqrt(block.var() + eps)
     shape = (1, -1) + (1,) * (x.ndim - 2)
     return (y * weight.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
 
@@ -280,15 +487,48 @@ C4 = [f32(4, seed=s) for s in (51, 52, 53)]
 VAR4 = f32(4, seed=54, low=0.5, high=2.0)
 
 NORM_CASES = [
-    OpCase("batch_norm_inference", lambda *ts: ops.batch_norm_inference(*ts, epsilon=1e-3),
-           [XN, *C4, VAR4], lambda *xs: _bn_ref(*xs, eps=1e-3), atol=1e-5),
-    OpCase("batch_norm_inference_2d", ops.batch_norm_inference, [f32(3, 4, seed=55), *C4, VAR4], _bn_ref, atol=1e-5),
-    OpCase("group_norm_2_groups", lambda t, w, b: ops.group_norm(t, w, b, 2), [XN, C4[0], C4[1]],
-           lambda x, w, b: _group_norm_ref(x, w, b, 2), atol=1e-5),
-    OpCase("group_norm_instance", lambda t, w, b: ops.group_norm(t, w, b, num_groups=4, eps=1e-2),
-           [f32(2, 4, 5, seed=56), C4[0], C4[1]], lambda x, w, b: _group_norm_ref(x, w, b, 4, eps=1e-2), atol=1e-5),
-    OpCase("layer_norm_2d", ops.layer_norm, [f32(3, 4, seed=57), C4[0], C4[1]], _layer_norm_ref, atol=1e-5),
-    OpCase("layer_norm_4d_per_channel_affine", ops.layer_norm, [XN, C4[0], C4[1]], _layer_norm_ref, atol=1e-5),
+    OpCase(
+        "batch_norm_inference",
+        lambda *ts: ops.batch_norm_inference(*ts, epsilon=1e-3),
+        [XN, *C4, VAR4],
+        lambda *xs: _bn_ref(*xs, eps=1e-3),
+        atol=1e-5,
+    ),
+    OpCase(
+        "batch_norm_inference_2d",
+        ops.batch_norm_inference,
+        [f32(3, 4, seed=55), *C4, VAR4],
+        _bn_ref,
+        atol=1e-5,
+    ),
+    OpCase(
+        "group_norm_2_groups",
+        lambda t, w, b: ops.group_norm(t, w, b, 2),
+        [XN, C4[0], C4[1]],
+        lambda x, w, b: _group_norm_ref(x, w, b, 2),
+        atol=1e-5,
+    ),
+    OpCase(
+        "group_norm_instance",
+        lambda t, w, b: ops.group_norm(t, w, b, num_groups=4, eps=1e-2),
+        [f32(2, 4, 5, seed=56), C4[0], C4[1]],
+        lambda x, w, b: _group_norm_ref(x, w, b, 4, eps=1e-2),
+        atol=1e-5,
+    ),
+    OpCase(
+        "layer_norm_2d",
+        ops.layer_norm,
+        [f32(3, 4, seed=57), C4[0], C4[1]],
+        _layer_norm_ref,
+        atol=1e-5,
+    ),
+    OpCase(
+        "layer_norm_4d_per_channel_affine",
+        ops.layer_norm,
+        [XN, C4[0], C4[1]],
+        _layer_norm_ref,
+        atol=1e-5,
+    ),
 ]
 
 
@@ -349,7 +589,9 @@ def _resize_ref(x, scales, mode="nearest", nearest_mode="round_prefer_floor", ct
                 rows.append((1 - (c - low)) * _at(y, low, axis) + (c - low) * _at(y, low + 1, axis))
             else:
                 low = math.floor(c)
-                rows.append(sum(w * _at(y, low - 1 + k, axis) for k, w in enumerate(_cubic_coeffs(c - low))))
+                rows.append(
+                    sum(w * _at(y, low - 1 + k, axis) for k, w in enumerate(_cubic_coeffs(c - low)))
+                )
         y = np.stack(rows, axis=axis)
     return y.astype(x.dtype)
 
@@ -358,7 +600,9 @@ XR = f32(1, 2, 3, 4, seed=60)
 XR3 = f32(2, 5, 6, seed=61)
 
 
-def _resize_case(name, x, scales, mode="nearest", nearest_mode="round_prefer_floor", ctm="half_pixel", **kw):
+def _resize_case(
+    name, x, scales, mode="nearest", nearest_mode="round_prefer_floor", ctm="half_pixel", **kw
+):
     return OpCase(
         name,
         lambda t: ops.interpolate(t, scales, mode, nearest_mode, ctm),
@@ -372,19 +616,61 @@ def _resize_case(name, x, scales, mode="nearest", nearest_mode="round_prefer_flo
 RESIZE_CASES = [
     OpCase("interpolate_default_identity", ops.interpolate, [XR], lambda x: x),
     _resize_case("interpolate_nearest_2x", XR, (1.0, 1.0, 2.0, 2.0)),
-    _resize_case("interpolate_nearest_round_prefer_ceil_asymmetric", XR3, (1.0, 1.6, 1.5), nearest_mode="round_prefer_ceil",
-                 ctm="asymmetric"),
-    _resize_case("interpolate_nearest_round_prefer_floor_asymmetric", XR3, (1.0, 1.6, 1.5), ctm="asymmetric"),
-    _resize_case("interpolate_nearest_floor_align_corners", XR3, (1.0, 1.4, 0.5), nearest_mode="floor", ctm="align_corners"),
+    _resize_case(
+        "interpolate_nearest_round_prefer_ceil_asymmetric",
+        XR3,
+        (1.0, 1.6, 1.5),
+        nearest_mode="round_prefer_ceil",
+        ctm="asymmetric",
+    ),
+    _resize_case(
+        "interpolate_nearest_round_prefer_floor_asymmetric", XR3, (1.0, 1.6, 1.5), ctm="asymmetric"
+    ),
+    _resize_case(
+        "interpolate_nearest_floor_align_corners",
+        XR3,
+        (1.0, 1.4, 0.5),
+        nearest_mode="floor",
+        ctm="align_corners",
+    ),
     _resize_case("interpolate_nearest_ceil_downsample", XR3, (1.0, 0.6, 0.5), nearest_mode="ceil"),
     _resize_case("interpolate_linear_half_pixel", XR, (1.0, 1.0, 2.0, 1.5), mode="linear"),
-    _resize_case("interpolate_linear_align_corners", XR, (1.0, 1.0, 1.7, 2.0), mode="linear", ctm="align_corners"),
-    _resize_case("interpolate_linear_pytorch_half_pixel_downsample", XR3, (1.0, 0.2, 0.5), mode="linear",
-                 ctm="pytorch_half_pixel"),
-    _resize_case("interpolate_linear_asymmetric_batch_axis", XR3, (2.0, 1.0, 1.5), mode="linear", ctm="asymmetric"),
-    _resize_case("interpolate_linear_tf_crop_and_resize", XR3, (1.0, 1.4, 0.34), mode="linear", ctm="tf_crop_and_resize"),
+    _resize_case(
+        "interpolate_linear_align_corners",
+        XR,
+        (1.0, 1.0, 1.7, 2.0),
+        mode="linear",
+        ctm="align_corners",
+    ),
+    _resize_case(
+        "interpolate_linear_pytorch_half_pixel_downsample",
+        XR3,
+        (1.0, 0.2, 0.5),
+        mode="linear",
+        ctm="pytorch_half_pixel",
+    ),
+    _resize_case(
+        "interpolate_linear_asymmetric_batch_axis",
+        XR3,
+        (2.0, 1.0, 1.5),
+        mode="linear",
+        ctm="asymmetric",
+    ),
+    _resize_case(
+        "interpolate_linear_tf_crop_and_resize",
+        XR3,
+        (1.0, 1.4, 0.34),
+        mode="linear",
+        ctm="tf_crop_and_resize",
+    ),
     _resize_case("interpolate_cubic_half_pixel", XR, (1.0, 1.0, 2.0, 1.75), mode="cubic"),
-    _resize_case("interpolate_cubic_align_corners_downsample", XR3, (1.0, 0.6, 0.67), mode="cubic", ctm="align_corners"),
+    _resize_case(
+        "interpolate_cubic_align_corners_downsample",
+        XR3,
+        (1.0, 0.6, 0.67),
+        mode="cubic",
+        ctm="align_corners",
+    ),
 ]
 
 
@@ -408,8 +694,12 @@ def _bilinear(img, y, x):
     else:
         x1 = x0 + 1
     ly, lx = y - y0, x - x0
-    return ((1 - ly) * (1 - lx) * img[..., y0, x0] + (1 - ly) * lx * img[..., y0, x1]
-            + ly * (1 - lx) * img[..., y1, x0] + ly * lx * img[..., y1, x1])
+    return (
+        (1 - ly) * (1 - lx) * img[..., y0, x0]
+        + (1 - ly) * lx * img[..., y0, x1]
+        + ly * (1 - lx) * img[..., y1, x0]
+        + ly * lx * img[..., y1, x1]
+    )
 
 
 def _roi_align_ref(x, rois, batch_index, out_size, scale, ratio):
@@ -434,16 +724,46 @@ def _roi_align_ref(x, rois, batch_index, out_size, scale, ratio):
 
 
 XROI = f32(2, 3, 6, 7, seed=70)
-ROIS = np.array([[0.5, 1.0, 4.0, 5.5], [-1.5, 0.0, 3.0, 2.0], [2.0, 2.0, 2.2, 2.1], [5.0, 3.0, 9.5, 8.0]], np.float32)
+ROIS = np.array(
+    [[0.5, 1.0, 4.0, 5.5], [-1.5, 0.0, 3.0, 2.0], [2.0, 2.0, 2.2, 2.1], [5.0, 3.0, 9.5, 8.0]],
+    np.float32,
+)
 BATCH = np.array([0, 1, 1, 0], np.int32)
 
 ROI_CASES = [
-    OpCase("roi_align", lambda t, r, b: ops.roi_align(t, r, b, (2, 3), 1.0, 2), [XROI, ROIS, BATCH],
-           lambda x, r, b: _roi_align_ref(x, r, b, (2, 3), 1.0, 2), atol=1e-5, grad=[0]),
-    OpCase("roi_align_spatial_scale", lambda t, r, b: ops.roi_align(t, r, b, (3, 2), 0.5, 1), [XROI, ROIS * 2, BATCH],
-           lambda x, r, b: _roi_align_ref(x, r, b, (3, 2), 0.5, 1), atol=1e-5, grad=[0]),
-    OpCase("roi_align_adaptive_sampling", lambda t, r, b: ops.roi_align(t, r, b, (2, 2), 1.0, 0), [XROI, ROIS * 1.5, BATCH],
-           lambda x, r, b: _roi_align_ref(x, r, b, (2, 2), 1.0, 0), atol=1e-5, grad=[0]),
+    OpCase(
+        "roi_align",
+        lambda t, r, b: ops.roi_align(t, r, b, (2, 3), 1.0, 2),
+        [XROI, ROIS, BATCH],
+        lambda x, r, b: _roi_align_ref(x, r, b, (2, 3), 1.0, 2),
+        atol=1e-5,
+        grad=[0],
+    ),
+    OpCase(
+        "roi_align_spatial_scale",
+        lambda t, r, b: ops.roi_align(t, r, b, (3, 2), 0.5, 1),
+        [XROI, ROIS * 2, BATCH],
+        lambda x, r, b: _roi_align_ref(x, r, b, (3, 2), 0.5, 1),
+        atol=1e-5,
+        grad=[0],
+    ),
+    OpCase(
+        "roi_align_adaptive_sampling",
+        lambda t, r, b: ops.roi_align(t, r, b, (2, 2), 1.0, 0),
+        [XROI, ROIS * 1.5, BATCH],
+        lambda x, r, b: _roi_align_ref(x, r, b, (2, 2), 1.0, 0),
+        atol=1e-5,
+        grad=[0],
+    ),
 ]
 
-CASES = [*MATMUL_CASES, *CONV_CASES, *CONV_TRANSPOSE_CASES, *POW2_CASES, *POOL_CASES, *NORM_CASES, *RESIZE_CASES, *ROI_CASES]
+CASES = [
+    *MATMUL_CASES,
+    *CONV_CASES,
+    *CONV_TRANSPOSE_CASES,
+    *POW2_CASES,
+    *POOL_CASES,
+    *NORM_CASES,
+    *RESIZE_CASES,
+    *ROI_CASES,
+]

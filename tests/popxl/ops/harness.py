@@ -8,10 +8,10 @@ lowering produces. Cases live in ``cases_<family>.py`` modules as a list named `
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable, Sequence
-import dataclasses
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -93,8 +93,12 @@ def run_case(case: OpCase) -> list[np.ndarray]:
 def check_forward(case: OpCase) -> None:
     got = run_case(case)
     expected = case.reference(*[np.array(x) for x in case.inputs])
-    expected = [expected] if isinstance(expected, np.ndarray) or np.isscalar(expected) else list(expected)
-    assert len(got) == len(expected), f"{case.name}: {len(got)} outputs, reference has {len(expected)}"
+    expected = (
+        [expected] if isinstance(expected, np.ndarray) or np.isscalar(expected) else list(expected)
+    )
+    assert len(got) == len(expected), (
+        f"{case.name}: {len(got)} outputs, reference has {len(expected)}"
+    )
     for g, e in zip(got, expected):
         e = np.asarray(e)
         assert g.shape == e.shape, f"{case.name}: shape {g.shape} != reference {e.shape}"
@@ -104,7 +108,10 @@ def check_forward(case: OpCase) -> None:
             np.testing.assert_array_equal(g, e, err_msg=case.name)
         else:
             np.testing.assert_allclose(
-                g.astype(np.float64), e.astype(np.float64), rtol=case.rtol, atol=case.atol,
+                g.astype(np.float64),
+                e.astype(np.float64),
+                rtol=case.rtol,
+                atol=case.atol,
                 err_msg=case.name,
             )
 
@@ -126,8 +133,12 @@ def check_inference(case: OpCase) -> None:
         result = jax.eval_shape(partial(opdef.lower, **op.attrs), *args)
         result = result if isinstance(result, tuple) else (result,)
         for k, out in enumerate(op.outputs):
-            assert tuple(result[k].shape) == out.shape, f"{op}: lowering shape {result[k].shape} != inferred {out.shape}"
-            assert result[k].dtype == out.dtype.as_numpy(), f"{op}: lowering dtype {result[k].dtype} != inferred {out.dtype}"
+            assert tuple(result[k].shape) == out.shape, (
+                f"{op}: lowering shape {result[k].shape} != inferred {out.shape}"
+            )
+            assert result[k].dtype == out.dtype.as_numpy(), (
+                f"{op}: lowering dtype {result[k].dtype} != inferred {out.dtype}"
+            )
 
 
 def all_cases() -> list[OpCase]:
@@ -162,7 +173,9 @@ def i32(*shape: int, seed: int = 0, low: int = -5, high: int = 5) -> np.ndarray:
 
 
 def grad_inputs(case: OpCase) -> list[int]:
-    floats = [i for i, x in enumerate(case.inputs) if np.issubdtype(np.asarray(x).dtype, np.floating)]
+    floats = [
+        i for i, x in enumerate(case.inputs) if np.issubdtype(np.asarray(x).dtype, np.floating)
+    ]
     if case.grad is True:
         return floats
     if case.grad is False:
@@ -172,16 +185,27 @@ def grad_inputs(case: OpCase) -> list[int]:
 
 def _reference_list(case: OpCase, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
     out = case.reference(*arrays)
-    return [np.asarray(out)] if isinstance(out, np.ndarray) or np.isscalar(out) else [np.asarray(o) for o in out]
+    return (
+        [np.asarray(out)]
+        if isinstance(out, np.ndarray) or np.isscalar(out)
+        else [np.asarray(o) for o in out]
+    )
 
 
-def numeric_gradients(case: OpCase, seeds: Sequence[np.ndarray], wrt: Sequence[int]) -> list[np.ndarray]:
+def numeric_gradients(
+    case: OpCase, seeds: Sequence[np.ndarray], wrt: Sequence[int]
+) -> list[np.ndarray]:
     """Central finite differences of ``sum_k <reference_k(x), seed_k>`` in float64."""
-    base = [np.asarray(x).astype(np.float64) if i in wrt else np.asarray(x) for i, x in enumerate(case.inputs)]
+    base = [
+        np.asarray(x).astype(np.float64) if i in wrt else np.asarray(x)
+        for i, x in enumerate(case.inputs)
+    ]
 
     def loss(arrays: list[np.ndarray]) -> float:
         outs = _reference_list(case, arrays)
-        return float(sum(np.sum(o.astype(np.float64) * s) for o, s in zip(outs, seeds) if s is not None))
+        return float(
+            sum(np.sum(o.astype(np.float64) * s) for o, s in zip(outs, seeds) if s is not None)
+        )
 
     grads = []
     for i in wrt:
@@ -197,7 +221,9 @@ def numeric_gradients(case: OpCase, seeds: Sequence[np.ndarray], wrt: Sequence[i
     return grads
 
 
-def run_gradients(case: OpCase, wrt: Sequence[int], seeds_np: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+def run_gradients(
+    case: OpCase, wrt: Sequence[int], seeds_np: Sequence[np.ndarray | None]
+) -> list[np.ndarray]:
     """Gradients from ``transforms.autodiff`` of a subgraph built by the case."""
     from popxl import transforms
 
@@ -207,13 +233,23 @@ def run_gradients(case: OpCase, wrt: Sequence[int], seeds_np: Sequence[np.ndarra
 
     ir = popxl.Ir()
     with ir.main_graph:
-        specs = [popxl.TensorSpec(x.shape, dtypes.dtype.as_dtype(np.asarray(x).dtype)) for x in case.inputs]
+        specs = [
+            popxl.TensorSpec(x.shape, dtypes.dtype.as_dtype(np.asarray(x).dtype))
+            for x in case.inputs
+        ]
         graph = ir.create_graph(body, *specs)
         provided = [o for o, s in zip(graph.outputs, seeds_np) if s is not None]
         info = transforms.autodiff(graph, provided, [graph.inputs[i] for i in wrt])
-        args = [popxl.variable(x, dtypes.dtype.as_dtype(np.asarray(x).dtype), f"in{i}") for i, x in enumerate(case.inputs)]
+        args = [
+            popxl.variable(x, dtypes.dtype.as_dtype(np.asarray(x).dtype), f"in{i}")
+            for i, x in enumerate(case.inputs)
+        ]
         fwd = ops.call_with_info(graph, *args)
-        seeds = [popxl.constant(s.astype(o.dtype.as_numpy())) for o, s in zip(graph.outputs, seeds_np) if s is not None]
+        seeds = [
+            popxl.constant(s.astype(o.dtype.as_numpy()))
+            for o, s in zip(graph.outputs, seeds_np)
+            if s is not None
+        ]
         grads = ops.call(info.graph, *seeds, inputs_dict=info.inputs_dict(fwd))
         streams = []
         for i, g in enumerate(grads):
@@ -231,13 +267,17 @@ def check_gradients(case: OpCase) -> None:
     outs = _reference_list(case, [np.asarray(x) for x in case.inputs])
     rng = np.random.default_rng(1)
     seeds = [
-        rng.uniform(0.5, 1.5, o.shape) if np.issubdtype(o.dtype, np.floating) else None for o in outs
+        rng.uniform(0.5, 1.5, o.shape) if np.issubdtype(o.dtype, np.floating) else None
+        for o in outs
     ]
     got = run_gradients(case, wrt, seeds)
     expected = numeric_gradients(case, seeds, wrt)
     for i, g, e in zip(wrt, got, expected):
         np.testing.assert_allclose(
-            g.astype(np.float64), e, rtol=case.grad_rtol, atol=case.grad_atol,
+            g.astype(np.float64),
+            e,
+            rtol=case.grad_rtol,
+            atol=case.grad_atol,
             err_msg=f"{case.name}: gradient of input {i}",
         )
 
@@ -250,4 +290,6 @@ def as_float16(case: OpCase) -> OpCase | None:
     if any(np.issubdtype(a.dtype, np.floating) and a.dtype != np.float32 for a in arrays):
         return None
     inputs = [a.astype(np.float16) if a.dtype == np.float32 else a for a in arrays]
-    return dataclasses.replace(case, name=f"{case.name}[fp16]", inputs=inputs, grad_rtol=5e-2, grad_atol=5e-2)
+    return dataclasses.replace(
+        case, name=f"{case.name}[fp16]", inputs=inputs, grad_rtol=5e-2, grad_atol=5e-2
+    )

@@ -30,10 +30,17 @@ def test_cast_to_fp8_input_must_be_float16_or_float32():
             ops.pow2scale_cast_to_fp8(_fp8(3, popxl.float8_152), _scale(), popxl.float8_143)
 
 
-@pytest.mark.parametrize("fn, make_input, data_type", [
-    (ops.pow2scale_cast_to_fp8, lambda: popxl.variable(np.ones(3, np.float32)), popxl.float8_143),
-    (ops.pow2scale_cast_from_fp8, lambda: _fp8(3), popxl.float16),
-])
+@pytest.mark.parametrize(
+    "fn, make_input, data_type",
+    [
+        (
+            ops.pow2scale_cast_to_fp8,
+            lambda: popxl.variable(np.ones(3, np.float32)),
+            popxl.float8_143,
+        ),
+        (ops.pow2scale_cast_from_fp8, lambda: _fp8(3), popxl.float16),
+    ],
+)
 def test_log2_scale_must_be_an_int32_scalar(fn, make_input, data_type):
     with popxl.Ir().main_graph:
         x = make_input()
@@ -70,10 +77,13 @@ def test_cast_names_and_types():
         assert back._producer.type == "CastThenPow2Scale"
 
 
-@pytest.mark.parametrize("lhs_dtype, rhs_dtype, bad", [
-    (popxl.float16, popxl.float8_143, "lhs"),
-    (popxl.float8_152, popxl.float32, "rhs"),
-])
+@pytest.mark.parametrize(
+    "lhs_dtype, rhs_dtype, bad",
+    [
+        (popxl.float16, popxl.float8_143, "lhs"),
+        (popxl.float8_152, popxl.float32, "rhs"),
+    ],
+)
 def test_matmul_pow2scaled_operands_must_be_float8(lhs_dtype, rhs_dtype, bad):
     with popxl.Ir().main_graph:
         lhs = popxl.variable(np.ones((2, 3), np.float32), lhs_dtype)
@@ -99,7 +109,8 @@ def test_matmul_pow2scaled_inner_dimensions_must_match():
 
 def test_matmul_pow2scaled_name_type_and_dtype():
     with popxl.Ir().main_graph:
-        out = ops.matmul_pow2scaled(_fp8((2, 3)), _fp8((3, 4), popxl.float8_152), _scale(),
-                                    available_memory_proportion=0.3)
+        out = ops.matmul_pow2scaled(
+            _fp8((2, 3)), _fp8((3, 4), popxl.float8_152), _scale(), available_memory_proportion=0.3
+        )
         assert (out.name, out.dtype, out.shape) == ("matmul_pow2scaled_out", popxl.float16, (2, 4))
         assert out._producer.type == "MatMul" and out._producer.opdef.key == "matmul_pow2scaled"

@@ -8,8 +8,9 @@ import popxl.ops as ops
 from popxl.errors import PopXLException
 
 
-def _inputs(probs_shape=(4, 5), labels_shape=(4,), probs_dtype=popxl.float32,
-            labels_dtype=popxl.int32):
+def _inputs(
+    probs_shape=(4, 5), labels_shape=(4,), probs_dtype=popxl.float32, labels_dtype=popxl.int32
+):
     probs = popxl.variable(np.full(probs_shape, 0.2), probs_dtype, name="probs")
     labels = popxl.variable(np.zeros(labels_shape), labels_dtype, name="labels")
     return probs, labels

@@ -26,7 +26,9 @@ def _op_types(graph):
 def test_conv_names_type_and_shape():
     ir = popxl.Ir()
     with ir.main_graph:
-        y = ops.conv(_var(2, 4, 5, 6), _var(3, 4, 3, 3, name="w"), stride=(2, 1), padding=(1, 1, 1, 1))
+        y = ops.conv(
+            _var(2, 4, 5, 6), _var(3, 4, 3, 3, name="w"), stride=(2, 1), padding=(1, 1, 1, 1)
+        )
         z = ops.conv_transpose(_var(2, 4, 3, 3), _var(4, 2, 2, 2, name="w"), stride=(2, 2))
     assert (y.name, y.shape) == ("conv_out", (2, 3, 3, 6))
     assert (z.name, z.shape) == ("convtranspose_out", (2, 2, 6, 6))
@@ -50,7 +52,9 @@ def test_conv_argument_lengths_must_match_spatial_axes():
         x, w = _var(1, 2, 7), _var(3, 2, 3, name="w")
         with pytest.raises(PopXLException, match=r"`stride` needs 1 values .* got \(2, 2\)"):
             ops.conv(x, w, stride=(2, 2))
-        with pytest.raises(PopXLException, match=r"`padding` needs 2 values .*begins then all ends"):
+        with pytest.raises(
+            PopXLException, match=r"`padding` needs 2 values .*begins then all ends"
+        ):
             ops.conv(x, w, padding=(1,))
 
 
@@ -88,7 +92,9 @@ def test_conv_dtypes():
         with pytest.raises(PopXLException, match="incompatible types float32 and float16"):
             ops.conv(_var(1, 2, 4, 4), _var(3, 2, 2, 2, dtype=popxl.float16, name="w"))
         with pytest.raises(PopXLException, match="float16 or float32, got int32"):
-            ops.conv(_var(1, 2, 4, 4, dtype=popxl.int32), _var(3, 2, 2, 2, dtype=popxl.int32, name="w"))
+            ops.conv(
+                _var(1, 2, 4, 4, dtype=popxl.int32), _var(3, 2, 2, 2, dtype=popxl.int32, name="w")
+            )
 
 
 def test_conv_ipu_options_are_validated():
@@ -97,8 +103,15 @@ def test_conv_ipu_options_are_validated():
         with pytest.raises(ValueError, match=r"available_memory_proportions must be in \(0, 1\]"):
             ops.conv(x, w, available_memory_proportions=[1.5])
         with pytest.raises(ValueError, match="Bad partials type 'double'"):
-            ops.conv_transpose(_var(1, 2, 4, 4), _var(2, 3, 2, 2, name="w"), partials_types=["double"])
-        assert ops.conv(x, w, partials_types=["HALF"], enable_conv_dithering=[1]).shape == (1, 3, 3, 3)
+            ops.conv_transpose(
+                _var(1, 2, 4, 4), _var(2, 3, 2, 2, name="w"), partials_types=["double"]
+            )
+        assert ops.conv(x, w, partials_types=["HALF"], enable_conv_dithering=[1]).shape == (
+            1,
+            3,
+            3,
+            3,
+        )
 
 
 def test_conv_inputs_must_be_tensors():
@@ -116,7 +129,12 @@ def test_conv_transpose_output_shape_checks():
             ops.conv_transpose(x, w, output_shape=(6,))
         with pytest.raises(ValueError, match=r"does not start with \(N, M\) = \(2, 2\)"):
             ops.conv_transpose(x, w, output_shape=(2, 3, 6, 6))
-        assert ops.conv_transpose(x, w, stride=(2, 2), output_shape=(2, 2, 5, 7)).shape == (2, 2, 5, 7)
+        assert ops.conv_transpose(x, w, stride=(2, 2), output_shape=(2, 2, 5, 7)).shape == (
+            2,
+            2,
+            5,
+            7,
+        )
 
 
 @pytest.mark.parametrize("fn", [ops.conv_pow2scaled, ops.conv_transpose_pow2scaled])
@@ -124,7 +142,9 @@ def test_pow2scaled_checks(fn):
     with popxl.Ir().main_graph:
         x8 = _var(1, 2, 4, 4, dtype=popxl.float8_143)
         w8 = _var(2, 2, 2, 2, dtype=popxl.float8_152, name="w")
-        with pytest.raises(TypeError, match="`t` is float16. Convert it with ops.pow2scale_cast_to_fp8"):
+        with pytest.raises(
+            TypeError, match="`t` is float16. Convert it with ops.pow2scale_cast_to_fp8"
+        ):
             fn(_var(1, 2, 4, 4, dtype=popxl.float16), w8, _scale())
         with pytest.raises(TypeError, match="`weight` is float32"):
             fn(x8, _var(2, 2, 2, 2, name="w"), _scale())
@@ -185,9 +205,16 @@ def test_norm_names_types_and_statistics_outputs():
         ln = ops.layer_norm(x, c[0], c[1])
     assert (bn.name, gn.name) == ("batch_norm_out", "group_norm_out")
     assert ln.name.startswith("group_norm_out") and ln.shape == x.shape
-    assert _op_types(ir.main_graph)[-3:] == ["BatchNormalization", "GroupNormalization", "GroupNormalization"]
+    assert _op_types(ir.main_graph)[-3:] == [
+        "BatchNormalization",
+        "GroupNormalization",
+        "GroupNormalization",
+    ]
     stats = ir.main_graph.ops[-2].outputs[1:]
-    assert [(t.name, t.shape) for t in stats] == [("group_norm_mean", (4,)), ("group_norm_inv_std_dev", (4,))]
+    assert [(t.name, t.shape) for t in stats] == [
+        ("group_norm_mean", (4,)),
+        ("group_norm_inv_std_dev", (4,)),
+    ]
 
 
 def test_norm_errors():
@@ -205,7 +232,9 @@ def test_norm_errors():
         with pytest.raises(PopXLException, match=r"must have shape \(4,\) .* got \(1, 4\)"):
             ops.batch_norm_inference(x, w, b, _var(1, 4, name="m"), _var(4, name="v"))
         with pytest.raises(PopXLException, match="incompatible types float32 and float16"):
-            ops.batch_norm_inference(x, w, b, _var(4, name="m"), _var(4, dtype=popxl.float16, name="v"))
+            ops.batch_norm_inference(
+                x, w, b, _var(4, name="m"), _var(4, dtype=popxl.float16, name="v")
+            )
 
 
 # Resize ----------------------------------------------------------------------------------
@@ -219,12 +248,18 @@ def test_interpolate_name_type_and_shape():
     assert _op_types(ir.main_graph)[-1] == "Resize"
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"mode": "bilinear"}, "interpolate type 'bilinear' is not valid"),
-    ({"nearest_mode": "round"}, "nearest mode 'round' is not valid"),
-    ({"coordinate_transformation_mode": "half_pixel_symmetric"}, "coordinate transformation mode"),
-    ({"scale_factor": (1.0, 1.0, 0.0, 1.0)}, "scale factors must be positive"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"mode": "bilinear"}, "interpolate type 'bilinear' is not valid"),
+        ({"nearest_mode": "round"}, "nearest mode 'round' is not valid"),
+        (
+            {"coordinate_transformation_mode": "half_pixel_symmetric"},
+            "coordinate transformation mode",
+        ),
+        ({"scale_factor": (1.0, 1.0, 0.0, 1.0)}, "scale factors must be positive"),
+    ],
+)
 def test_interpolate_bad_arguments(kwargs, message):
     with popxl.Ir().main_graph:
         with pytest.raises(ValueError, match=message):
@@ -245,8 +280,14 @@ def test_interpolate_shape_errors():
 def test_roi_align_name_type_and_shape():
     ir = popxl.Ir()
     with ir.main_graph:
-        y = ops.roi_align(_var(2, 3, 6, 6), _var(5, 4, name="rois"), _var(5, dtype=popxl.int32, name="b"),
-                          (2, 3), 0.5, 2)
+        y = ops.roi_align(
+            _var(2, 3, 6, 6),
+            _var(5, 4, name="rois"),
+            _var(5, dtype=popxl.int32, name="b"),
+            (2, 3),
+            0.5,
+            2,
+        )
     assert (y.name, y.shape) == ("roi_align_out", (5, 3, 2, 3))
     assert _op_types(ir.main_graph)[-1] == "RoiAlign"
 

@@ -60,23 +60,48 @@ def test_output_names_types_and_dtypes():
     def build(x):
         values, indices = ops.topk(x, 2, axis=-1, largest=False, sorted=True)
         return [
-            ops.sum(x), ops.median(x, 0), ops.logsumexp(x, keepdims=True), ops.argmax(x),
-            ops.cumsum(x, -1), values, indices, ops.lamb_square(x), ops.histogram(x, [0.0], True),
+            ops.sum(x),
+            ops.median(x, 0),
+            ops.logsumexp(x, keepdims=True),
+            ops.argmax(x),
+            ops.cumsum(x, -1),
+            values,
+            indices,
+            ops.lamb_square(x),
+            ops.histogram(x, [0.0], True),
         ]
 
     outs, graph = _in_main(build)
     assert [t.name for t in outs] == [
-        "sum_out", "median_out", "logsumexp_out", "argmax_out", "cumsum_out",
-        "topk_out_value", "topk_out_indices", "lamb_square_out", "histogram_out",
+        "sum_out",
+        "median_out",
+        "logsumexp_out",
+        "argmax_out",
+        "cumsum_out",
+        "topk_out_value",
+        "topk_out_indices",
+        "lamb_square_out",
+        "histogram_out",
     ]
     assert [t.dtype for t in outs[3:]] == [
-        dtypes.int32, dtypes.float32, dtypes.float32, dtypes.int32, dtypes.float32, dtypes.uint32,
+        dtypes.int32,
+        dtypes.float32,
+        dtypes.float32,
+        dtypes.int32,
+        dtypes.float32,
+        dtypes.uint32,
     ]
     assert [t.shape for t in outs] == [(), (3,), (1, 1), (3,), (2, 3), (2, 2), (2, 2), (), (2,)]
     types = [op.type for op in graph._ops]
     assert types == [
-        "TopK", "ReduceSum", "ReduceMedian", "ReduceLogSumExp", "ArgMax", "CumSum",
-        "LambSquare", "Histogram",
+        "TopK",
+        "ReduceSum",
+        "ReduceMedian",
+        "ReduceLogSumExp",
+        "ArgMax",
+        "CumSum",
+        "LambSquare",
+        "Histogram",
     ]
 
 

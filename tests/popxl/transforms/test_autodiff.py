@@ -22,12 +22,16 @@ def _run_grads(build, inputs, seeds=None, grads_required_idx=None):
     with ir.main_graph:
         specs = [popxl.TensorSpec(x.shape, F32) for x in inputs]
         graph = ir.create_graph(build, *specs)
-        required = None if grads_required_idx is None else [graph.inputs[i] for i in grads_required_idx]
+        required = (
+            None if grads_required_idx is None else [graph.inputs[i] for i in grads_required_idx]
+        )
         info = transforms.autodiff(graph, grads_required=required)
         args = [popxl.variable(x, F32, f"in{i}") for i, x in enumerate(inputs)]
         fwd = ops.call_with_info(graph, *args)
         n_user_outputs = len(seeds) if seeds is not None else 1
-        seed_t = [popxl.constant(s) for s in (seeds or [np.ones(graph.outputs[0].shape, np.float32)])]
+        seed_t = [
+            popxl.constant(s) for s in (seeds or [np.ones(graph.outputs[0].shape, np.float32)])
+        ]
         grads = ops.call(info.graph, *seed_t, inputs_dict=info.inputs_dict(fwd))
         streams = []
         for t in list(fwd.outputs[:n_user_outputs]) + list(grads):
@@ -87,7 +91,9 @@ def test_shared_inputs_and_broadcasting_sum_gradients():
 def test_view_chain():
     x = _rand(2, 3, 4)
     _check(
-        lambda x: ops.concat([ops.transpose(x.reshape((6, 4)), (1, 0))[1:3], x.reshape((4, 6))[0:2] * 2.0], axis=1),
+        lambda x: ops.concat(
+            [ops.transpose(x.reshape((6, 4)), (1, 0))[1:3], x.reshape((4, 6))[0:2] * 2.0], axis=1
+        ),
         lambda x: jnp.concatenate([x.reshape(6, 4).T[1:3], x.reshape(4, 6)[0:2] * 2.0], axis=1),
         [x],
     )
@@ -142,7 +148,9 @@ def test_nested_calls_two_levels():
 
 def test_unused_input_gets_zero_gradient_and_detach_blocks():
     x, y = _rand(3), _rand(3, seed=1)
-    _, grads = _run_grads(lambda x, y: ops.detach(y) * x + 0.0 * ops.detach(x), [x, y], [np.ones(3, np.float32)])
+    _, grads = _run_grads(
+        lambda x, y: ops.detach(y) * x + 0.0 * ops.detach(x), [x, y], [np.ones(3, np.float32)]
+    )
     np.testing.assert_allclose(grads[0], y)
     np.testing.assert_allclose(grads[1], np.zeros(3))
 
@@ -155,7 +163,12 @@ def test_expected_connections_for_custom_grads():
             h = x @ w
             return h + b, ops.relu(h)
 
-        g = ir.create_graph(build, popxl.TensorSpec((2, 3), F32), popxl.TensorSpec((3, 4), F32), popxl.TensorSpec((4,), F32))
+        g = ir.create_graph(
+            build,
+            popxl.TensorSpec((2, 3), F32),
+            popxl.TensorSpec((3, 4), F32),
+            popxl.TensorSpec((4,), F32),
+        )
         x, w, b = g.inputs
         y0, y1 = g.outputs
         info = transforms.autodiff(g, grads_provided=[y1, y0], grads_required=[b, x])
@@ -186,14 +199,20 @@ def test_added_forward_outputs_appear_at_existing_call_sites():
         assert all(t.name.startswith("autodiff_output__t") for t in site.outputs[1:])
         # inputs_dict connects every Fwd activation through the (extended) call site
         mapping = info.inputs_dict(site)
-        fwd_inputs = [i for i, ec in enumerate(info.expected_inputs) if ec.connection_type is ExpectedConnectionType.Fwd]
+        fwd_inputs = [
+            i
+            for i, ec in enumerate(info.expected_inputs)
+            if ec.connection_type is ExpectedConnectionType.Fwd
+        ]
         assert set(mapping) == {info.graph.inputs[i] for i in fwd_inputs}
         (grad,) = ops.call(info.graph, popxl.constant(np.ones(3, np.float32)), inputs_dict=mapping)
         d = popxl.d2h_stream((3,), F32)
         ops.host_store(d, grad)
     with popxl.Session(ir) as s:
         out = s.run()[d]
-    expected = jax.grad(lambda x: jnp.sum(jax.nn.gelu(jnp.exp(x), approximate=True)))(np.ones(3, np.float32))
+    expected = jax.grad(lambda x: jnp.sum(jax.nn.gelu(jnp.exp(x), approximate=True)))(
+        np.ones(3, np.float32)
+    )
     np.testing.assert_allclose(out, expected, rtol=1e-5)
 
 
@@ -206,9 +225,13 @@ def test_modifying_graph_input_is_rejected():
             return a
 
         g = ir.create_graph(build, popxl.TensorSpec((2,), F32), popxl.TensorSpec((2,), F32))
-        with pytest.raises(PopXLException, match=re.escape(f"The graph {g.id} contains a modifying op")):
+        with pytest.raises(
+            PopXLException, match=re.escape(f"The graph {g.id} contains a modifying op")
+        ):
             transforms.autodiff(g)
-        g2 = ir.create_graph(lambda a: ops.gelu_(ops.reshape_(a, (2, 1))), popxl.TensorSpec((2,), F32))
+        g2 = ir.create_graph(
+            lambda a: ops.gelu_(ops.reshape_(a, (2, 1))), popxl.TensorSpec((2,), F32)
+        )
         with pytest.raises(PopXLException, match="modifying op"):
             transforms.autodiff(g2)
 
@@ -216,7 +239,11 @@ def test_modifying_graph_input_is_rejected():
 def test_non_float_grads_required_is_rejected():
     ir = popxl.Ir()
     with ir.main_graph:
-        g = ir.create_graph(lambda x, i: x * ops.cast(i, F32), popxl.TensorSpec((2,), F32), popxl.TensorSpec((2,), popxl.int32))
+        g = ir.create_graph(
+            lambda x, i: x * ops.cast(i, F32),
+            popxl.TensorSpec((2,), F32),
+            popxl.TensorSpec((2,), popxl.int32),
+        )
         with pytest.raises(ValueError, match="not a floating point type"):
             transforms.autodiff(g, grads_required=g.inputs)
         info = transforms.autodiff(g, grads_required=g.inputs[:1])
@@ -240,21 +267,33 @@ def test_called_graphs_grad_info_is_reused_and_all_graphs_returned():
         inner = ir.create_graph(lambda a: ops.exp(a), popxl.TensorSpec((2,), F32))
         outer = ir.create_graph(lambda a: ops.call(inner, a)[0] * a, popxl.TensorSpec((2,), F32))
         inner_info = transforms.autodiff(inner)
-        infos = transforms.autodiff(outer, called_graphs_grad_info={inner: inner_info}, return_all_grad_graphs=True)
+        infos = transforms.autodiff(
+            outer, called_graphs_grad_info={inner: inner_info}, return_all_grad_graphs=True
+        )
         assert set(infos) == {outer}
         calls = [op for op in infos[outer].graph.ops if op.type == "Call"]
         assert [op.called_graphs[0] for op in calls] == [inner_info.graph]
-        fresh = transforms.autodiff(ir.create_graph(lambda a: ops.call(inner, a)[0], popxl.TensorSpec((2,), F32)), return_all_grad_graphs=True)
+        fresh = transforms.autodiff(
+            ir.create_graph(lambda a: ops.call(inner, a)[0], popxl.TensorSpec((2,), F32)),
+            return_all_grad_graphs=True,
+        )
         assert len(fresh) == 2
 
 
 def test_gradient_ops_are_printed_one_per_forward_op():
     ir = popxl.Ir()
     with ir.main_graph:
-        g = ir.create_graph(lambda x, w: ops.gelu(x @ w), popxl.TensorSpec((2, 3), F32), popxl.TensorSpec((3, 3), F32))
+        g = ir.create_graph(
+            lambda x, w: ops.gelu(x @ w),
+            popxl.TensorSpec((2, 3), F32),
+            popxl.TensorSpec((3, 3), F32),
+        )
         info = transforms.autodiff(g)
     text = info.graph.print_schedule()
-    assert [line.split(".")[0].strip() for line in text.splitlines()[2:-1]] == ["GeluGrad", "MatMulGrad"]
+    assert [line.split(".")[0].strip() for line in text.splitlines()[2:-1]] == [
+        "GeluGrad",
+        "MatMulGrad",
+    ]
 
 
 def test_repeat_inside_differentiated_graph():
@@ -293,11 +332,17 @@ def test_mnist_style_training_reduces_loss():
         shapes = [(8, 16), (16,), (16, 3), (3,)]
         graph = ir.create_graph(net, xt, *[popxl.TensorSpec(s, F32) for s in shapes])
         info = transforms.autodiff(graph, grads_required=graph.inputs[1:])
-        weights = [popxl.variable(rng.normal(0, 0.3, s).astype(np.float32), name=f"w{i}") for i, s in enumerate(shapes)]
+        weights = [
+            popxl.variable(rng.normal(0, 0.3, s).astype(np.float32), name=f"w{i}")
+            for i, s in enumerate(shapes)
+        ]
         fwd = ops.call_with_info(graph, xt, *weights)
         logits = fwd.outputs[0]
         probs = ops.softmax(logits, axis=1)
-        onehot = ops.cast(ops.equal(ops.reshape(yt, (batch, 1)), popxl.constant(np.arange(3, dtype=np.int32))), F32)
+        onehot = ops.cast(
+            ops.equal(ops.reshape(yt, (batch, 1)), popxl.constant(np.arange(3, dtype=np.int32))),
+            F32,
+        )
         loss = ops.mean(ops.negate(ops.log(ops.sum(probs * onehot, axis=1))))
         dlogits = (probs - onehot) * (1.0 / batch)
         bwd = ops.call_with_info(info.graph, dlogits, inputs_dict=info.inputs_dict(fwd))
@@ -310,6 +355,8 @@ def test_mnist_style_training_reduces_loss():
     with popxl.Session(ir) as session:
         for _ in range(10):
             for i in range(0, 96, batch):
-                out = session.run({img_stream: data[i : i + batch], lbl_stream: labels[i : i + batch]})
+                out = session.run(
+                    {img_stream: data[i : i + batch], lbl_stream: labels[i : i + batch]}
+                )
                 losses.append(float(out[loss_stream]))
     assert np.mean(losses[-3:]) < 0.5 * np.mean(losses[:3])
