@@ -5,24 +5,24 @@ micro-batch 8 per replica and gradients averaged with ``replicated_all_reduce_(.
 against the same program with one replica and batch ``8 R``. Seconds per step; the target
 ratio (replicated / single) is <= 1.2.
 
-Run: python bench/replication.py
+Both are timed in this process in alternating rounds. Run: python bench/replication.py
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import device_name, report, run_variant, timed  # noqa: E402
+from bench._common import compare, device_name, report  # noqa: E402
 
 MICRO_BATCH = 8
 
 
-def step_seconds(replicas: int, batch: int) -> float:
+def step_runner(replicas: int, batch: int):
+    """An entered session and a function running one training step."""
     import popxl
     import popxl.ops as ops
     import popxl_addons as addons
@@ -52,26 +52,21 @@ def step_seconds(replicas: int, batch: int) -> float:
         img_stream: rng.normal(size=lead + (batch, 28, 28)).astype(np.float32),
         label_stream: rng.integers(0, 10, lead + (batch,)).astype(np.int32),
     }
-    with popxl.Session(ir, "ipu_hw") as session:
-        return timed(lambda: np.asarray(session.run(inputs)[loss_stream]).sum(), 50)
+    session = popxl.Session(ir, "ipu_hw")
+    session.__enter__()
+    return session, lambda: np.asarray(session.run(inputs)[loss_stream]).sum()
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--variant":
-        print(json.dumps({"s": step_seconds(int(sys.argv[2]), int(sys.argv[3]))}))
-        return
     rows = []
     for replicas in (1, 2, 4):
-        replicated = run_variant(__file__, "--variant", str(replicas), str(MICRO_BATCH))["s"]
-        single = run_variant(__file__, "--variant", "1", str(MICRO_BATCH * replicas))["s"]
-        rows.append(
-            (
-                f"step, R={replicas} x batch {MICRO_BATCH} vs 1 x batch {MICRO_BATCH * replicas}",
-                replicated,
-                single,
-                "s",
-            )
-        )
+        replicated_session, replicated = step_runner(replicas, MICRO_BATCH)
+        single_session, single = step_runner(1, MICRO_BATCH * replicas)
+        r, s = compare(replicated, single, 50)
+        replicated_session.__exit__(None, None, None)
+        single_session.__exit__(None, None, None)
+        name = f"step, R={replicas} x batch {MICRO_BATCH} vs 1 x batch {MICRO_BATCH * replicas}"
+        rows.append((name, r, s, "s"))
     print(f"device: {device_name()}")
     report(rows)
 

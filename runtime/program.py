@@ -29,6 +29,7 @@ from popxl.ir import Ir
 from popxl.remote_buffer import RemoteBuffer
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
+from popxl.transforms._storage import roots, written_inputs
 
 from . import control, host_io, remote, vjp  # noqa: F401  (register special lowerings)
 from .lowering import LoweringContext, lower_graph
@@ -58,6 +59,20 @@ class Program:
     # every replica keeps identical (shared initial value, replica-invariant updates) are
     # stored once, so replicas do not multiply weight memory traffic.
     batched: tuple[bool, ...] = ()
+    # Per state entry: whether the program writes it (only those are donated and returned).
+    written: tuple[bool, ...] = ()
+
+    def split(self, state: tuple) -> tuple[tuple, tuple]:
+        """(written entries, read-only entries) of a full state tuple."""
+        return (
+            tuple(v for v, w in zip(state, self.written) if w),
+            tuple(v for v, w in zip(state, self.written) if not w),
+        )
+
+    def merge(self, state: tuple, new_written: tuple) -> tuple:
+        """``state`` with its written entries replaced by ``new_written``."""
+        values = iter(new_written)
+        return tuple(next(values) if w else v for v, w in zip(state, self.written))
 
 
 def reachable_graphs(ir: Ir) -> list[Graph]:
@@ -219,28 +234,73 @@ def _make_step(
         return (*new_vars, *new_buffers), (outs, counts)
 
     n_state = n_vars + len(buffers)
-    if mode == "none":
-        return jax.jit(replica_step, donate_argnums=(0,)), (False,) * n_state
-    if mode == "shard_map":
-        return jax.jit(_shard_mapped(replica_step, replicas), donate_argnums=(0,)), (
-            True,
-        ) * n_state
-    candidates = [_may_be_shared(v, replicas) for v in variables] + [False] * len(buffers)
-    batched = _replica_varying_state(
-        replica_step, candidates, variables, buffers, h2d, nht, replicas
-    )
-    axes = tuple(0 if b else None for b in batched)
-    step = jax.vmap(
-        replica_step,
-        in_axes=(axes, 1),
-        out_axes=(axes, (1, 0)),
-        axis_name=REPLICA_AXIS,
-        axis_size=replicas,  # a program may have no variables and no inputs to map over
-    )
-    return jax.jit(step, donate_argnums=(0,)), batched
+    shapes = [(v.shape, v.dtype.as_numpy()) for v in variables]
+    shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype.as_numpy()) for b in buffers]
+    inputs = [(s.shape, s.dtype.as_numpy()) for s in h2d]
+    written = written_state(ir, variables, buffers)
+    if mode == "vmap":
+        candidates = [_may_be_shared(v) for v in variables] + [False] * len(buffers)
+        batched = _probe_batched(replica_step, candidates, shapes, inputs, nht, replicas)
+    else:
+        batched = (mode == "shard_map",) * n_state
+    return _split_step(replica_step, batched, written, mode, replicas), batched, written
 
 
-def _may_be_shared(var: Variable, replicas: int) -> bool:
+def written_state(
+    ir: Ir, variables: list[Variable], buffers: list[RemoteBuffer]
+) -> tuple[bool, ...]:
+    """Which variables and remote buffers the program may write (found from the IR).
+
+    A variable is written when a main-graph op writes its storage (in-place ops, by-ref
+    inputs of calls and loops); a buffer when any op stores to it.
+    """
+    written: set[Any] = set()
+    for op in ir.main_graph._ops:
+        for i in written_inputs(op):
+            written.update(roots(op.inputs[i]))
+    stored = {
+        op.attrs["buffer_id"]
+        for g in reachable_graphs(ir)
+        for op in g._ops
+        if op.opdef.key == "remote_store"
+    }
+    return tuple(v in written for v in variables) + tuple(
+        b.remote_buffer_id in stored for b in buffers
+    )
+
+
+def _split_step(replica_step: Any, batched: tuple, written: tuple, mode: str, replicas: int) -> Any:
+    """The jitted ``step(written_state, constant_state, inputs)``: only state the program
+    writes is donated and returned; read-only state (e.g. weights of an inference program)
+    is passed in and left where it is."""
+    mutable = [i for i, w in enumerate(written) if w]
+    const = [i for i, w in enumerate(written) if not w]
+
+    def step(mut: tuple, fixed: tuple, inputs: tuple) -> tuple:
+        state: list[Any] = [None] * len(written)
+        for i, v in zip(mutable, mut):
+            state[i] = v
+        for i, v in zip(const, fixed):
+            state[i] = v
+        new_state, outs = replica_step(tuple(state), inputs)
+        return tuple(new_state[i] for i in mutable), outs
+
+    if mode == "vmap":
+        mut_axes = tuple(0 if batched[i] else None for i in mutable)
+        const_axes = tuple(0 if batched[i] else None for i in const)
+        step = jax.vmap(
+            step,
+            in_axes=(mut_axes, const_axes, 1),
+            out_axes=(mut_axes, (1, 0)),
+            axis_name=REPLICA_AXIS,
+            axis_size=replicas,  # a program may have no variables and no inputs to map over
+        )
+    elif mode == "shard_map":
+        step = _shard_mapped(step, replicas)
+    return jax.jit(step, donate_argnums=(0,))
+
+
+def _may_be_shared(var: Variable) -> bool:
     grouping = var.replica_grouping
     per_replica = var.retrieval_mode == "all_replicas" and grouping.group_size > 1
     return grouping.num_groups == 1 and not per_replica
@@ -252,21 +312,19 @@ def _is_batched(value: Any) -> bool:
     return isinstance(value, batching.BatchTracer) and isinstance(value.batch_dim, int)
 
 
-def _replica_varying_state(
+def _probe_batched(
     replica_step: Any,
     candidates: list[bool],
-    variables: list[Variable],
-    buffers: list[RemoteBuffer],
-    h2d: list[HostToDeviceStream],
+    shapes: list[tuple],
+    inputs: list[tuple],
     nht: int,
     replicas: int,
 ) -> tuple[bool, ...]:
-    """Which state entries need one copy per replica: trace the vmapped step with the
-    candidates unmapped until none of their new values depends on the replica."""
+    """Which state entries need one copy per replica under vmap: trace the mapped step
+    (no compilation) with the candidates unmapped; any whose new value depends on the
+    replica becomes mapped, until that no longer changes (the mapped set only grows)."""
     shared = list(candidates)
-    inputs = tuple(jax.ShapeDtypeStruct((nht, replicas, *s.shape), s.dtype.as_numpy()) for s in h2d)
-    shapes = [v.shape for v in variables] + [(b.entries, *b.tensor_shape) for b in buffers]
-    dts = [v.dtype.as_numpy() for v in variables] + [b.tensor_dtype.as_numpy() for b in buffers]
+    ins = tuple(jax.ShapeDtypeStruct((nht, replicas, *shape), dt) for shape, dt in inputs)
     while True:
         flags: list[bool] = []
 
@@ -277,20 +335,17 @@ def _replica_varying_state(
 
         state = tuple(
             jax.ShapeDtypeStruct(shape if s else (replicas, *shape), dt)
-            for shape, dt, s in zip(shapes, dts, shared)
+            for (shape, dt), s in zip(shapes, shared)
         )
         axes = tuple(None if s else 0 for s in shared)
-        jax.eval_shape(
-            jax.vmap(
-                probe,
-                in_axes=(axes, 1),
-                out_axes=(0, (1, 0)),
-                axis_name=REPLICA_AXIS,
-                axis_size=replicas,
-            ),
-            state,
-            inputs,
+        mapped = jax.vmap(
+            probe,
+            in_axes=(axes, 1),
+            out_axes=(0, (1, 0)),
+            axis_name=REPLICA_AXIS,
+            axis_size=replicas,
         )
+        jax.eval_shape(mapped, state, ins)
         still_shared = [s and not f for s, f in zip(shared, flags)]
         if still_shared == shared:
             return tuple(not s for s in shared)
@@ -304,9 +359,9 @@ def replica_mesh(replicas: int) -> Mesh:
 def _shard_mapped(replica_step: Any, replicas: int) -> Any:
     """``replica_step`` run on one device per replica (each block has a leading axis of 1)."""
 
-    def block_step(state: tuple, inputs: tuple) -> tuple:
+    def block_step(mut: tuple, fixed: tuple, inputs: tuple) -> tuple:
         new_state, (outs, counts) = replica_step(
-            tuple(s[0] for s in state), tuple(i[:, 0] for i in inputs)
+            tuple(s[0] for s in mut), tuple(s[0] for s in fixed), tuple(i[:, 0] for i in inputs)
         )
         return (
             tuple(s[None] for s in new_state),
@@ -316,7 +371,7 @@ def _shard_mapped(replica_step: Any, replicas: int) -> Any:
     return jax.shard_map(
         block_step,
         mesh=replica_mesh(replicas),
-        in_specs=(P(REPLICA_AXIS), P(None, REPLICA_AXIS)),
+        in_specs=(P(REPLICA_AXIS), P(REPLICA_AXIS), P(None, REPLICA_AXIS)),
         out_specs=(P(REPLICA_AXIS), (P(None, REPLICA_AXIS), P(REPLICA_AXIS))),
         check_vma=False,
     )
@@ -345,7 +400,7 @@ def build_program(ir: Ir) -> Program:
     cached = _STEP_CACHE.get(key)
     if cached is None:
         cached = _STEP_CACHE[key] = _make_step(ir, variables, buffers, h2d, d2h, mode)
-    step, batched = cached
+    step, batched, written = cached
     return Program(
         ir,
         variables,
@@ -358,6 +413,7 @@ def build_program(ir: Ir) -> Program:
         _uses_x64(graphs),
         key,
         batched,
+        written,
     )
 
 

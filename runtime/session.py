@@ -149,7 +149,9 @@ class Session:
             for a in abstract_state(self._program)
         )
         with self._x64():
-            self._program.step.lower(state, abstract_inputs(self._program)).compile()
+            self._program.step.lower(
+                *self._program.split(state), abstract_inputs(self._program)
+            ).compile()
         _COMPILED.add(key)
 
     # Attach / detach --------------------------------------------------------------------
@@ -345,8 +347,8 @@ class Session:
             inputs, program.h2d, self._nht, program.replicas, downcast
         )
         with self._x64():
-            state, (buffers, counts) = program.step(self._state, arrays)
-        self._state = state
+            new, (buffers, counts) = program.step(*program.split(self._state), arrays)
+        self._state = program.merge(self._state, new)
         self._host_stale = True
         return buffers, counts
 
