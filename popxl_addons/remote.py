@@ -67,6 +67,11 @@ def named_variable_buffers(
     for key, f in factories.to_dict().items():
         spec = popxl.TensorSpec(f.shape, f.dtype, f.meta_shape)
         shard_over = _shard_over(key, f.replica_grouping.group_size, shard_over_dict)
+        if f.replica_sharded:
+            # An already-sharded factory keeps its own shard count: a buffer built from its
+            # shard spec would not know it, and its remote variable would be sharded over
+            # the whole group instead.
+            spec, shard_over = popxl.TensorSpec(f.meta_shape, f.dtype), f.shard_over
         buffers[key] = create_remote_buffer(spec, entries, f.replica_grouping, shard_over)
     return NamedRemoteBuffers.from_dict(buffers)
 

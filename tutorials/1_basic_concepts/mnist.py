@@ -127,6 +127,22 @@ def evaluate(session, input_streams, out_stream, test_data) -> float:
     return total / len(test_data)
 
 
+def test_trained(
+    train_session, train_variables, test_batch_size: int, device: str, test_data
+) -> float:
+    """Copy the trained weights into a fresh test program and report its accuracy."""
+    trained = train_session.get_tensors_data(train_variables.tensors)
+    test_session, test_streams, test_variables, out_stream = test_program(test_batch_size, device)
+    # Copy the weights across by name: {train variable: test variable} for matching keys.
+    train_to_test = train_variables.to_mapping(test_variables)
+    test_session.write_variables_data(
+        {test: trained[tr].copy() for tr, test in train_to_test.items()}
+    )
+    test_accuracy = evaluate(test_session, test_streams, out_stream, test_data)
+    print(f"Accuracy on test set: {test_accuracy:0.2f}%")
+    return test_accuracy
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="PopXL basic concepts: train an MLP on MNIST.")
     parser.add_argument("--batch-size", type=int, default=8, help="training batch size")
@@ -154,20 +170,9 @@ def main(argv=None) -> float:
         args.batch_size, args.device, args.lr
     )
     train(train_session, train_streams, loss_stream, training_data, epochs)
-    trained = train_session.get_tensors_data(train_variables.tensors)
-
-    test_session, test_streams, test_variables, out_stream = test_program(
-        args.test_batch_size, args.device
+    return test_trained(
+        train_session, train_variables, args.test_batch_size, args.device, test_data
     )
-    # Copy the weights across by name: {train variable: test variable} for matching keys.
-    train_to_test = train_variables.to_mapping(test_variables)
-    test_session.write_variables_data(
-        {test: trained[tr].copy() for tr, test in train_to_test.items()}
-    )
-
-    test_accuracy = evaluate(test_session, test_streams, out_stream, test_data)
-    print(f"Accuracy on test set: {test_accuracy:0.2f}%")
-    return test_accuracy
 
 
 if __name__ == "__main__":

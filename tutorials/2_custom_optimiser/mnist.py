@@ -20,7 +20,7 @@ from tutorials.mnist_data import default_epochs, get_mnist_data
 
 # The model, test program and evaluation loop are tutorial 1's.
 basics = load_tutorial("1_basic_concepts")
-Net, evaluate, test_program = basics.Net, basics.evaluate, basics.test_program
+Net = basics.Net
 
 
 class Adam(addons.Module):
@@ -162,20 +162,7 @@ def main(argv=None) -> float:
                     samples_per_s=f"{step * len(labels) / (time.perf_counter() - start):.0f}",
                     refresh=False,
                 )
-    trained = session.get_tensors_data(variables.tensors)
-
-    test_session, test_streams, test_variables, out_stream = test_program(
-        args.test_batch_size, args.device
-    )
-    test_session.write_variables_data(
-        {
-            test: trained[train].copy()
-            for train, test in variables.to_mapping(test_variables).items()
-        }
-    )
-    test_accuracy = evaluate(test_session, test_streams, out_stream, test_data)
-    print(f"Accuracy on test set: {test_accuracy:0.2f}%")
-    return test_accuracy
+    return basics.test_trained(session, variables, args.test_batch_size, args.device, test_data)
 
 
 if __name__ == "__main__":

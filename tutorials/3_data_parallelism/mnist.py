@@ -19,7 +19,7 @@ from tutorials.mnist_data import get_mnist_data
 
 basics = load_tutorial("1_basic_concepts")
 Adam = load_tutorial("2_custom_optimiser").Adam
-Net, evaluate, test_program = basics.Net, basics.evaluate, basics.test_program
+Net = basics.Net
 
 
 def train_program(micro_batch: int, accumulation: int, replicas: int, device: str, lr: float):
@@ -137,21 +137,9 @@ def main(argv=None) -> float:
             for images, labels in bar:
                 losses = session.run(dict(zip(streams, (images, labels))))[loss_stream]
                 bar.set_description(f"Loss:{float(np.mean(losses)):0.4f}", refresh=False)
-    trained = session.get_tensors_data(variables.tensors)
-    if args.throughput:
+    accuracy = basics.test_trained(session, variables, args.test_batch_size, args.device, test_data)
+    if args.throughput:  # after testing: it trains on dummy data
         evaluate_throughput(session, global_batch)
-
-    test_session, test_streams, test_variables, out_stream = test_program(
-        args.test_batch_size, args.device
-    )
-    test_session.write_variables_data(
-        {
-            test: trained[train].copy()
-            for train, test in variables.to_mapping(test_variables).items()
-        }
-    )
-    accuracy = evaluate(test_session, test_streams, out_stream, test_data)
-    print(f"Accuracy on test set: {accuracy:0.2f}%")
     return accuracy
 
 

@@ -23,7 +23,7 @@ from tutorials.mnist_data import get_mnist_data
 
 basics = load_tutorial("1_basic_concepts")
 parallel = load_tutorial("3_data_parallelism")
-Net, evaluate, test_program = basics.Net, basics.evaluate, basics.test_program
+Net = basics.Net
 
 
 def demo_remote_variables() -> None:
@@ -187,21 +187,9 @@ def main(argv=None) -> float:
             for images, labels in bar:
                 losses = session.run(dict(zip(streams, (images, labels))))[loss_stream]
                 bar.set_description(f"Loss:{float(np.mean(losses)):0.4f}", refresh=False)
-    trained = session.get_tensors_data(variables.tensors)
-    if args.throughput:
+    accuracy = basics.test_trained(session, variables, args.test_batch_size, args.device, test_data)
+    if args.throughput:  # after testing: it trains on dummy data
         parallel.evaluate_throughput(session, mb * ga * dp)
-
-    test_session, test_streams, test_variables, out_stream = test_program(
-        args.test_batch_size, args.device
-    )
-    test_session.write_variables_data(
-        {
-            test: trained[train].copy()
-            for train, test in variables.to_mapping(test_variables).items()
-        }
-    )
-    accuracy = evaluate(test_session, test_streams, out_stream, test_data)
-    print(f"Accuracy on test set: {accuracy:0.2f}%")
     return accuracy
 
 
