@@ -420,8 +420,6 @@ def test_full_slice_returns_the_input():
 
 
 def test_integer_tensor_and_list_indexing_gathers_on_axis_0():
-    if not hasattr(ops, "gather"):
-        pytest.skip("ops.gather is not implemented yet")
     ir = popxl.Ir()
     with ir.main_graph:
         v = popxl.variable(X)
