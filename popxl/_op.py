@@ -18,6 +18,8 @@ from .errors import PopXLException
 from .tensor_spec import TensorSpec
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from .graph import Graph
     from .tensor import Tensor
 
@@ -181,7 +183,7 @@ class Op:
 
 def user_location() -> tuple[str, int] | None:
     """File and line of the first stack frame outside this package."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     package_dir = __file__.rsplit("/", 1)[0]
     while frame is not None and frame.f_code.co_filename.startswith(package_dir):
         frame = frame.f_back

@@ -32,6 +32,13 @@ class dtype:
 
     _by_name: dict[str, dtype] = {}
     _by_numpy: dict[np.dtype, dtype] = {}
+    _name: str
+    _np: np.dtype
+    _is_int: builtins.bool
+    _is_float: builtins.bool
+    _is_signed: builtins.bool
+    _is_complex: builtins.bool
+    _torch_name: str | None
 
     def __init__(self) -> None:
         raise TypeError("Cannot create popxl.dtypes.dtype instances.")

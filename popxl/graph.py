@@ -21,6 +21,18 @@ class Graph:
     ``Ir.create_empty_graph``; they cannot be constructed directly.
     """
 
+    _ir: Ir
+    _id: str
+    _ops: list[Op]
+    _tensors: dict[str, Tensor]
+    _inputs: list[Tensor]
+    _outputs: list[Tensor]
+    _by_ref_inputs: set[Tensor]
+    _hooks: dict[int, Callable[[Op], Any]]
+    _next_hook: int
+    # Set only by popxl_addons on graphs built from a custom ``build_grad``; read with getattr.
+    _autodiff_safe: bool
+
     def __init__(self) -> None:
         raise TypeError(
             "popxl.Graph cannot be constructed directly. Use ir.main_graph, "
@@ -32,12 +44,12 @@ class Graph:
         self = object.__new__(cls)
         self._ir = ir
         self._id = graph_id
-        self._ops: list[Op] = []
-        self._tensors: dict[str, Tensor] = {}
-        self._inputs: list[Tensor] = []
-        self._outputs: list[Tensor] = []
-        self._by_ref_inputs: set[Tensor] = set()
-        self._hooks: dict[int, Callable[[Op], Any]] = {}
+        self._ops = []
+        self._tensors = {}
+        self._inputs = []
+        self._outputs = []
+        self._by_ref_inputs = set()
+        self._hooks = {}
         self._next_hook = 0
         ir._graphs[graph_id] = self
         return self

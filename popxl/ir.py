@@ -9,7 +9,7 @@ import re
 import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .graph import Graph
 from .module import Module
@@ -72,7 +72,7 @@ class Ir:
         self._session_ref: Callable[[], Any] = lambda: None
         self._dot_dir: Path | None = None
         self._main = Graph._create(self, "")
-        self.replication_factor = replication  # validates
+        self.replication_factor = cast(int, replication)  # the setter validates it
 
     # Graphs ---------------------------------------------------------------------------
 
@@ -175,11 +175,11 @@ class Ir:
 
     def get_all_h2d_streams(self) -> set[HostToDeviceStream]:
         """Host-to-device streams that at least one ``host_load`` reads."""
-        return {s for s in self._streams if s._is_h2d and s._used}
+        return {cast("HostToDeviceStream", s) for s in self._streams if s._is_h2d and s._used}
 
     def get_all_d2h_streams(self) -> set[DeviceToHostStream]:
         """Device-to-host streams that at least one ``host_store`` writes."""
-        return {s for s in self._streams if not s._is_h2d and s._used}
+        return {cast("DeviceToHostStream", s) for s in self._streams if not s._is_h2d and s._used}
 
     def _next_op_id(self) -> int:
         return next(self._op_ids)
@@ -245,7 +245,7 @@ def _by_ref_annotation(annotation: Any) -> tuple[bool, bool]:
     if isinstance(annotation, str):
         text = annotation.replace(" ", "")
         return text.split(".")[-1] == "TensorByRef", bool(_BY_REF_LIST.match(text))
-    args = getattr(annotation, "__args__", None)
+    args: tuple[Any, ...] = getattr(annotation, "__args__", None) or ()
     origin = getattr(annotation, "__origin__", None)
     is_list = origin in (list, tuple) and bool(args) and args[0] is TensorByRef
     return False, is_list

@@ -56,6 +56,10 @@ class ReplicaGrouping:
     [0, 1, 0, 1, 0, 1, 0, 1]
     """
 
+    _ir: Ir
+    _assignment: list[int]
+    _stride: int | None
+
     def __init__(self) -> None:
         raise RuntimeError(
             "ReplicaGrouping cannot be constructed directly. Use ir.replica_grouping(...) "

@@ -17,6 +17,8 @@ class Stream:
     """A host stream. Each has a handle tensor in the main graph."""
 
     _is_h2d: bool
+    _handle: Tensor
+    _used: bool
 
     def __init__(self) -> None:
         raise NotImplementedError(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 import numpy as np
 
@@ -43,6 +43,8 @@ EMPTY_VALUE_MSG = (
 )
 RETRIEVAL_MODES = ("one_per_group", "all_replicas")
 
+_TensorT = TypeVar("_TensorT", bound="Tensor")
+
 
 def _ops() -> Any:
     from . import ops  # noqa: PLC0415  (ops import tensor)
@@ -59,20 +61,31 @@ class Tensor:
     dtype, ``==`` compares identity, and indexing slices, gathers or masks.
     """
 
+    _graph: Graph
+    _id: str
+    _spec: TensorSpec
+    _producer: Op | None
+    _consumers: list[Op]
+    _stream: Stream | None
+
     def __init__(self) -> None:
         raise RuntimeError("popxl.Tensor cannot be constructed directly.")
 
     @classmethod
     def _create(
-        cls, graph: Graph, tensor_id: str, spec: TensorSpec, producer: Op | None = None
-    ) -> Tensor:
+        cls: type[_TensorT],
+        graph: Graph,
+        tensor_id: str,
+        spec: TensorSpec,
+        producer: Op | None = None,
+    ) -> _TensorT:
         self = object.__new__(cls)
         self._graph = graph
         self._id = tensor_id
         self._spec = spec
         self._producer = producer
-        self._consumers: list[Op] = []
-        self._stream: Stream | None = None
+        self._consumers = []
+        self._stream = None
         graph._add_tensor(self)
         return self
 
@@ -282,7 +295,7 @@ class Tensor:
     def __pow__(self, other: TensorLike) -> Tensor:
         return _ops().pow(self, other)
 
-    def __rpow__(self, other: TensorLike) -> Tensor:
+    def __rpow__(self, other: HostScalarTensor) -> Tensor:
         return _ops().pow(constant(other), self)
 
     def __neg__(self) -> Tensor:
@@ -355,6 +368,7 @@ class Variable(Tensor):
     _remote_buffer: RemoteBuffer | None = None
     _remote_offset: int = 0
     _replica_sharded: bool = False
+    _shard_over: int  # set by remote_replica_sharded_variable
 
     @property
     def replica_grouping(self) -> ReplicaGrouping:

@@ -20,7 +20,7 @@ def NewAliasAnnotation(name: str, tp: Any) -> Any:  # noqa: N802 (public API nam
 
     sentinel.__name__ = name
     sentinel.__qualname__ = name
-    sentinel.__supertype__ = tp
+    sentinel.__supertype__ = tp  # type: ignore[attr-defined]  # function attribute, like NewType
     return sentinel
 
 

@@ -223,12 +223,12 @@ class DotTree(Generic[L]):
     # Serialisation ------------------------------------------------------------------------
 
     @classmethod
-    def from_dict(cls: type[T], d: Mapping[str | int, Any]) -> T:
-        """Build a tree from flat dotted keys, in ``d``'s order."""
+    def from_dict(cls: type[T], d: Mapping[Any, Any]) -> T:
+        """Build a tree from flat dotted keys (str or int), in ``d``'s order."""
         tree = cls()
         for key, value in d.items():
             head, _, last = _segment(key).rpartition(".")
-            node = tree
+            node: DotTree[Any] = tree
             for segment in head.split(".") if head else ():
                 child = node._map.get(segment)
                 if child is None:

@@ -14,7 +14,8 @@ from popxl import ops
 def bound_arguments(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> inspect.BoundArguments:
     """``inspect.signature(fn).bind(*args, **kwargs)`` with defaults applied."""
     plain = inspect.isfunction(fn) or inspect.ismethod(fn) or not callable(fn)
-    target = fn if plain else fn.__call__
+    # mypy rejects reading ``__call__`` off a Callable type (a checker limitation).
+    target = fn if plain else fn.__call__  # type: ignore[operator]
     bound = inspect.signature(target).bind(*args, **kwargs)
     bound.apply_defaults()
     return bound

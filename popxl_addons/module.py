@@ -14,7 +14,7 @@ import functools
 import inspect
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import popxl
 from popxl.transforms import ExpectedConnectionType, GradGraphInfo
@@ -170,6 +170,11 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         grad_inlining_error: what to do when a module with ``build_grad`` is called inline:
             ``"error"``, ``"warning"`` or ``"none"``.
     """
+
+    # Set with object.__setattr__ so that __setattr__ can tell whether __init__ ran.
+    _variable_factories: NamedVariableFactories
+    _named_inputs: NamedTensors
+    _submodules: dict[str, Module]
 
     def __init__(self, cache: bool = False, grad_inlining_error: str = "error") -> None:
         object.__setattr__(self, "_variable_factories", NamedVariableFactories())
@@ -341,7 +346,8 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         self, variable_f: VariableFactory, name: str | None = None
     ) -> popxl.Tensor:
         """Register an existing factory and create its graph input."""
-        key = name or variable_f.name
+        # With neither name set, DotTree.insert rejects the None key with a TypeError.
+        key = cast(str, name or variable_f.name)
         if key in self._variable_factories:
             raise ValueError(f"'{key}' already exists")
         return self._register(key, variable_f.create_input(), variable_f, False)

@@ -7,6 +7,7 @@ from typing import Any
 
 import popxl
 from popxl.ops import collectives
+from popxl.ops.collectives import CollectiveOps
 
 from .graph import GraphWithNamedArgs
 from .named_replica_grouping import NamedReplicaGrouping
@@ -64,7 +65,7 @@ def all_gather_replica_sharded_graph(
 
 def reduce_replica_sharded_tensor(
     t: popxl.Tensor,
-    op: str = "add",
+    op: CollectiveOps = "add",
     replica_group: popxl.ReplicaGrouping | None = None,
     shard_group: popxl.ReplicaGrouping | None = None,
 ) -> popxl.Tensor:
@@ -85,7 +86,7 @@ def reduce_replica_sharded_tensor(
 
 def reduce_replica_sharded_graph(
     tensors: NamedTensors,
-    op: str = "add",
+    op: CollectiveOps = "add",
     use_io_tiles: bool = False,
     shard_groups: NamedReplicaGrouping | None = None,
     replica_group: popxl.ReplicaGrouping | None = None,

@@ -244,7 +244,8 @@ class TaskSession(popxl.Session):
         with timer(f"Saving checkpoint {target}"), _atomic_dir(target) as tmp:
             os.makedirs(os.path.join(tmp, MODEL_DIR))
             for key, value in state.items():
-                np.savez(os.path.join(tmp, MODEL_DIR, f"{key}.npz"), **{key: np.asarray(value)})
+                arrays: dict[str, Any] = {key: np.asarray(value)}
+                np.savez(os.path.join(tmp, MODEL_DIR, f"{key}.npz"), **arrays)
             if dataloader is not None:
                 dataloader.save(os.path.join(tmp, DATALOADER_FILE))
             with open(os.path.join(tmp, SESSION_FILE), "w") as f:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -154,7 +154,7 @@ class VariableFactory:
         empty: bool = False,
         memmap_dir: str | None = None,
         read_only_if_exists: bool = False,
-    ) -> popxl.Variable:
+    ) -> popxl.Tensor:
         """A main-graph variable initialised with the next value (a sharded variable's shard
         handle for replica-sharded factories)."""
         name = name or self.name
@@ -230,7 +230,7 @@ class NamedVariableFactories(DotTree[VariableFactory]):
             )
         return NamedTensors.from_dict(created)
 
-    def _init_with(self, init_type: str) -> NamedTensors:
+    def _init_with(self, init_type: Literal["zero", "undef"]) -> NamedTensors:
         return NamedTensors.from_dict(
             {
                 key: ops.init(f.shape, f.dtype, key, init_type, f.meta_shape)

@@ -31,7 +31,7 @@ def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
     n_out = len(graph._outputs)
     by_ref = sorted(op.modified_inputs)
 
-    def body(_: int, carry: tuple) -> tuple:
+    def body(_step: int, carry: tuple) -> tuple:
         carried, ref_values, fx = carry
         current = list(initial)
         current[:n_out] = carried

@@ -147,6 +147,7 @@ def apply_results(env: Env, op: Op, results: Any) -> None:
 @special("collective")
 def _lower_collective(ctx: LoweringContext, env: Env, op: Op) -> None:
     args = (env.read(t) for t in op.inputs)
+    assert op.opdef.lower is not None, f"{op.opdef.key} has no lowering"
     apply_results(env, op, op.opdef.lower(*args, **op.attrs, impl=ctx.collective_impl))
 
 

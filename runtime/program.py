@@ -13,7 +13,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -212,11 +212,11 @@ def _make_step(
             ctx.h2d_slots[sid] = buffer.shape[0]
             if buffer.shape[0] > 1:
                 ctx.fx[host_io.cursor_key(sid)] = jnp.zeros((), jnp.int32)
-        for stream in d2h:
-            sid = stream.tensor_id
+        for out_stream in d2h:
+            sid = out_stream.tensor_id
             ctx.d2h_slots[sid] = nht
-            shape = (nht, *stream.shape)
-            ctx.fx[host_io.buffer_key(sid)] = jnp.zeros(shape, stream.dtype.as_numpy())
+            shape = (nht, *out_stream.shape)
+            ctx.fx[host_io.buffer_key(sid)] = jnp.zeros(shape, out_stream.dtype.as_numpy())
             ctx.fx[host_io.count_key(sid)] = jnp.zeros((), jnp.int32)
         for buffer, value in zip(buffers, state[n_vars:]):
             ctx.fx[remote.buffer_key(buffer.remote_buffer_id)] = value
@@ -380,7 +380,7 @@ def _shard_mapped(replica_step: Any, replicas: int) -> Any:
 def enable_persistent_cache() -> None:
     """Use JAX's persistent compilation cache when ``POPXL_CACHE_DIR`` is set."""
     cache_dir = os.environ.get("POPXL_CACHE_DIR")
-    if cache_dir and jax.config.jax_compilation_cache_dir != cache_dir:
+    if cache_dir and jax.config.jax_compilation_cache_dir != cache_dir:  # type: ignore[attr-defined]
         jax.config.update("jax_compilation_cache_dir", cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -393,8 +393,8 @@ def build_program(ir: Ir) -> Program:
     graphs = reachable_graphs(ir)
     variables = [v for v in ir._variables if v._remote_buffer is None]
     buffers = list(ir._remote_buffers)
-    h2d = [s for s in ir._streams if s._is_h2d and s._used]
-    d2h = [s for s in ir._streams if not s._is_h2d and s._used]
+    h2d = [cast(HostToDeviceStream, s) for s in ir._streams if s._is_h2d and s._used]
+    d2h = [cast(DeviceToHostStream, s) for s in ir._streams if not s._is_h2d and s._used]
     mode = replication_mode(ir.replication_factor)
     key = structural_key(ir, graphs, variables, buffers, mode)
     cached = _STEP_CACHE.get(key)

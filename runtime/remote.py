@@ -7,10 +7,12 @@ and branches see each other. Offsets are clamped to the valid slots.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 from popxl._op import Op
+from popxl.tensor import Tensor
 
 from .lowering import Env, LoweringContext, special
 
@@ -19,7 +21,7 @@ def buffer_key(buffer_id: int) -> str:
     return f"remote:{buffer_id}"
 
 
-def _slot(env: Env, offset_tensor: object, entries: int) -> object:
+def _slot(env: Env, offset_tensor: Tensor, entries: int) -> jax.Array:
     offset = env.read(offset_tensor).reshape(()).astype(jnp.int32)
     return jnp.clip(offset, 0, entries - 1)
 

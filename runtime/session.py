@@ -252,6 +252,7 @@ class Session:
             self._state = tuple(jax.device_put([*hosts, *buffers], self._sharding))
 
     def _buffer_index(self, var: Variable) -> int:
+        assert var._remote_buffer is not None, f"{var.id} is not a remote variable"
         return self._program.buffers.index(var._remote_buffer)
 
     def _write_remote(self, buffers: list[np.ndarray], variables: Iterable[Variable]) -> None:
@@ -342,6 +343,7 @@ class Session:
     def _execute(self, inputs: Any, downcast: bool) -> tuple[tuple, tuple]:
         """One step: (device buffers of the d2h streams, store counts per stream)."""
         self._require_attached()
+        assert self._state is not None
         program = self._program
         arrays = stream_io.prepare_inputs(
             inputs, program.h2d, self._nht, program.replicas, downcast

@@ -9,7 +9,7 @@ that layout with PopXL's rules, and rearranged into the step's ``[slots, (replic
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,7 @@ def _extra_dims(nht: int, replicas: int) -> tuple[int, ...]:
     return ((nht,) if nht > 1 else ()) + ((replicas,) if replicas > 1 else ())
 
 
-def check_stream_set(provided: Mapping[Stream, Any], expected: list[Stream], kind: str) -> None:
+def check_stream_set(provided: Collection[Stream], expected: Sequence[Stream], kind: str) -> None:
     given = set(provided)
     wanted = set(expected)
     if given != wanted:
@@ -96,7 +96,7 @@ def _convert(value: Any, stream: Stream, downcast: bool) -> np.ndarray:
 
 def arrange_input(arr: np.ndarray, stream: Stream, nht: int, replicas: int) -> np.ndarray:
     """The step's ``[slots, (replicas,) *shape]`` layout of a checked input array."""
-    lead = (arr.shape[0],) if nht > 1 else (1,)
+    lead: tuple[int, ...] = (arr.shape[0],) if nht > 1 else (1,)
     lead += (replicas,) if replicas > 1 else ()
     return arr.reshape(lead + stream.shape)
 

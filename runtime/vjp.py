@@ -34,7 +34,7 @@ def _link(env: Env, h: Tensor, roots: set[Tensor]) -> None:
         _link(env, p, roots)
 
 
-def _zero_cotangent(primal: jax.Array) -> jax.Array:
+def _zero_cotangent(primal: jax.Array) -> jax.Array | np.ndarray:
     if jnp.issubdtype(primal.dtype, jnp.inexact):
         return jnp.zeros_like(primal)
     return np.zeros(primal.shape, dtype=jax.dtypes.float0)

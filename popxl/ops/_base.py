@@ -199,7 +199,9 @@ def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
     return axis % rank if rank else 0
 
 
-def normalize_axes(axes: int | Iterable[int] | None, rank: int) -> tuple[int, ...]:
+def normalize_axes(
+    axes: int | np.integer | Iterable[int | np.integer] | None, rank: int
+) -> tuple[int, ...]:
     """Sorted, non-negative axes; None means all axes."""
     if axes is None:
         return tuple(range(rank))

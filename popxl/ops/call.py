@@ -106,7 +106,7 @@ def check_callable(graph: Any, parent_graph: Graph) -> None:
 
 def prepare_inputs(
     graph: Graph,
-    inputs: Iterable[TensorLike],
+    inputs: Iterable[TensorLike | Iterable[TensorLike]],
     inputs_dict: Mapping[Tensor, TensorLike] | None,
     label: str | None = None,
 ) -> list[Tensor]:

@@ -61,7 +61,7 @@ def _groups(group: ReplicaGrouping | None) -> Groups:
     grouping = group or ir.replica_grouping()
     replicas = ir.replication_factor
     members = grouping.members
-    by_replica = [()] * replicas
+    by_replica: list[tuple[int, ...]] = [()] * replicas
     ranks = [0] * replicas
     for ms in members:
         for rank, r in enumerate(ms):

@@ -242,4 +242,5 @@ def nll_loss_with_softmax_grad(
     if not isinstance(loss_grad, Tensor):
         loss_grad = constant(loss_grad, dtypes.float32)
     inputs = {"probs": probs, "labels": labels, "loss_grad": loss_grad}
-    return tuple(record(NLL_SOFTMAX_GRAD, inputs, attrs, ["loss", "dx"]))
+    loss, dx = record(NLL_SOFTMAX_GRAD, inputs, attrs, ["loss", "dx"])
+    return loss, dx

@@ -7,12 +7,14 @@ the check of a string option against its choices.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import dtypes
 from .._op import core_error, define
 from ..tensor import Tensor
 from ._base import jax, jnp, normalize_axis, record, same_dtype, spec
+
+_Choice = TypeVar("_Choice")
 
 # matmul ----------------------------------------------------------------------------------
 
@@ -109,7 +111,7 @@ def log_softmax(t: Tensor, axis: int) -> Tensor:
 FLOATS = (dtypes.float16, dtypes.float32)
 
 
-def _check_choice(value: Any, choices: tuple[str, ...], message: str) -> str:
+def _check_choice(value: _Choice, choices: tuple[str, ...], message: str) -> _Choice:
     if value not in choices:
         raise ValueError(message.format(value))
     return value

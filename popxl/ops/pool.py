@@ -65,6 +65,20 @@ def _pool_infer(op: str) -> Any:
     return infer
 
 
+def _tap_index(
+    tap: tuple[int, ...], dilation: tuple[int, ...], out_sp: list[int], stride: tuple[int, ...]
+) -> tuple[Any, ...]:
+    """The index picking kernel tap ``tap`` of every window, as strided slices."""
+    # Not inlined as x[(..., *slices)]: mypy takes that for 3.11-only x[..., *slices] syntax.
+    return (
+        ...,
+        *(
+            slice(j * d, j * d + (o - 1) * s + 1, s)
+            for j, d, o, s in zip(tap, dilation, out_sp, stride)
+        ),
+    )
+
+
 def _pool(x: Any, fill: Any, reducer: Any, attrs: dict) -> Any:
     """Reduce every window of ``x``; padding and input-dilation holes hold ``fill``."""
     windows = _pool_windows("pool", x.shape, **attrs)
@@ -75,18 +89,7 @@ def _pool(x: Any, fill: Any, reducer: Any, attrs: dict) -> Any:
     if reducer is lax.max and any(d > 1 for d in dilation):
         # JAX has no max-pool gradient with window dilation: take the max over kernel taps.
         out_sp = [out for *_, out in windows]
-        taps = [
-            padded[
-                (
-                    ...,
-                    *(
-                        slice(j * d, j * d + (o - 1) * s + 1, s)
-                        for j, d, o, s in zip(tap, dilation, out_sp, stride)
-                    ),
-                )
-            ]
-            for tap in np.ndindex(*kernel)
-        ]
+        taps = [padded[_tap_index(tap, dilation, out_sp, stride)] for tap in np.ndindex(*kernel)]
         out = functools.reduce(jnp.maximum, taps)
     else:
         ones = (1, 1)

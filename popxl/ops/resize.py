@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -24,7 +25,7 @@ COORDINATE_MODES = (
     "asymmetric",
     "tf_crop_and_resize",
 )
-NEAREST_ROUNDING = {
+NEAREST_ROUNDING: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "round_prefer_floor": lambda c: np.ceil(c - 0.5),
     "round_prefer_ceil": lambda c: np.floor(c + 0.5),
     "floor": np.floor,
@@ -56,17 +57,17 @@ def _source_coords(out_len: int, in_len: int, scale: float, mode: str) -> np.nda
     and ``tf_crop_and_resize`` stretch over (as the ONNX reference and the original do).
     """
     f = np.float32
-    x, scale = np.arange(out_len, dtype=f), f(scale)
-    size = f(in_len) * scale
+    x, scale32 = np.arange(out_len, dtype=f), f(scale)
+    size = f(in_len) * scale32
     if mode == "asymmetric":
-        return x / scale
+        return x / scale32
     if mode in ("align_corners", "tf_crop_and_resize"):  # the latter with the whole-input roi
         if size == 1:
             return np.full(out_len, 0.0 if mode == "align_corners" else (in_len - 1) / 2, f)
         return x * f(in_len - 1) / (size - 1)
     if mode == "pytorch_half_pixel" and size <= 1:
         return np.zeros(out_len, f)
-    return (x + f(0.5)) / scale - f(0.5)
+    return (x + f(0.5)) / scale32 - f(0.5)
 
 
 def _cubic_weights(r: np.ndarray) -> np.ndarray:

@@ -158,7 +158,7 @@ def _slice_infer(t: Any, *, bounds: _Bounds) -> list:
     return [spec(shape, t.dtype)]
 
 
-def _slice_index(bounds: _Bounds) -> tuple[slice, ...]:
+def _slice_index(bounds: _Bounds) -> tuple[builtins.slice, ...]:
     return tuple(
         builtins.slice(start, None if stop < 0 else stop, step)
         if len(range(start, stop, step))

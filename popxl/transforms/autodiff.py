@@ -20,8 +20,8 @@ call site of the forward graph gains the matching outputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 from .._op import Op, core_error
 from ..graph import Graph
@@ -176,7 +176,7 @@ class _Differentiator:
                 if parents(h) is not None:
                     self.call_inputs[(op, k)] = self._identity(h, before=op)
         for i, t in enumerate(self.provided):
-            if parents(t) is not None and t._producer.opdef.view_inverse is not None:
+            if parents(t) is not None and cast(Op, t._producer).opdef.view_inverse is not None:
                 self.provided[i] = self._identity(t, before=None)
 
     def _identity(self, h: Tensor, before: Op | None) -> Tensor:
@@ -389,6 +389,7 @@ def _collective_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) 
     op = step.op
     key = op.opdef.key
     inputs = [d.call_input(op, k) for k in range(len(op.inputs))]
+    grads: Sequence[Tensor | None]
     if key == "all_reduce_identical_grad_inputs":
         grads = list(cots)
     else:

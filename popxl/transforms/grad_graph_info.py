@@ -21,6 +21,9 @@ class ExpectedConnectionType(enum.Enum):
 class ExpectedConnection:
     """One input or output of a gradient graph, described by a forward-graph tensor."""
 
+    _fwd_tensor: Tensor
+    _type: ExpectedConnectionType
+
     def __init__(self) -> None:
         raise TypeError("ExpectedConnection cannot be constructed directly; read GradGraphInfo.")
 
@@ -52,6 +55,11 @@ class GradGraphInfo:
     order), followed by the ``Fwd`` activations; ``expected_outputs`` are the gradients of
     ``grads_required`` in that order.
     """
+
+    _graph: Graph
+    _forward_graph: Graph
+    _expected_inputs: tuple[ExpectedConnection, ...]
+    _expected_outputs: tuple[ExpectedConnection, ...]
 
     def __init__(self) -> None:
         raise TypeError("GradGraphInfo cannot be constructed directly; use transforms.autodiff.")

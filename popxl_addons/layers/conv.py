@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -69,10 +69,12 @@ class Conv2D(Module):
             (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
         )
         self.strides = tuple(strides)
+        self.pad_type: ops.PadType
+        self.paddings: tuple[int, ...]
         if isinstance(paddings, str):
             if paddings not in PAD_TYPES:
                 raise ValueError(PADDING_MSG.format(modes=PAD_TYPES, value=paddings))
-            self.pad_type, self.paddings = paddings, (0, 0, 0, 0)
+            self.pad_type, self.paddings = cast(ops.PadType, paddings), (0, 0, 0, 0)
         else:
             if len(tuple(paddings)) != 4:
                 raise ValueError(PADDING_MSG.format(modes=PAD_TYPES, value=paddings))
