@@ -14,7 +14,7 @@ import functools
 import inspect
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, cast
+from typing import Any
 
 import popxl
 from popxl.transforms import ExpectedConnectionType, GradGraphInfo
@@ -345,9 +345,16 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
     def add_variable_factory(
         self, variable_f: VariableFactory, name: str | None = None
     ) -> popxl.Tensor:
-        """Register an existing factory and create its graph input."""
-        # With neither name set, DotTree.insert rejects the None key with a TypeError.
-        key = cast(str, name or variable_f.name)
+        """Register an existing factory and create its graph input.
+
+        Raises:
+            ValueError: neither ``name`` nor the factory's name is set, or the name exists.
+        """
+        key = name or variable_f.name
+        if not key:
+            raise ValueError(
+                "add_variable_factory needs a name: pass `name=` or give the VariableFactory one."
+            )
         if key in self._variable_factories:
             raise ValueError(f"'{key}' already exists")
         return self._register(key, variable_f.create_input(), variable_f, False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -35,7 +36,10 @@ from . import control, host_io, remote, vjp  # noqa: F401  (register special low
 from .lowering import LoweringContext, lower_graph
 
 REPLICA_AXIS = "replica"
-_STEP_CACHE: dict[str, Any] = {}
+# Compiled steps by IR structure, least recently used first; bounded so that programs built
+# and dropped in a long process do not keep their IRs and executables alive forever.
+_STEP_CACHE: OrderedDict[str, Any] = OrderedDict()
+STEP_CACHE_SIZE = 64
 
 
 @dataclass
@@ -400,6 +404,9 @@ def build_program(ir: Ir) -> Program:
     cached = _STEP_CACHE.get(key)
     if cached is None:
         cached = _STEP_CACHE[key] = _make_step(ir, variables, buffers, h2d, d2h, mode)
+        while len(_STEP_CACHE) > STEP_CACHE_SIZE:
+            _STEP_CACHE.popitem(last=False)
+    _STEP_CACHE.move_to_end(key)
     step, batched, written = cached
     return Program(
         ir,

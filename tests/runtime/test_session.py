@@ -178,7 +178,6 @@ def test_structurally_equal_irs_share_the_compiled_step():
     constant = float(next(_fresh))
     first, _, x1, out1 = _add_program(nht=2, constant=constant)
     session1 = popxl.Session(first)
-    size = len(program._STEP_CACHE)
     second, _, x2, out2 = _add_program(nht=2, constant=constant)
     with _count_compiles() as compiles:
         session2 = popxl.Session(second)
@@ -187,7 +186,7 @@ def test_structurally_equal_irs_share_the_compiled_step():
             a = session1.run({x1: x})[out1]
         with session2:
             b = session2.run({x2: x})[out2]
-    assert len(program._STEP_CACHE) == size
+    assert session2._program.step is session1._program.step
     assert compiles == []
     np.testing.assert_array_equal(a, x + [1.0 + constant, 2.0 + constant])
     np.testing.assert_array_equal(a, b)
@@ -208,9 +207,9 @@ def test_different_programs_do_not_share(change):
     ir1, _, x1, out1 = _add_program(**base)
     ir2, _, x2, out2 = _add_program(**other)
     session1 = popxl.Session(ir1)
-    size = len(program._STEP_CACHE)
     session2 = popxl.Session(ir2)
-    assert len(program._STEP_CACHE) == size + 1
+    assert session1._program.key != session2._program.key
+    assert session1._program.step is not session2._program.step
     if change == "constant":
         x = np.zeros(2, np.float32)
         with session1, session2:
@@ -268,3 +267,13 @@ def test_popxl_cache_dir_enables_the_persistent_cache(tmp_path, monkeypatch):
         for name, value in saved.items():
             jax.config.update(name, value)
         compilation_cache.reset_cache()
+
+
+def test_step_cache_is_bounded_and_keeps_recent_programs(monkeypatch):
+    monkeypatch.setattr(program, "STEP_CACHE_SIZE", 2)
+    sessions = [
+        popxl.Session(_add_program(nht=1, constant=float(next(_fresh)))[0]) for _ in range(3)
+    ]
+    assert len(program._STEP_CACHE) <= 2
+    assert sessions[-1]._program.key in program._STEP_CACHE
+    assert sessions[0]._program.key not in program._STEP_CACHE
