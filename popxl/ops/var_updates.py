@@ -400,6 +400,25 @@ UPDATER_DOC = """
 """
 
 
+def _adam_like_updater(
+    mode: str,
+    m: Tensor,
+    v: Tensor,
+    weight: Tensor | None,
+    time_step: Tensor | None,
+    weight_decay: float | Tensor | None,
+    beta1: float | Tensor | None,
+    beta2: float | Tensor | None,
+    epsilon: float | Tensor,
+) -> Tensor:
+    if time_step is not None and (beta1 is None or beta2 is None):
+        raise ValueError(
+            f"{mode}_updater: bias correction (time_step given) needs both beta1 and beta2."
+        )
+    factors = dict(weight_decay=weight_decay, beta1=beta1, beta2=beta2, epsilon=epsilon)
+    return _record_updater(mode, m, v, weight, time_step, **factors)
+
+
 def adam_updater(
     acc_first_order: Tensor,
     acc_second_order: Tensor,
@@ -411,12 +430,17 @@ def adam_updater(
     epsilon: float | Tensor = 1e-07,
 ) -> Tensor:
     """The Adam updater term ``m̂ / (sqrt(v̂) + epsilon) [+ weight_decay * weight]``."""
-    if time_step is not None and (beta1 is None or beta2 is None):
-        raise ValueError(
-            "adam_updater: bias correction (time_step given) needs both beta1 and beta2."
-        )
-    factors = dict(weight_decay=weight_decay, beta1=beta1, beta2=beta2, epsilon=epsilon)
-    return _record_updater("adam", acc_first_order, acc_second_order, weight, time_step, **factors)
+    return _adam_like_updater(
+        "adam",
+        acc_first_order,
+        acc_second_order,
+        weight,
+        time_step,
+        weight_decay,
+        beta1,
+        beta2,
+        epsilon,
+    )
 
 
 def lamb_updater(
@@ -433,12 +457,17 @@ def lamb_updater(
 
     LAMB's trust ratio is applied afterwards, by ``adam_var_update`` with the squared norms
     of the weight and of this updater (``ops.lamb_square``)."""
-    if time_step is not None and (beta1 is None or beta2 is None):
-        raise ValueError(
-            "lamb_updater: bias correction (time_step given) needs both beta1 and beta2."
-        )
-    factors = dict(weight_decay=weight_decay, beta1=beta1, beta2=beta2, epsilon=epsilon)
-    return _record_updater("lamb", acc_first_order, acc_second_order, weight, time_step, **factors)
+    return _adam_like_updater(
+        "lamb",
+        acc_first_order,
+        acc_second_order,
+        weight,
+        time_step,
+        weight_decay,
+        beta1,
+        beta2,
+        epsilon,
+    )
 
 
 def adamax_updater(

@@ -97,16 +97,20 @@ def evaluate_throughput(session, samples_per_step: int, runs: int = 5) -> float:
     return throughput
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="PopXL data parallelism and gradient accumulation on MNIST."
-    )
+def parallel_parser(
+    description: str, data_parallel: int, digits_epochs: int
+) -> argparse.ArgumentParser:
+    """The command-line flags of the replicated tutorials."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--train-micro-batch-size", type=int, default=8)
     parser.add_argument("--gradient-accumulation", type=int, default=4)
-    parser.add_argument("--data-parallel", type=int, default=2)
+    parser.add_argument("--data-parallel", type=int, default=data_parallel)
     parser.add_argument("--test-batch-size", type=int, default=80)
     parser.add_argument(
-        "--epochs", type=int, default=None, help="default: 1 on MNIST, 30 on the bundled digits"
+        "--epochs",
+        type=int,
+        default=None,
+        help=f"default: 1 on MNIST, {digits_epochs} on the bundled digits",
     )
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--device", default="ipu_hw", choices=["ipu_hw", "ipu_model", "cpu"])
@@ -115,7 +119,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--throughput", action="store_true", help="also measure training throughput"
     )
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    description = "PopXL data parallelism and gradient accumulation on MNIST."
+    return parallel_parser(description, data_parallel=2, digits_epochs=30).parse_args(argv)
 
 
 def main(argv=None) -> float:

@@ -147,23 +147,12 @@ def remote_step(
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="PopXL remote variables and RTS on MNIST.")
-    parser.add_argument("--train-micro-batch-size", type=int, default=8)
-    parser.add_argument("--gradient-accumulation", type=int, default=4)
-    parser.add_argument("--data-parallel", type=int, default=4)
+    description = "PopXL remote variables and RTS on MNIST."
+    parser = parallel.parallel_parser(description, data_parallel=4, digits_epochs=40)
     parser.add_argument("--sharded-threshold", type=int, default=512)
-    parser.add_argument("--test-batch-size", type=int, default=80)
-    parser.add_argument(
-        "--epochs", type=int, default=None, help="default: 1 on MNIST, 40 on the bundled digits"
-    )
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--device", default="ipu_hw", choices=["ipu_hw", "ipu_model", "cpu"])
-    parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--seed", type=int, default=42)
     parser.add_argument(
         "--demo", action="store_true", help="show remote variables and replica groupings first"
     )
-    parser.add_argument("--throughput", action="store_true")
     return parser.parse_args(argv)
 
 
