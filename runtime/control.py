@@ -16,7 +16,8 @@ from .lowering import Env, LoweringContext, lower_graph, special
 @special("call")
 def _lower_call(ctx: LoweringContext, env: Env, op: Op) -> None:
     graph = op.attrs["graphs"][0]
-    outs, finals, _ = lower_graph(ctx, graph, [env.read(t) for t in op.inputs])
+    inputs = [env.read_raw(t) for t in op.inputs]
+    outs, finals, _ = lower_graph(ctx, graph, inputs, raw_outputs=True)
     for index in sorted(op.modified_inputs):
         env.write(op.inputs[index], finals[index])
     for t, value in zip(op.outputs, outs):

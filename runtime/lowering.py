@@ -21,6 +21,7 @@ import numpy as np
 
 from popxl._op import Op, OpDef
 from popxl.graph import Graph
+from popxl.ops.collectives import sums_every_replica
 from popxl.tensor import Constant, Tensor
 
 Array = Any
@@ -51,16 +52,60 @@ class _View:
     attrs: Mapping[str, Any]
 
 
+@dataclass(frozen=True)
+class WeightGrad:
+    """The gradient of a 2-D matmul weight, ``lhsᵀ · dy`` summed over every leading dimension,
+    kept uncomputed until its consumer is known.
+
+    Under ``jax.vmap`` replication each replica would compute its own weight-sized gradient
+    before a mean all-reduce adds them up. When the consumer is an all-reduce over every
+    replica, ``replica_sum`` instead contracts the gathered activations and cotangents of all
+    replicas in one product, computed once, as the same step with an R-times batch would.
+    Any other consumer gets ``value()``, exactly the per-replica gradient.
+    """
+
+    lhs: Array  # (..., k): the matmul's left operand
+    dy: Array  # (..., n): the cotangent of the matmul's result
+    dtype: Any  # the weight's dtype
+
+    def _product(self, lhs: Array, dy: Array) -> Array:
+        lhs = lhs.reshape(-1, lhs.shape[-1]).T
+        dy = dy.reshape(-1, dy.shape[-1])
+        if self.dtype == jnp.float16:  # accumulate as the float16 matmul itself does
+            return jnp.matmul(lhs, dy, preferred_element_type=jnp.float32).astype(self.dtype)
+        return jnp.matmul(lhs, dy).astype(self.dtype)
+
+    def value(self) -> Array:
+        return self._product(self.lhs, self.dy)
+
+    def replica_sum(self, axis_name: str) -> Array:
+        """The sum of every replica's ``value()`` (call inside the replica map)."""
+        return self._product(
+            jax.lax.all_gather(self.lhs, axis_name), jax.lax.all_gather(self.dy, axis_name)
+        )
+
+
 class Env:
-    """Tensor → value for one graph invocation, with views aliasing their bases."""
+    """Tensor → value for one graph invocation, with views aliasing their bases.
+
+    A value may be a ``WeightGrad`` waiting for its consumer: ``read`` computes it,
+    ``read_raw`` hands it over as it is (to a collective that can do better, or across a
+    subgraph call).
+    """
 
     def __init__(self) -> None:
         self.values: dict[Tensor, Array] = {}
         self.views: dict[Tensor, _View] = {}
 
+    def read_raw(self, t: Tensor) -> Array:
+        value = self.values.get(t)
+        return value if isinstance(value, WeightGrad) else self.read(t)
+
     def read(self, t: Tensor) -> Array:
         value = self.values.get(t)
         if value is not None:
+            if isinstance(value, WeightGrad):
+                value = self.values[t] = value.value()
             return value
         view = self.views.get(t)
         if view is not None:
@@ -146,9 +191,16 @@ def apply_results(env: Env, op: Op, results: Any) -> None:
 
 @special("collective")
 def _lower_collective(ctx: LoweringContext, env: Env, op: Op) -> None:
-    args = (env.read(t) for t in op.inputs)
     assert op.opdef.lower is not None, f"{op.opdef.key} has no lowering"
-    apply_results(env, op, op.opdef.lower(*args, **op.attrs, impl=ctx.collective_impl))
+    impl = ctx.collective_impl
+    args = [env.read_raw(t) for t in op.inputs]
+    if isinstance(args[0], WeightGrad):
+        if impl == "gather" and sums_every_replica(op):
+            assert ctx.axis_name is not None
+            args[0], impl = args[0].replica_sum(ctx.axis_name), "summed"
+        else:
+            args[0] = env.read(op.inputs[0])
+    apply_results(env, op, op.opdef.lower(*args, **op.attrs, impl=impl))
 
 
 def lower_graph(
@@ -158,11 +210,13 @@ def lower_graph(
     extra: Mapping[Tensor, Array] | None = None,
     read_back: Sequence[Tensor] = (),
     ops: Sequence[Op] | None = None,
+    raw_outputs: bool = False,
 ) -> tuple[list[Array], list[Array], list[Array]]:
     """Run ``graph``'s ops on ``inputs``.
 
     Returns:
         (output values, final values of the graph inputs, final values of ``read_back``).
+        With ``raw_outputs`` an output may be a ``WeightGrad`` (for a caller that inlines).
     """
     env = Env()
     for t, value in zip(graph._inputs, inputs):
@@ -171,7 +225,7 @@ def lower_graph(
         env.values.update(extra)
     for op in graph._ops if ops is None else ops:
         lower_op(ctx, env, op)
-    outs = [env.read(t) for t in graph._outputs]
+    outs = [(env.read_raw if raw_outputs else env.read)(t) for t in graph._outputs]
     final_inputs = [env.read(t) for t in graph._inputs]
     return outs, final_inputs, [env.read(t) for t in read_back]
 

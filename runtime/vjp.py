@@ -13,9 +13,10 @@ import numpy as np
 
 from popxl._op import Op
 from popxl.tensor import Tensor
-from popxl.transforms._storage import parents
+from popxl.transforms._grad_ops import VjpRecipe
+from popxl.transforms._storage import parents, roots
 
-from .lowering import Env, LoweringContext, _checked, lower_op, special
+from .lowering import Env, LoweringContext, WeightGrad, _checked, lower_op, special
 
 
 def _link(env: Env, h: Tensor, roots: set[Tensor]) -> None:
@@ -72,5 +73,39 @@ def _lower_vjp(ctx: LoweringContext, env: Env, op: Op) -> None:
         for p, present in zip(primals, recipe.present)
     )
     grads = pullback(cotangents)
+    deferred = _deferred_weight_grad(ctx, recipe, values, cotangents)
     for out, k in zip(op.outputs, recipe.grad_for):
-        env.values[out] = _checked(grads[k], out)
+        if deferred is not None and k == deferred[0]:
+            env.values[out] = deferred[1]  # XLA drops the pullback's own product, now unused
+        else:
+            env.values[out] = _checked(grads[k], out)
+
+
+def _deferred_weight_grad(
+    ctx: LoweringContext, recipe: VjpRecipe, values: list, cotangents: tuple
+) -> tuple[int, WeightGrad] | None:
+    """For a matmul with a 2-D right operand under replication by ``jax.vmap``: that
+    operand's root index and its gradient as a ``WeightGrad`` (see there); else None."""
+    forward_op = recipe.op
+    if ctx.collective_impl != "gather" or forward_op.opdef.key != "matmul":
+        return None
+    lhs, rhs = forward_op.inputs
+    out = forward_op.outputs[0]
+    if (
+        not recipe.needs_values
+        or not recipe.present[0]
+        or rhs not in recipe.roots
+        or rhs in roots(lhs)  # the gradient would also flow through the left operand
+        or len(rhs.shape) != 2
+        or len(lhs.shape) < 2
+        or out.dtype != rhs.dtype
+        or not jnp.issubdtype(rhs.dtype.as_numpy(), jnp.floating)
+    ):
+        return None
+    index = recipe.roots.index(rhs)
+    if index not in recipe.grad_for:
+        return None
+    sub = Env()
+    sub.values.update(zip(recipe.roots, values))
+    _link(sub, lhs, set(recipe.roots))
+    return index, WeightGrad(sub.read(lhs), cotangents[0], rhs.dtype.as_numpy())

@@ -85,7 +85,8 @@ def _check_op(op: str) -> str:
 # ``impl`` is chosen by the runtime: "native" uses JAX's collectives where they exist;
 # "gather" computes every reduction from an all-gather and an unrolled fold over the
 # replicas, which is much faster under ``jax.vmap`` (where ``psum`` becomes a slow reduction
-# over the mapped axis on CPU).
+# over the mapped axis on CPU). "summed" means the runtime has already summed the input over
+# every replica (see ``sums_every_replica``).
 
 
 def _fold(values: list, op: str) -> Any:
@@ -139,6 +140,8 @@ _NATIVE = {"add": "psum", "mean": "pmean", "min": "pmin", "max": "pmax"}
 def _all_reduce(x: Any, *, op: str, groups: Groups, impl: str = "native") -> Any:
     replicas = groups[0]
     size = _group_size(groups)
+    if impl == "summed":  # the runtime already summed ``x`` over every replica
+        return x / replicas if op == "mean" else x
     if size == 1:
         return x * x if op == "square_add" else x
     if impl == "native" and size == replicas and op in _NATIVE:
@@ -163,6 +166,19 @@ def _my_chunk(flat: Any, groups: Groups) -> Any:
 
 
 # all_reduce -----------------------------------------------------------------------------
+
+
+def sums_every_replica(op: Any) -> bool:
+    """Whether ``op`` is an all-reduce or reduce-scatter that adds (or averages) its input
+    over every replica, so the runtime may hand it the replica sum (``impl="summed"``)."""
+    if op.opdef.key not in (
+        "replicated_all_reduce",
+        "replicated_all_reduce_",
+        "replicated_reduce_scatter",
+    ):
+        return False
+    groups = op.attrs["groups"]
+    return op.attrs["op"] in ("add", "mean") and groups[0] > 1 and _group_size(groups) == groups[0]
 
 
 def _same_infer(t: Any, **_: Any) -> list:
