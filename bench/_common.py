@@ -39,7 +39,7 @@ def compare(
     project: Callable[[], Any], reference: Callable[[], Any], repeats: int, rounds: int = 7
 ) -> tuple[float, float]:
     """Seconds per call of each, timed in alternating rounds (so load changes hit both);
-    medians over rounds."""
+    the fastest round of each (interference on a shared machine only adds time)."""
     project()
     reference()
     a, b = [], []

@@ -5,18 +5,28 @@ micro-batch 8 per replica and gradients averaged with ``replicated_all_reduce_(.
 against the same program with one replica and batch ``8 R``. Seconds per step; the target
 ratio (replicated / single) is <= 1.2.
 
-Both are timed in this process in alternating rounds. Run: python bench/replication.py
+Both are timed in this process in alternating rounds; peak resident memory is measured with
+each variant alone in a fresh process. Run: python bench/replication.py
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import compare, device_name, report  # noqa: E402
+from bench._common import (  # noqa: E402
+    compare,
+    device_name,
+    peak_rss_mb,
+    report,
+    run_variant,
+    timed,
+)
 
 MICRO_BATCH = 8
 
@@ -57,7 +67,21 @@ def step_runner(replicas: int, batch: int):
     return session, lambda: np.asarray(session.run(inputs)[loss_stream]).sum()
 
 
+def variant(replicas: int, batch: int) -> None:
+    """Run one variant alone (for its peak memory)."""
+    session, run = step_runner(replicas, batch)
+    seconds = timed(run, 50)
+    session.__exit__(None, None, None)
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_rss_mb()}))
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--variant", nargs=2, type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.variant:
+        variant(*args.variant)
+        return
     rows = []
     for replicas in (1, 2, 4):
         replicated_session, replicated = step_runner(replicas, MICRO_BATCH)
@@ -67,6 +91,11 @@ def main() -> None:
         single_session.__exit__(None, None, None)
         name = f"step, R={replicas} x batch {MICRO_BATCH} vs 1 x batch {MICRO_BATCH * replicas}"
         rows.append((name, r, s, "s"))
+    for replicas in (2, 4):
+        replicated = run_variant(__file__, "--variant", str(replicas), str(MICRO_BATCH))
+        single = run_variant(__file__, "--variant", "1", str(MICRO_BATCH * replicas))
+        name = f"peak RSS, R={replicas} vs 1 x batch {MICRO_BATCH * replicas}"
+        rows.append((name, replicated["peak_rss_mb"], single["peak_rss_mb"], "MiB"))
     print(f"device: {device_name()}")
     report(rows)
 
