@@ -71,6 +71,24 @@ def test_every_device_desc_runs(device_desc):
     np.testing.assert_array_equal(out, [12.0, 23.0])
 
 
+@pytest.mark.parametrize("device_desc", ["cpu", "ipu_model", "ipu_hw"])
+def test_every_device_desc_picks_jaxs_default_device(monkeypatch, device_desc):
+    """A GPU, when JAX has one, is its default device: ``ipu_hw`` (and the others) use it."""
+    from runtime import device
+
+    gpu = object()
+    monkeypatch.setattr(jax, "devices", lambda *backend: [gpu])
+    assert device.select_device(device_desc) is gpu
+
+
+def test_session_state_lives_on_the_selected_device():
+    ir, w, x_h2d, out_d2h = _add_program()
+    with popxl.Session(ir, "ipu_hw") as session:
+        session.run({x_h2d: np.array([10.0, 20.0], np.float32)})
+        assert session._state
+        assert all(leaf.devices() == {jax.devices()[0]} for leaf in session._state)
+
+
 def test_ir_without_ops():
     ir = popxl.Ir()
     with ir.main_graph:
