@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .._op import core_error, define
 from ..tensor import Tensor
 from ._base import jnp, record, spec
@@ -34,8 +36,10 @@ def _factors(**values: Any) -> tuple[dict[str, Tensor], dict[str, Any]]:
 
 
 def _params(scalars: tuple, tensor_args: tuple[str, ...], floats: dict, dtype: Any) -> dict:
-    """Factor values for a lowering: attributes, overridden by the tensor inputs."""
-    values = dict(floats)
+    """Factor values for a lowering, in the compute dtype: attributes, overridden by the
+    tensor inputs. Like the IPU, ``1 - beta`` and the like are computed from the float32
+    value of a float factor, not from the Python double."""
+    values = {k: None if v is None else np.asarray(v, dtype) for k, v in floats.items()}
     values.update({k: s.reshape(()).astype(dtype) for k, s in zip(tensor_args, scalars)})
     return values
 
@@ -86,7 +90,9 @@ def _accumulate_lowering(rule: Any) -> Any:
     def lower(t: Any, x: Any, *scalars: Any, tensor_args: tuple[str, ...], f: Any) -> Any:
         dt = _compute_dtype(t, x)
         factor = _params(scalars, tensor_args, {"f": f}, dt)["f"]
-        return rule(t.astype(dt), x.astype(dt), factor).astype(t.dtype)
+        # X is converted to the accumulator's dtype first (a float32 gradient into a float16
+        # accumulator is rounded to float16), then combined at float32 or wider.
+        return rule(t.astype(dt), x.astype(t.dtype).astype(dt), factor).astype(t.dtype)
 
     return lower
 

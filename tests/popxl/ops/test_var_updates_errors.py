@@ -172,3 +172,26 @@ def test_updates_persist_in_variables_across_runs():
     # t=1: (0.5/0.5) / sqrt(0.25/0.5); t=2: (0.5/0.75) / sqrt(0.25/0.75)
     np.testing.assert_allclose(first, np.full(3, 1 / np.sqrt(0.5)), rtol=1e-6)
     np.testing.assert_allclose(second, np.full(3, (0.5 / 0.75) / np.sqrt(0.25 / 0.75)), rtol=1e-6)
+
+
+def test_float_factors_and_mixed_precision_follow_the_ipu():
+    """A float32 X entering a float16 accumulator is rounded to float16 first, and float
+    factors are float32 values: ``1 - f`` is ``1 - float32(f)``, not the Python double."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        m = popxl.variable(np.zeros(3, np.float16), name="m")
+        v = popxl.variable(np.zeros(3, np.float32), name="v")
+        x = popxl.constant(np.full(3, 0.1, np.float32), name="x")
+        vu.accumulate_moving_average_(m, x, f=0.9)
+        vu.accumulate_moving_average_square_(v, x, f=0.999)
+    with popxl.Session(ir, "ipu_model") as session:
+        session.run()
+    f32, f16 = np.float32, np.float16
+    x16 = f32(f16(f32(0.1)))  # 0.0999755859375
+    want_m = f16(x16 * (f32(1) - f32(0.9)))
+    want_v = (f32(1) - f32(0.999)) * f32(0.1) * f32(0.1)
+    np.testing.assert_array_equal(session.get_tensor_data(m), np.full(3, want_m))
+    np.testing.assert_allclose(session.get_tensor_data(v), np.full(3, want_v), rtol=1e-7)
+    # The float64 computation would have given other values, so the test tells them apart.
+    assert f16(0.1 * 0.1) != want_m
+    assert abs((1 - 0.999) * 0.01 - want_v) / want_v > 1e-6
