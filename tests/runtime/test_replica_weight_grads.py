@@ -184,8 +184,8 @@ def test_float16_weight_grad(spy):
 
 
 def test_data_parallel_sgd_stores_shared_weights_once(monkeypatch):
-    """With the fused gradient, SGD-updated weights stay replica-invariant under vmap, so
-    they are stored once rather than per replica."""
+    """SGD from the contracted gradient: the update matches NumPy, and the weight, identical
+    on every replica, is stored once under vmap."""
     monkeypatch.setenv("POPXL_REPLICATION", "vmap")
     ir = popxl.Ir(replication=R)
     with ir.main_graph:
