@@ -385,7 +385,7 @@ class Session:
         tensors = list(tensors)
         for t in tensors:
             if not isinstance(t, (Variable, Constant)):
-                raise TypeError(NOT_VAR_OR_CONST_MSG.format(t=t))
+                raise TypeError(NOT_VAR_OR_CONST_MSG.format(t=t) + self._loaded_from_hint(t))
         if self.is_attached and self._host_stale and any(isinstance(t, Variable) for t in tensors):
             self.weights_to_host()
         return {t: self._read_host(t) for t in tensors}
@@ -397,6 +397,24 @@ class Session:
         if value is None:
             raise ValueError(f"Variable {t.id} does not belong to this session's Ir {self.ir_.id}.")
         return value
+
+    def _loaded_from_hint(self, t: Any) -> str:
+        """For a tensor remote-loaded from a variable's slot (e.g. the shard handle
+        ``replica_sharded_variable`` returns): which variable to read instead."""
+        op = getattr(t, "_producer", None)
+        if op is None or op.opdef.key not in ("remote_load", "remote_load_"):
+            return ""
+        offset = op.inputs[1]
+        for var in self.ir_._variables:
+            buffer = var._remote_buffer
+            if (
+                buffer is not None
+                and buffer.remote_buffer_id == op.attrs["buffer_id"]
+                and isinstance(offset, Constant)
+                and int(np.asarray(offset._data)) == var._remote_offset
+            ):
+                return f" It is loaded from variable {var.id}: read that variable instead."
+        return ""
 
     def write_variable_data(self, tensor: Variable, data: Any) -> None:
         """Set one variable's value (see ``write_variables_data``)."""

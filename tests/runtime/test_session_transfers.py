@@ -227,6 +227,16 @@ def test_read_rejects_non_variables():
         session.get_tensors_data([w, y])
 
 
+def test_reading_a_shard_handle_names_its_variable():
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        var, shard = popxl.replica_sharded_variable(np.arange(4, dtype=np.float32), name="w")
+    session = popxl.Session(ir)
+    with pytest.raises(TypeError, match=f"loaded from variable {var.id}: read that variable"):
+        session.get_tensor_data(shard)
+    np.testing.assert_array_equal(session.get_tensor_data(var), np.arange(4))
+
+
 # Writing -----------------------------------------------------------------------------------
 
 
