@@ -24,6 +24,8 @@ from popxl.graph import Graph
 from popxl.ops.collectives import sums_every_replica
 from popxl.tensor import Constant, Tensor
 
+from .replica_sums import LINEAR_ACCUMULATES, Deferred, deferred_accumulation
+
 Array = Any
 Fx = dict[str, Array]
 
@@ -52,45 +54,11 @@ class _View:
     attrs: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
-class WeightGrad:
-    """The gradient of a 2-D matmul weight, ``lhsᵀ · dy`` summed over every leading dimension,
-    kept uncomputed until its consumer is known.
-
-    Under ``jax.vmap`` replication each replica would compute its own weight-sized gradient
-    before a mean all-reduce adds them up. When the consumer is an all-reduce over every
-    replica, ``replica_sum`` instead contracts the gathered activations and cotangents of all
-    replicas in one product, computed once, as the same step with an R-times batch would.
-    Any other consumer gets ``value()``, exactly the per-replica gradient.
-    """
-
-    lhs: Array  # (..., k): the matmul's left operand
-    dy: Array  # (..., n): the cotangent of the matmul's result
-    dtype: Any  # the weight's dtype
-
-    def _product(self, lhs: Array, dy: Array) -> Array:
-        lhs = lhs.reshape(-1, lhs.shape[-1]).T
-        dy = dy.reshape(-1, dy.shape[-1])
-        if self.dtype == jnp.float16:  # accumulate as the float16 matmul itself does
-            return jnp.matmul(lhs, dy, preferred_element_type=jnp.float32).astype(self.dtype)
-        return jnp.matmul(lhs, dy).astype(self.dtype)
-
-    def value(self) -> Array:
-        return self._product(self.lhs, self.dy)
-
-    def replica_sum(self, axis_name: str) -> Array:
-        """The sum of every replica's ``value()`` (call inside the replica map)."""
-        return self._product(
-            jax.lax.all_gather(self.lhs, axis_name), jax.lax.all_gather(self.dy, axis_name)
-        )
-
-
 class Env:
     """Tensor → value for one graph invocation, with views aliasing their bases.
 
-    A value may be a ``WeightGrad`` waiting for its consumer: ``read`` computes it,
-    ``read_raw`` hands it over as it is (to a collective that can do better, or across a
-    subgraph call).
+    A value may be ``Deferred`` (see ``replica_sums``): ``read`` computes it, ``read_raw``
+    hands it over as it is (to a consumer that can do better, or across a subgraph call).
     """
 
     def __init__(self) -> None:
@@ -99,12 +67,12 @@ class Env:
 
     def read_raw(self, t: Tensor) -> Array:
         value = self.values.get(t)
-        return value if isinstance(value, WeightGrad) else self.read(t)
+        return value if isinstance(value, Deferred) else self.read(t)
 
     def read(self, t: Tensor) -> Array:
         value = self.values.get(t)
         if value is not None:
-            if isinstance(value, WeightGrad):
+            if isinstance(value, Deferred):
                 value = self.values[t] = value.value()
             return value
         view = self.views.get(t)
@@ -120,6 +88,8 @@ class Env:
         if view is None:
             self.values[t] = value
             return
+        if isinstance(value, Deferred):
+            value = value.value()
         old = [self.read(p) for p in view.parents]
         for parent, new in zip(view.parents, view.inverse(old, value, **view.attrs)):
             self.write(parent, new)
@@ -169,8 +139,33 @@ def lower_op(ctx: LoweringContext, env: Env, op: Op) -> None:
     if opdef.view_inverse is not None:
         env.view(op.outputs[0], opdef, op.inputs, op.attrs)
         return
+    if opdef.key in LINEAR_ACCUMULATES and ctx.collective_impl == "gather":
+        if _deferred_accumulate(ctx, env, op):
+            return
     assert opdef.lower is not None, f"{opdef.key} has no lowering"
     apply_results(env, op, opdef.lower(*(env.read(t) for t in op.inputs), **op.attrs))
+
+
+def _deferred_accumulate(ctx: LoweringContext, env: Env, op: Op) -> bool:
+    """Under vmap replication, an accumulate op fed a deferred gradient (or updating a
+    deferred accumulator) leaves a ``replica_sums.Accumulation`` in the accumulator.
+    Returns False where the ordinary lowering must run instead."""
+    t_in, x_in = op.inputs[:2]
+    dtype = t_in.dtype.as_numpy()
+    if dtype not in (np.float32, np.float64):  # lower precision rounds at every update
+        return False
+    t, x = env.read_raw(t_in), env.read_raw(x_in)
+    if op.attrs["tensor_args"]:
+        factor = env.read(op.inputs[2]).reshape(()).astype(dtype)
+    else:
+        factor = np.asarray(op.attrs["f"], dtype)
+    assert ctx.axis_name is not None
+    result = deferred_accumulation(op.opdef.key, t, x, factor, dtype, ctx.axis_name, ctx.replicas)
+    if result is None:
+        return False
+    env.write(t_in, result)
+    env.alias(op.outputs[0], t_in)
+    return True
 
 
 def apply_results(env: Env, op: Op, results: Any) -> None:
@@ -194,10 +189,10 @@ def _lower_collective(ctx: LoweringContext, env: Env, op: Op) -> None:
     assert op.opdef.lower is not None, f"{op.opdef.key} has no lowering"
     impl = ctx.collective_impl
     args = [env.read_raw(t) for t in op.inputs]
-    if isinstance(args[0], WeightGrad):
+    if isinstance(args[0], Deferred):
         if impl == "gather" and sums_every_replica(op):
             assert ctx.axis_name is not None
-            args[0], impl = args[0].replica_sum(ctx.axis_name), "summed"
+            args[0], impl = args[0].replica_sum(ctx.axis_name, ctx.replicas), "summed"
         else:
             args[0] = env.read(op.inputs[0])
     apply_results(env, op, op.opdef.lower(*args, **op.attrs, impl=impl))
@@ -216,7 +211,8 @@ def lower_graph(
 
     Returns:
         (output values, final values of the graph inputs, final values of ``read_back``).
-        With ``raw_outputs`` an output may be a ``WeightGrad`` (for a caller that inlines).
+        With ``raw_outputs`` outputs and final input values may be ``Deferred`` (for a
+        caller that inlines).
     """
     env = Env()
     for t, value in zip(graph._inputs, inputs):
@@ -225,8 +221,9 @@ def lower_graph(
         env.values.update(extra)
     for op in graph._ops if ops is None else ops:
         lower_op(ctx, env, op)
-    outs = [(env.read_raw if raw_outputs else env.read)(t) for t in graph._outputs]
-    final_inputs = [env.read(t) for t in graph._inputs]
+    read = env.read_raw if raw_outputs else env.read
+    outs = [read(t) for t in graph._outputs]
+    final_inputs = [read(t) for t in graph._inputs]
     return outs, final_inputs, [env.read(t) for t in read_back]
 
 

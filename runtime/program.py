@@ -34,6 +34,7 @@ from popxl.transforms._storage import roots, written_inputs
 
 from . import control, host_io, remote, vjp  # noqa: F401  (register special lowerings)
 from .lowering import LoweringContext, lower_graph
+from .replica_sums import is_batched
 
 REPLICA_AXIS = "replica"
 # Compiled steps by IR structure, least recently used first; bounded so that programs built
@@ -310,12 +311,6 @@ def _may_be_shared(var: Variable) -> bool:
     return grouping.num_groups == 1 and not per_replica
 
 
-def _is_batched(value: Any) -> bool:
-    from jax._src.interpreters import batching  # noqa: PLC0415 (no public API for this)
-
-    return isinstance(value, batching.BatchTracer) and isinstance(value.batch_dim, int)
-
-
 def _probe_batched(
     replica_step: Any,
     candidates: list[bool],
@@ -334,7 +329,7 @@ def _probe_batched(
 
         def probe(state: tuple, ins: tuple, flags: list[bool] = flags) -> tuple:
             new_state, outs = replica_step(state, ins)
-            flags[:] = [_is_batched(x) for x in new_state]
+            flags[:] = [is_batched(x) for x in new_state]
             return new_state, outs
 
         state = tuple(

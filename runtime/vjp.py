@@ -16,7 +16,8 @@ from popxl.tensor import Tensor
 from popxl.transforms._grad_ops import VjpRecipe
 from popxl.transforms._storage import parents, roots
 
-from .lowering import Env, LoweringContext, WeightGrad, _checked, lower_op, special
+from .lowering import Env, LoweringContext, _checked, lower_op, special
+from .replica_sums import WeightGrad
 
 
 def _link(env: Env, h: Tensor, roots: set[Tensor]) -> None:

@@ -1,0 +1,147 @@
+"""Values kept in parts until their consumer is known, so replica sums cost what one large
+batch costs.
+
+Under ``jax.vmap`` replication every replica computes its own weight-sized gradient, and a
+mean all-reduce then adds R of them up: R times the weight-sized work of one step on an
+R-times batch. The lowering instead keeps two kinds of value *deferred*:
+
+* ``WeightGrad``: the gradient of a 2-D matmul weight, as its operands (activations and
+  cotangents). Its replica sum is one product of the gathered operands of all replicas.
+* ``Accumulation``: an accumulator updated with a linear rule (``accumulate_``,
+  ``accumulate_mean_``, ``accumulate_moving_average_``) from such a gradient. Its replica sum
+  is carried along eagerly (``a·total + b·Σ_r x_r`` per update), its per-replica value only
+  as a recipe.
+
+A full-replica add/mean all-reduce (or reduce-scatter) takes the replica sum; any other
+consumer reads ``value()``, exactly the per-replica result. Whatever is not used is traced
+but never computed: XLA drops it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+Array = Any
+
+
+def is_batched(value: Any) -> bool:
+    """Whether ``value``, traced inside ``jax.vmap``, differs between replicas."""
+    from jax._src.interpreters import batching  # noqa: PLC0415 (no public API for this)
+
+    return isinstance(value, batching.BatchTracer) and isinstance(value.batch_dim, int)
+
+
+def replica_sum(value: Any, axis_name: str, replicas: int) -> Array:
+    """The sum over replicas of a deferred value or an array (inside the replica map)."""
+    if isinstance(value, Deferred):
+        return value.replica_sum(axis_name, replicas)
+    if not is_batched(value):
+        return value * replicas
+    gathered = lax.all_gather(value, axis_name)
+    total = gathered[0]
+    for r in range(1, replicas):  # an unrolled sum: XLA's CPU reduce over this axis is slow
+        total = total + gathered[r]
+    return total
+
+
+def value_of(value: Any) -> Array:
+    return value.value() if isinstance(value, Deferred) else value
+
+
+class Deferred(ABC):
+    """A per-replica value not computed yet; see the module docstring."""
+
+    @abstractmethod
+    def value(self) -> Array:
+        """This replica's value."""
+
+    @abstractmethod
+    def replica_sum(self, axis_name: str, replicas: int) -> Array:
+        """The sum of every replica's ``value()``, computed cheaply."""
+
+
+@dataclass(frozen=True)
+class WeightGrad(Deferred):
+    """The gradient of a 2-D matmul weight, ``lhsᵀ · dy`` summed over every leading
+    dimension, as its operands."""
+
+    lhs: Array  # (..., k): the matmul's left operand
+    dy: Array  # (..., n): the cotangent of the matmul's result
+    dtype: Any  # the weight's dtype
+
+    def _product(self, lhs: Array, dy: Array) -> Array:
+        lhs = lhs.reshape(-1, lhs.shape[-1]).T
+        dy = dy.reshape(-1, dy.shape[-1])
+        if self.dtype == jnp.float16:  # accumulate as the float16 matmul itself does
+            return jnp.matmul(lhs, dy, preferred_element_type=jnp.float32).astype(self.dtype)
+        return jnp.matmul(lhs, dy).astype(self.dtype)
+
+    def value(self) -> Array:
+        return self._product(self.lhs, self.dy)
+
+    def replica_sum(self, axis_name: str, replicas: int) -> Array:
+        """One product of all replicas' operands, computed once."""
+        return self._product(
+            lax.all_gather(self.lhs, axis_name), lax.all_gather(self.dy, axis_name)
+        )
+
+
+@dataclass(frozen=True)
+class Accumulation(Deferred):
+    """``a · previous + b · x``, an accumulator after a linear update, with its replica sum
+    ``total`` already computed. ``a`` and ``b`` are the same on every replica."""
+
+    a: Array
+    previous: Any  # an array or a Deferred
+    b: Array
+    x: Any  # an array or a Deferred
+    total: Array
+    dtype: Any  # the accumulator's
+
+    def value(self) -> Array:
+        x = value_of(self.x).astype(self.dtype)
+        return (self.a * value_of(self.previous) + self.b * x).astype(self.dtype)
+
+    def replica_sum(self, axis_name: str, replicas: int) -> Array:
+        return self.total
+
+
+# accumulate op key → (a, b) of its rule ``t ← a·t + b·x``, from the factor ``f``
+LINEAR_ACCUMULATES = {
+    "accumulate_": lambda f: (1.0, f),
+    "accumulate_mean_": lambda f: (f / (f + 1), 1 / (f + 1)),
+    "accumulate_moving_average_": lambda f: (f, 1 - f),
+}
+
+
+def deferred_accumulation(
+    key: str, t: Any, x: Any, factor: Array, dtype: Any, axis_name: str, replicas: int
+) -> Accumulation | None:
+    """The result of accumulate op ``key`` as an ``Accumulation``, or None where that does
+    not pay or would be wrong: only a deferred gradient or accumulator starts one, and
+    the factor must be the same on every replica (else the sum is not linear in it)."""
+    if not isinstance(x, Deferred) and not isinstance(t, Accumulation):
+        return None
+    if is_batched(factor):
+        return None
+    a, b = LINEAR_ACCUMULATES[key](factor)
+    total = a * replica_sum(t, axis_name, replicas).astype(dtype)
+    total = total + b * replica_sum(x, axis_name, replicas).astype(dtype)
+    return Accumulation(a, t, b, x, total.astype(dtype), dtype)
+
+
+__all__ = [
+    "LINEAR_ACCUMULATES",
+    "Accumulation",
+    "Deferred",
+    "WeightGrad",
+    "deferred_accumulation",
+    "is_batched",
+    "replica_sum",
+    "value_of",
+]
