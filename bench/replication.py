@@ -5,6 +5,10 @@ micro-batch 8 per replica and gradients averaged with ``replicated_all_reduce_(.
 against the same program with one replica and batch ``8 R``. Seconds per step; the target
 ratio (replicated / single) is <= 1.2.
 
+Also tutorial 3's program (gradient accumulation over 4 micro-batches into running-mean
+accumulators, all-reduced in place, then Adam) with R replicas against one replica with an
+R-times micro-batch.
+
 Both are timed in this process in alternating rounds; peak resident memory is measured with
 each variant alone in a fresh process. Run: python bench/replication.py
 """
@@ -29,6 +33,7 @@ from bench._common import (  # noqa: E402
 )
 
 MICRO_BATCH = 8
+ACCUMULATION = 4
 
 
 def step_runner(replicas: int, batch: int):
@@ -67,6 +72,25 @@ def step_runner(replicas: int, batch: int):
     return session, lambda: np.asarray(session.run(inputs)[loss_stream]).sum()
 
 
+def accumulation_runner(replicas: int, micro_batch: int):
+    """Tutorial 3's training step (gradient accumulation, all-reduce, Adam): an entered
+    session and a function running one step."""
+    from tutorials import load_tutorial
+
+    tutorial = load_tutorial("3_data_parallelism")
+    session, (images, labels), _, loss = tutorial.train_program(
+        micro_batch, ACCUMULATION, replicas, "ipu_hw", 1e-3
+    )
+    lead = (ACCUMULATION,) + ((replicas,) if replicas > 1 else ())
+    rng = np.random.default_rng(0)
+    inputs = {
+        images: rng.normal(size=lead + images.shape).astype(np.float32),
+        labels: rng.integers(0, 10, lead + labels.shape).astype(np.int32),
+    }
+    session.__enter__()
+    return session, lambda: np.asarray(session.run(inputs)[loss]).sum()
+
+
 def variant(replicas: int, batch: int) -> None:
     """Run one variant alone (for its peak memory)."""
     session, run = step_runner(replicas, batch)
@@ -90,6 +114,14 @@ def main() -> None:
         replicated_session.__exit__(None, None, None)
         single_session.__exit__(None, None, None)
         name = f"step, R={replicas} x batch {MICRO_BATCH} vs 1 x batch {MICRO_BATCH * replicas}"
+        rows.append((name, r, s, "s"))
+    for replicas in (2, 4):
+        replicated_session, replicated = accumulation_runner(replicas, MICRO_BATCH)
+        single_session, single = accumulation_runner(1, MICRO_BATCH * replicas)
+        r, s = compare(replicated, single, 20)
+        replicated_session.__exit__(None, None, None)
+        single_session.__exit__(None, None, None)
+        name = f"GA {ACCUMULATION} + Adam, R={replicas} vs 1 x micro-batch {MICRO_BATCH * replicas}"
         rows.append((name, r, s, "s"))
     for replicas in (2, 4):
         replicated = run_variant(__file__, "--variant", str(replicas), str(MICRO_BATCH))
