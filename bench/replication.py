@@ -91,6 +91,17 @@ def accumulation_runner(replicas: int, micro_batch: int):
     return session, lambda: np.asarray(session.run(inputs)[loss]).sum()
 
 
+def compare_replicated(runner, replicas: int, repeats: int) -> tuple[float, float]:
+    """Seconds per step of ``runner``'s program with R replicas and with one replica at an
+    R-times (micro-)batch."""
+    replicated_session, replicated = runner(replicas, MICRO_BATCH)
+    single_session, single = runner(1, MICRO_BATCH * replicas)
+    seconds = compare(replicated, single, repeats)
+    replicated_session.__exit__(None, None, None)
+    single_session.__exit__(None, None, None)
+    return seconds
+
+
 def variant(replicas: int, batch: int) -> None:
     """Run one variant alone (for its peak memory)."""
     session, run = step_runner(replicas, batch)
@@ -108,19 +119,11 @@ def main() -> None:
         return
     rows = []
     for replicas in (1, 2, 4):
-        replicated_session, replicated = step_runner(replicas, MICRO_BATCH)
-        single_session, single = step_runner(1, MICRO_BATCH * replicas)
-        r, s = compare(replicated, single, 50)
-        replicated_session.__exit__(None, None, None)
-        single_session.__exit__(None, None, None)
+        r, s = compare_replicated(step_runner, replicas, 50)
         name = f"step, R={replicas} x batch {MICRO_BATCH} vs 1 x batch {MICRO_BATCH * replicas}"
         rows.append((name, r, s, "s"))
     for replicas in (2, 4):
-        replicated_session, replicated = accumulation_runner(replicas, MICRO_BATCH)
-        single_session, single = accumulation_runner(1, MICRO_BATCH * replicas)
-        r, s = compare(replicated, single, 20)
-        replicated_session.__exit__(None, None, None)
-        single_session.__exit__(None, None, None)
+        r, s = compare_replicated(accumulation_runner, replicas, 20)
         name = f"GA {ACCUMULATION} + Adam, R={replicas} vs 1 x micro-batch {MICRO_BATCH * replicas}"
         rows.append((name, r, s, "s"))
     for replicas in (2, 4):

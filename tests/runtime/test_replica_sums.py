@@ -52,6 +52,13 @@ def _weight_grad(ir, x, w_value=W, forward=None):
     return g
 
 
+def _assert_reduced(got, per_replica, op, atol):
+    """Every replica's row of ``got`` is the sum (``add``) or mean of ``per_replica``."""
+    want = per_replica.sum(0) if op == "add" else per_replica.mean(0)
+    for replica in range(R):
+        np.testing.assert_allclose(got[replica], want, rtol=1e-5, atol=atol)
+
+
 def _under_vmap():
     return os.environ["POPXL_REPLICATION"] == "vmap"  # set by the ``mode`` fixture
 
@@ -90,10 +97,7 @@ def test_all_reduced_weight_grad_matches_numpy(spy, op, inplace):
         return reduce(_weight_grad(ir, x), op)
 
     (got,) = run_replicated(R, build, [X])
-    grads = _per_replica_grads(X, W)
-    want = grads.sum(0) if op == "add" else grads.mean(0)
-    for replica in range(R):
-        np.testing.assert_allclose(got[replica], want, rtol=1e-5, atol=1e-6)
+    _assert_reduced(got, _per_replica_grads(X, W), op, atol=1e-6)
     # One contraction over the replicas under vmap (each lowering: the batching probe and the
     # step); shard_map keeps the psum of local gradients.
     assert (spy["replica_sum"] > 0) == _under_vmap()
@@ -110,9 +114,7 @@ def test_reduce_scatter_of_a_weight_grad(spy):
         return collectives.replicated_all_gather(shard)
 
     (got,) = run_replicated(R, build, [X])
-    want = _per_replica_grads(X, W).mean(0)
-    for replica in range(R):
-        np.testing.assert_allclose(got[replica], want, rtol=1e-5, atol=1e-6)
+    _assert_reduced(got, _per_replica_grads(X, W), "mean", atol=1e-6)
     assert (spy["replica_sum"] > 0) == _under_vmap()
 
 
@@ -262,10 +264,7 @@ def test_all_reduced_accumulator_matches_numpy(spy, rule, factor, op):
         return collectives.replicated_all_reduce(acc, op)
 
     (got,) = run_replicated(R, build, [X2])
-    per_replica = _expected_accumulator(rule, factor)
-    want = per_replica.sum(0) if op == "add" else per_replica.mean(0)
-    for replica in range(R):
-        np.testing.assert_allclose(got[replica], want, rtol=1e-5, atol=1e-5)
+    _assert_reduced(got, _expected_accumulator(rule, factor), op, atol=1e-5)
     assert (spy["acc_sum"] > 0) == _under_vmap()
     # (The accumulator variable itself keeps its per-replica value, so that is computed too.)
 
