@@ -20,7 +20,7 @@ but never computed: XLA drops it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax.numpy as jnp
@@ -77,9 +77,9 @@ class WeightGrad(Deferred):
     def _product(self, lhs: Array, dy: Array) -> Array:
         lhs = lhs.reshape(-1, lhs.shape[-1]).T
         dy = dy.reshape(-1, dy.shape[-1])
-        if self.dtype == jnp.float16:  # accumulate as the float16 matmul itself does
-            return jnp.matmul(lhs, dy, preferred_element_type=jnp.float32).astype(self.dtype)
-        return jnp.matmul(lhs, dy).astype(self.dtype)
+        # Sums of products at float32 or wider, as the float16 matmul itself accumulates.
+        wide = jnp.promote_types(self.dtype, jnp.float32)
+        return jnp.matmul(lhs, dy, preferred_element_type=wide).astype(self.dtype)
 
     def value(self) -> Array:
         return self._product(self.lhs, self.dy)
@@ -130,8 +130,11 @@ def deferred_accumulation(
     if is_batched(factor):
         return None
     a, b = LINEAR_ACCUMULATES[key](factor)
-    total = a * replica_sum(t, axis_name, replicas).astype(dtype)
-    total = total + b * replica_sum(x, axis_name, replicas).astype(dtype)
+    if isinstance(x, WeightGrad):  # sum the replicas' gradients in the accumulator's dtype
+        x_total = replace(x, dtype=dtype).replica_sum(axis_name, replicas)
+    else:
+        x_total = replica_sum(x, axis_name, replicas).astype(dtype)
+    total = a * replica_sum(t, axis_name, replicas).astype(dtype) + b * x_total
     return Accumulation(a, t, b, x, total.astype(dtype), dtype)
 
 

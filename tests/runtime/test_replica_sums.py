@@ -351,3 +351,25 @@ def test_accumulating_through_a_view():
     (got,) = run_replicated(R, build, [X2])
     want = _expected_accumulator("accumulate_", 0.5).mean(0).reshape(-1)
     np.testing.assert_allclose(got[1], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.usefixtures("mode")
+def test_float16_gradients_summed_into_a_float32_accumulator(spy):
+    """Mixed precision: the replicas' float16 gradients are summed at float32, so a sum
+    beyond float16's range (4 × 2 × 30000 here) stays finite, as per-replica float32
+    accumulators followed by a float32 all-reduce would give."""
+    from popxl.ops import var_updates
+
+    x = np.full((R, 2, B, K), 10000.0, np.float16)
+
+    def build(ir, x):
+        acc = popxl.variable(np.zeros((K, N), np.float32), name="acc")
+        for step in range(2):
+            g = _weight_grad(ir, x[step], W.astype(np.float16), lambda x, w: ops.sum(x @ w))
+            var_updates.accumulate_(acc, g, 1.0)
+        return collectives.replicated_all_reduce(acc, "add")
+
+    (got,) = run_replicated(R, build, [x])
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.full((R, K, N), R * 2 * B * 10000.0))
+    assert (spy["acc_sum"] > 0) == _under_vmap()
