@@ -11,9 +11,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ._popart_compat import PbIr
 from .graph import Graph
 from .module import Module
 from .replica_grouping import ReplicaGrouping
+from .session_options import SessionOptions
 from .tensor import Tensor, graph_input, graph_output
 from .tensor_spec import TensorSpec
 
@@ -71,8 +73,14 @@ class Ir:
         self._prepared = False
         self._session_ref: Callable[[], Any] = lambda: None
         self._dot_dir: Path | None = None
+        self._session_options = SessionOptions()
         self._main = Graph._create(self, "")
         self.replication_factor = cast(int, replication)  # the setter validates it
+
+    @property
+    def _pb_ir(self) -> PbIr:
+        """PopART's IR handle as real PopXL code uses it (``getSessionOptions()``, ...)."""
+        return PbIr(self)
 
     # Graphs ---------------------------------------------------------------------------
 
