@@ -2,7 +2,8 @@
 
 PopXL exposed its C++ IR as ``ir._pb_ir``, ``graph._pb_graph`` and ``tensor._pb_tensor``, and
 published code calls a few methods on them (most often ``ir._pb_ir.getSessionOptions()``),
-and a few private ``Session`` methods (``_full_input_shape``, ``_validate_run_inputs``).
+and a few private ``Session`` methods (``_full_input_shape`` here; ``_validate_run_inputs``
+and ``_validate_run_outputs`` are the session's own checks, in ``runtime/session.py``).
 Everything here forwards to the real implementation; nothing holds state of its own.
 
 ============================================  ==============================================
@@ -15,14 +16,11 @@ PopXL code                                    here
 ``tensor._pb_tensor.info.shape()``            the tensor's shape, as a list
 ``tensor._pb_tensor.info.data_type_lcase()``  the PopXL dtype name (``"float32"``)
 ``session._full_input_shape(shape)``          ``[nht if > 1][replicas if > 1] + shape``
-``session._validate_run_inputs(inputs)``      the checks ``session.run`` makes
-``session._validate_run_outputs(outputs)``    the checks ``session.run_with_outputs`` makes
 ============================================  ==============================================
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -129,11 +127,10 @@ class PbTensorInfo:
 
 class SessionCompat:
     """PopXL's private ``Session`` methods that published code calls (a mixin of
-    ``popxl.Session``). The session provides ``ir``, ``_nht`` and ``_program``."""
+    ``popxl.Session``). The session provides ``ir`` and ``_nht``."""
 
     ir: Ir
     _nht: int
-    _program: Any
 
     def _extra_input_dims(self) -> tuple[int, ...]:
         replicas = self.ir.instance_replication_factor
@@ -143,17 +140,3 @@ class SessionCompat:
         """``shape`` with the leading host-transfer and replica dims a run's arrays carry:
         with 8 host transfers and 4 replicas, ``(3, 4)`` becomes ``(8, 4, 3, 4)``."""
         return self._extra_input_dims() + tuple(shape)
-
-    def _validate_run_inputs(self, inputs: Mapping[Any, Any]) -> None:
-        """Check ``inputs`` as ``run`` does (stream set, layout, dtype); raise if wrong."""
-        from runtime import stream_io  # noqa: PLC0415 (popxl never imports runtime eagerly)
-
-        replicas = self.ir.instance_replication_factor
-        stream_io.prepare_inputs(inputs, self._program.h2d, self._nht, replicas, True)
-
-    def _validate_run_outputs(self, outputs: Mapping[Any, Any]) -> None:
-        """Check ``outputs`` as ``run_with_outputs`` does; raise if wrong."""
-        from runtime import stream_io  # noqa: PLC0415
-
-        replicas = self.ir.instance_replication_factor
-        stream_io.check_outputs(outputs, self._program.d2h, self._nht, replicas)

@@ -154,3 +154,13 @@ def _to_device_info(device_type: str, num_ipus: int = 1, use_popdist: bool = Fal
             f"For a cpu device, multiple devices (provided: {num_ipus}) are not supported."
         )
     return DeviceInfo(device_type, num_ipus)
+
+
+def __getattr__(name: str) -> Any:
+    # PopXL kept its float8 host conversions here; they live in `fp8_utils` (which imports
+    # this module, hence the lazy lookup).
+    if name in ("host_pow2scale_cast_to_fp8", "host_pow2scale_cast_from_fp8"):
+        from . import fp8_utils  # noqa: PLC0415
+
+        return getattr(fp8_utils, name)
+    raise AttributeError(f"module 'popxl.utils' has no attribute '{name}'")
