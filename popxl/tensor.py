@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, Union
 import numpy as np
 
 from . import context
-from ._popart_compat import PbTensor
 from . import dtypes as _dtypes
+from ._popart_compat import PbTensor
 from .errors import UndefinedValue
 from .tensor_spec import TensorSpec
 from .typing_ import NewAliasAnnotation

@@ -48,7 +48,7 @@ def executable_hash(program_key: str, engine_options: Mapping[str, str], device:
     """The hash naming a compiled step."""
     h = hashlib.blake2b(digest_size=16)
     parts = (program_key, sorted(engine_options.items()), device, jax.__version__)
-    h.update(repr((*parts, jax.default_backend(), jax.config.jax_enable_x64)).encode())
+    h.update(repr((*parts, jax.default_backend())).encode())
     return h.hexdigest()
 
 

@@ -116,6 +116,8 @@ class LoweringContext:
     # How collectives compute reductions: "native" (psum & co.) or "gather" (fast under vmap).
     collective_impl: str = "native"
     print_fn: Callable[[str, Array], None] | None = None
+    # The session options' enableStochasticRounding (see stochastic_rounding.py).
+    stochastic_rounding: bool = False
 
 
 def _checked(value: Array, t: Tensor) -> Array:
@@ -139,6 +141,12 @@ def lower_op(ctx: LoweringContext, env: Env, op: Op) -> None:
     if opdef.view_inverse is not None:
         env.view(op.outputs[0], opdef, op.inputs, op.attrs)
         return
+    if ctx.stochastic_rounding and opdef.key == "cast":
+        from . import stochastic_rounding  # noqa: PLC0415 (it imports this module)
+
+        if stochastic_rounding.applies(op):
+            stochastic_rounding.lower_cast(env, op)
+            return
     if opdef.key in LINEAR_ACCUMULATES and ctx.collective_impl == "gather":
         if _deferred_accumulate(ctx, env, op):
             return

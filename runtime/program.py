@@ -130,6 +130,7 @@ def structural_key(
         h.update(repr(items).encode())
 
     feed("R", ir.replication_factor, "nht", ir.num_host_transfers, "mode", mode)
+    feed("stochastic rounding", ir._session_options.enableStochasticRounding)
     for b in buffers:
         feed("buffer", b.remote_buffer_id, b.entries, b.tensor_shape, b.tensor_dtype.name)
     for v in variables:
@@ -210,6 +211,7 @@ def _make_step(
             replicas=replicas,
             axis_name=REPLICA_AXIS if replicas > 1 else None,
             collective_impl="gather" if mode == "vmap" else "native",
+            stochastic_rounding=ir._session_options.enableStochasticRounding,
         )
         for stream, buffer in zip(h2d, inputs):
             sid = stream.tensor_id

@@ -161,7 +161,9 @@ class Session(SessionCompat):
         if cache is not None:
             engine_options = self.ir_._session_options.engineOptions
             wanted = executable_cache.executable_hash(
-                self._program.key, engine_options, f"{self.device_desc}:{self._device}"
+                self._program.key,
+                engine_options,
+                f"{self.device_desc}:{self._device}:x64={self._program.uses_x64}",
             )
             self._executable = executable_cache.load_or_compile(cache, wanted, self._compiled)
             return
