@@ -35,7 +35,7 @@ from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 
 from . import executable_cache, remote_state, stream_io
-from .device import DeviceInfo, check_compatible, ipus_needed, select_device
+from .device import DeviceInfo, check_compatible, check_io_tiles, ipus_needed, select_device
 from .program import (
     Program,
     abstract_inputs,
@@ -130,6 +130,7 @@ class Session(SessionCompat):
         self._enter_stack: list[bool] = []
         self._ipus = ipus_needed(ir.instance_replication_factor, _ipus_per_replica(ir))
         self._device_info = given or DeviceInfo(device_desc, self._ipus)
+        check_io_tiles(ir, self._device_info.tilesPerIPU)
         self._executable: Any = None
         self._compile()
         checkpoint(ir, "FINAL")  # PopART's DOT checkpoint of the prepared IR
