@@ -42,6 +42,7 @@ from .program import (
     abstract_state,
     build_program,
     enable_persistent_cache,
+    replica_mesh,
     state_sharding,
 )
 
@@ -166,7 +167,14 @@ class Session(SessionCompat):
                 engine_options,
                 f"{self.device_desc}:{self._device}:x64={self._program.uses_x64}",
             )
-            self._executable = executable_cache.load_or_compile(cache, wanted, self._compiled)
+            devices = (
+                list(replica_mesh(self._program.replicas).devices.flat)
+                if self._program.mode == "shard_map"
+                else [self._device]
+            )
+            self._executable = executable_cache.load_or_compile(
+                cache, wanted, self._compiled, devices
+            )
             return
         key = (self._program.key, str(self._device))
         if key in _COMPILED:
