@@ -39,12 +39,12 @@ BAD_FROM_TARGET_MSG = (
     "pow2scale_cast_from_fp8: data_type must be popxl.float16 or popxl.float32, got {got}."
 )
 SCALE_SHAPE_MSG = (
-    "{op}: log2_scale must be a scalar (shape ()), got shape {got}. Reshape it, e.g. "
-    "ops.reshape(log2_scale, ())."
+    "Log2 scale argument must be a scalar tensor: {op} got log2_scale of shape {got}. "
+    "Reshape it, e.g. ops.reshape(log2_scale, ())."
 )
 SCALE_DTYPE_MSG = (
-    "{op}: log2_scale must have dtype int32, got {got}. Cast it with ops.cast(log2_scale, "
-    "popxl.int32)."
+    "Log2 scale tensor must be of type popxl.int32: {op} got log2_scale of dtype {got}. "
+    "Cast it with ops.cast(log2_scale, popxl.int32)."
 )
 
 
