@@ -411,11 +411,8 @@ class Constant(Tensor):
 
 
 def _host_array(data: Any, dtype: DType | None, downcast: bool, **fp8: Any) -> np.ndarray:
-    if dtype is None and np.asarray(data).dtype in (
-        _dtypes.np_dtype_float8_143,
-        _dtypes.np_dtype_float8_152,
-    ):
-        raise TypeError("Float8 host data needs an explicit `dtype` (float8_143 or float8_152).")
+    # Float8 host data (as made by ``host_pow2scale_cast_to_fp8``) names its format, so
+    # with no ``dtype`` the tensor takes that format, as in PopXL.
     copy = not isinstance(data, np.memmap)
     return to_numpy(data, dtype, downcast, copy=copy, **fp8)
 
