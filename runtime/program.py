@@ -81,6 +81,13 @@ class Program:
         values = iter(new_written)
         return tuple(next(values) if w else v for v, w in zip(state, self.written))
 
+    def store_counts(self, scalars: tuple) -> tuple:
+        """The store counts of the d2h streams from a step's per-replica scalars, after
+        raising the error of a failed run-time check (``runtime.checks``)."""
+        n = len(self.d2h)
+        checks.raise_if_failed(self.checks, scalars[n:])
+        return scalars[:n]
+
 
 def reachable_graphs(ir: Ir) -> list[Graph]:
     """The main graph and every graph it calls, directly or not, in discovery order."""
@@ -133,7 +140,6 @@ def structural_key(
         h.update(repr(items).encode())
 
     feed("R", ir.replication_factor, "nht", ir.num_host_transfers, "mode", mode)
-    feed("checks", run_checks)
     for b in buffers:
         feed("buffer", b.remote_buffer_id, b.entries, b.tensor_shape, b.tensor_dtype.name)
     for v in variables:
@@ -158,6 +164,7 @@ def structural_key(
             )
             feed([(num(t), t.shape, t.dtype.name) for t in op.outputs])
         feed("outs", [num(t) for t in g._outputs])
+    feed("checks", run_checks)
     return h.hexdigest()
 
 

@@ -31,7 +31,7 @@ from popxl.ir import Ir
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 
-from . import checks, remote_state, stream_io
+from . import remote_state, stream_io
 from .device import select_device
 from .program import (
     Program,
@@ -352,9 +352,7 @@ class Session:
             new, (buffers, counts) = program.step(*program.split(self._state), arrays)
         self._state = program.merge(self._state, new)
         self._host_stale = True
-        n_streams = len(program.d2h)
-        checks.raise_if_failed(program.checks, counts[n_streams:])
-        return buffers, counts[:n_streams]
+        return buffers, program.store_counts(counts)
 
     def _validate_run_inputs(self, inputs: Mapping[HostToDeviceStream, Any]) -> None:
         """Check ``inputs`` as ``run`` would (stream set, dtypes, layout) without running.
