@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, Union
 
@@ -416,11 +417,8 @@ class Constant(Tensor):
 
 
 def _host_array(data: Any, dtype: DType | None, downcast: bool, **fp8: Any) -> np.ndarray:
-    if dtype is None and np.asarray(data).dtype in (
-        _dtypes.np_dtype_float8_143,
-        _dtypes.np_dtype_float8_152,
-    ):
-        raise TypeError("Float8 host data needs an explicit `dtype` (float8_143 or float8_152).")
+    # Float8 host data (as made by ``host_pow2scale_cast_to_fp8``) names its format, so
+    # with no ``dtype`` the tensor takes that format, as in PopXL.
     copy = not isinstance(data, np.memmap)
     return to_numpy(data, dtype, downcast, copy=copy, **fp8)
 
@@ -490,7 +488,20 @@ def _per_group_shape(
     return arr.shape[1:]
 
 
+MEMMAP_NON_CONST_MSG = (
+    "In creation of variable {name}, you have passed np.memmap data and a non-const replica "
+    "grouping, which requires us to make a copy of your np.memmap data. Your variable will "
+    "be treated as NOT an np.memmap: weights_to_host will not write to the file. Use a "
+    "grouping with a constant stride (ir.replica_grouping(stride, group_size)) to keep it "
+    "memory-mapped."
+)
+
+
 def _init_variable(var: Variable, arr: np.ndarray, grouping: ReplicaGrouping, mode: str) -> None:
+    if isinstance(arr, np.memmap) and not grouping.is_const:
+        # PopXL logged this through PopART's logger, on stderr.
+        sys.stderr.write(f"Warning: {MEMMAP_NON_CONST_MSG.format(name=var.id)}\n")
+        arr = np.array(arr)
     var._host_data = arr
     var._replica_grouping = grouping
     var._retrieval_mode = mode

@@ -32,7 +32,7 @@ from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 from popxl.transforms._storage import roots, written_inputs
 
-from . import control, host_io, remote, vjp  # noqa: F401  (register special lowerings)
+from . import checks, control, host_io, remote, vjp  # noqa: F401  (register special lowerings)
 from .lowering import LoweringContext, lower_graph
 from .replica_sums import is_batched
 
@@ -66,6 +66,8 @@ class Program:
     batched: tuple[bool, ...] = ()
     # Per state entry: whether the program writes it (only those are donated and returned).
     written: tuple[bool, ...] = ()
+    # Run-time value checks (``runtime.checks``); their reports follow the store counts.
+    checks: tuple[str, ...] = ()
 
     def split(self, state: tuple) -> tuple[tuple, tuple]:
         """(written entries, read-only entries) of a full state tuple."""
@@ -78,6 +80,13 @@ class Program:
         """``state`` with its written entries replaced by ``new_written``."""
         values = iter(new_written)
         return tuple(next(values) if w else v for v, w in zip(state, self.written))
+
+    def store_counts(self, scalars: tuple) -> tuple:
+        """The store counts of the d2h streams from a step's per-replica scalars, after
+        raising the error of a failed run-time check (``runtime.checks``)."""
+        n = len(self.d2h)
+        checks.raise_if_failed(self.checks, scalars[n:])
+        return scalars[:n]
 
 
 def reachable_graphs(ir: Ir) -> list[Graph]:
@@ -117,6 +126,7 @@ def structural_key(
     variables: Sequence[Variable],
     buffers: Sequence[RemoteBuffer] = (),
     mode: str = "none",
+    run_checks: tuple[str, ...] = (),
 ) -> str:
     """A digest of everything that determines the compiled step."""
     h = hashlib.blake2b(digest_size=20)
@@ -155,6 +165,7 @@ def structural_key(
             )
             feed([(num(t), t.shape, t.dtype.name) for t in op.outputs])
         feed("outs", [num(t) for t in g._outputs])
+    feed("checks", run_checks)
     return h.hexdigest()
 
 
@@ -199,6 +210,7 @@ def _make_step(
     h2d: list[HostToDeviceStream],
     d2h: list[DeviceToHostStream],
     mode: str,
+    run_checks: tuple[str, ...] = (),
 ) -> Any:
     replicas = ir.replication_factor
     nht = ir.num_host_transfers
@@ -213,6 +225,7 @@ def _make_step(
             collective_impl="gather" if mode == "vmap" else "native",
             stochastic_rounding=ir._session_options.enableStochasticRounding,
         )
+        checks.start(ctx, run_checks)
         for stream, buffer in zip(h2d, inputs):
             sid = stream.tensor_id
             ctx.h2d[sid] = buffer
@@ -238,7 +251,10 @@ def _make_step(
         new_buffers = [ctx.fx[remote.buffer_key(b.remote_buffer_id)] for b in buffers]
         outs = tuple(ctx.fx[host_io.buffer_key(s.tensor_id)] for s in d2h)
         counts = tuple(ctx.fx[host_io.count_key(s.tensor_id)] for s in d2h)
-        return (*new_vars, *new_buffers), (outs, counts)
+        new_state = (*new_vars, *new_buffers)
+        if run_checks:
+            new_state = checks.keep_on_failure(checks.any_failed(ctx, run_checks), state, new_state)
+        return new_state, (outs, counts + checks.reports(ctx, run_checks))
 
     n_state = n_vars + len(buffers)
     shapes = [(v.shape, v.dtype.as_numpy()) for v in variables]
@@ -397,10 +413,11 @@ def build_program(ir: Ir) -> Program:
     h2d = [cast(HostToDeviceStream, s) for s in ir._streams if s._is_h2d and s._used]
     d2h = [cast(DeviceToHostStream, s) for s in ir._streams if not s._is_h2d and s._used]
     mode = replication_mode(ir.replication_factor)
-    key = structural_key(ir, graphs, variables, buffers, mode)
+    run_checks = checks.program_checks(ir, graphs)
+    key = structural_key(ir, graphs, variables, buffers, mode, run_checks)
     cached = _STEP_CACHE.get(key)
     if cached is None:
-        cached = _STEP_CACHE[key] = _make_step(ir, variables, buffers, h2d, d2h, mode)
+        cached = _STEP_CACHE[key] = _make_step(ir, variables, buffers, h2d, d2h, mode, run_checks)
         while len(_STEP_CACHE) > STEP_CACHE_SIZE:
             _STEP_CACHE.popitem(last=False)
     _STEP_CACHE.move_to_end(key)
@@ -418,6 +435,7 @@ def build_program(ir: Ir) -> Program:
         key,
         batched,
         written,
+        run_checks,
     )
 
 

@@ -407,7 +407,25 @@ class Session(SessionCompat):
             new, (buffers, counts) = step(*program.split(self._state), arrays)
         self._state = program.merge(self._state, new)
         self._host_stale = True
-        return buffers, counts
+        return buffers, program.store_counts(counts)
+
+    def _validate_run_inputs(self, inputs: Mapping[HostToDeviceStream, Any]) -> None:
+        """Check ``inputs`` as ``run`` would (stream set, dtypes, layout) without running.
+
+        Raises:
+            ValueError: missing/unexpected streams or badly shaped arrays.
+            TypeError: arrays of the wrong dtype.
+        """
+        stream_io.prepare_inputs(inputs, self._program.h2d, self._nht, self._program.replicas, True)
+
+    def _validate_run_outputs(self, outputs: Mapping[DeviceToHostStream, np.ndarray]) -> None:
+        """Check ``outputs`` as ``run_with_outputs`` would, without running.
+
+        Raises:
+            ValueError: missing/unexpected streams, badly shaped or read-only arrays.
+            TypeError: arrays that are not NumPy arrays of the stream's dtype.
+        """
+        stream_io.check_outputs(outputs, self._program.d2h, self._nht, self._program.replicas)
 
     def create_host_outputs(self) -> dict[DeviceToHostStream, np.ndarray]:
         """Empty arrays, in host layout, for every device-to-host stream."""
