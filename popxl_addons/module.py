@@ -32,9 +32,12 @@ from .variable_factory import (
     add_variable_input,
 )
 
-CACHE_WITH_GRAD_MSG = "You cannot use graph caching if you have implemented build_grad."
+CACHE_WITH_GRAD_MSG = (
+    "You cannot use graph caching if you have implemented `build_grad`: a cached graph would be "
+    "shared between modules whose gradient graphs hold different aux state. Use cache=False."
+)
 INLINE_GRAD_MSG = (
-    "{cls}.build_grad has been implemented, but the module is being called inline, so its "
+    "{cls}: `build_grad` has been implemented, but the module is being called inline, so its "
     "custom gradient would be ignored. Use create_graph or call_module to outline it, or "
     "construct it with grad_inlining_error='warning' or 'none'."
 )
@@ -42,13 +45,23 @@ SUPER_INIT_MSG = (
     "{cls}.{key} is a Module, but {cls}.__init__ has not called super().__init__() yet. Call "
     "it before assigning submodules: their variables are registered in the parent."
 )
-AUX_READ_IN_BUILD_MSG = "aux can only be written in build and read in build_grad (key '{key}')."
-BUILD_GRAD_VARIADIC_MSG = (
-    "{cls}.build_grad takes *args or **kwargs, but it needs one fixed positional parameter per "
-    "gradient in grads_provided (e.g. def build_grad(self, dy)), because each becomes a named "
-    "input of the gradient graph."
+AUX_READ_IN_BUILD_MSG = (
+    "aux['{key}']: you can only get items within the `build_graph` method (`build_grad`, called "
+    "via `create_grad_graph` or `autodiff`); in `build` aux is write-only."
 )
-VAR_GRAD_OUTSIDE_MSG = "var_grad can only be set within the build_graph method (build_grad)."
+AUX_WRITE_IN_GRAD_MSG = (
+    "aux['{key}']: aux is read-only in `build_grad`; set items in `build`, where the forward "
+    "values exist."
+)
+BUILD_GRAD_VARIADIC_MSG = (
+    "{cls}: the `build_grad` method signature must only have a fixed number of positional "
+    "parameters as inputs. Not a positional parameter: {name}. Each parameter becomes a named "
+    "input of the gradient graph, one per tensor in grads_provided: def build_grad(self, dy)."
+)
+VAR_GRAD_OUTSIDE_MSG = (
+    "You can only use `var_grad` within the `build_graph` method (`build_grad`, called via "
+    "`create_grad_graph` or `autodiff`)."
+)
 
 _BUILDING: list[Module] = []
 
@@ -84,7 +97,7 @@ class _Aux:
 
     def __setitem__(self, key: str, value: Any) -> None:
         if self.grad_mode:
-            raise RuntimeError(AUX_READ_IN_BUILD_MSG.format(key=key))
+            raise RuntimeError(AUX_WRITE_IN_GRAD_MSG.format(key=key))
         self.store[key] = value
 
     def __getitem__(self, key: str) -> Any:
@@ -121,15 +134,16 @@ class _VarGrads:
         if not self.active:
             raise RuntimeError(VAR_GRAD_OUTSIDE_MSG)
         if not isinstance(value, popxl.Tensor):
-            raise TypeError(f"Not a tensor: var_grad['{key}'] = {value!r}")
+            raise TypeError(f"Not a tensor: var_grad['{key}'] = {value!r}; assign a popxl.Tensor.")
         variables = self.args.to_dict()
         if key not in variables:
-            raise KeyError(f"Not a variable: '{key}'. Variables: {list(variables)}")
+            raise KeyError(f"Not a variable: '{key}'. Possible inputs: {list(variables)}")
         var = variables[key]
         if value.shape != var.shape or value.meta_shape != var.meta_shape:
             raise ValueError(
-                f"var_grad['{key}'] has shape {value.shape} (meta-shape {value.meta_shape}) but the "
-                f"variable has {var.shape} (meta-shape {var.meta_shape})."
+                f"Shape or meta-shape of Tensor does not match variable. var_grad['{key}'] has shape "
+                f"{value.shape} (meta-shape {value.meta_shape}); the variable has {var.shape} "
+                f"(meta-shape {var.meta_shape})."
             )
         self.grads[key] = value
 
@@ -182,7 +196,8 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         object.__setattr__(self, "_submodules", {})
         if grad_inlining_error not in ("error", "warning", "none"):
             raise ValueError(
-                f"grad_inlining_error must be 'error', 'warning' or 'none', got {grad_inlining_error!r}."
+                "grad_inlining_error should be one of 'error', 'warning', 'none'. "
+                f"Not: {grad_inlining_error!r}"
             )
         if cache and self.implements_grad_graph:
             raise ValueError(CACHE_WITH_GRAD_MSG)
@@ -482,8 +497,9 @@ def _check_unique(label: str, tensors: list[popxl.Tensor]) -> None:
 def _check_fixed_parameters(module: Module) -> None:
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     params = inspect.signature(module.build_grad).parameters.values()
-    if any(p.kind in variadic for p in params):
-        raise TypeError(BUILD_GRAD_VARIADIC_MSG.format(cls=type(module).__name__))
+    for p in params:
+        if p.kind in variadic:
+            raise TypeError(BUILD_GRAD_VARIADIC_MSG.format(cls=type(module).__name__, name=p))
 
 
 def _build_grad_graph(
@@ -499,10 +515,16 @@ def _build_grad_graph(
     _check_unique("grads_required", required)
     for t in provided:
         if t not in graph.outputs:
-            raise ValueError(f"grads_provided must be outputs of {graph.id}; {t} is not.")
+            raise ValueError(
+                "A Tensor specified in `grads_provided` is not a output of `fwd_graph` "
+                f"({graph.id}) or not a Tensor: {t}. Pass outputs of the forward graph."
+            )
     for t in required:
         if t not in graph.inputs:
-            raise ValueError(f"grads_required must be inputs of {graph.id}; {t} is not.")
+            raise ValueError(
+                "A Tensor specified in `grads_required` is not a input of `fwd_graph` "
+                f"({graph.id}) or not a Tensor: {t}. Pass inputs of the forward graph."
+            )
     _check_fixed_parameters(module)
     variables = {t: key for key, t in fwd.args.to_dict().items()}
     aux = fwd.aux if isinstance(fwd.aux, _Aux) else _Aux()
@@ -523,8 +545,9 @@ def _build_grad_graph(
     returned = list(grad_graph.outputs)
     if len(returned) > len(plain_required):
         raise ValueError(
-            f"Too many outputs from build_grad: {len(returned)} returned, but only "
-            f"{len(plain_required)} non-variable forward inputs need gradients."
+            f"Too many outputs in the grad graph: build_grad returned {len(returned)}, but "
+            f"`grads_required` has {len(plain_required)} non-variable inputs. If you do not want "
+            "all gradients, specify `grads_required` when calling autodiff."
         )
     if len(returned) < len(plain_required):
         raise ValueError(
@@ -533,7 +556,11 @@ def _build_grad_graph(
         )
     missing = [variables[t] for t in var_required if variables[t] not in module.var_grad.grads]
     if missing:
-        raise ValueError(f"Not all variable gradients have been specified: missing {missing}")
+        raise ValueError(
+            "Not all variable gradients have been specified in self.var_grad. If you do not want "
+            "all gradients, specify `grads_required` when calling autodiff. Variables missing "
+            f"gradients: {missing}"
+        )
     for i, (out, fwd_in) in enumerate(zip(returned, plain_required)):
         if out.shape != fwd_in.shape or out.meta_shape != fwd_in.meta_shape:
             raise ValueError(

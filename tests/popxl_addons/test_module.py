@@ -804,7 +804,7 @@ def test_var_grad_outside_build_grad_raises():
             self.var_grad["w"] = x
             return x
 
-    with popxl.Ir().main_graph, pytest.raises(RuntimeError, match="within the build_graph method"):
+    with popxl.Ir().main_graph, pytest.raises(RuntimeError, match="You can only use `var_grad` within the `build_graph` method"):
         Early().create_graph(popxl.TensorSpec((3,), F32))
 
 
@@ -814,7 +814,9 @@ def test_aux_cannot_be_read_in_build():
             self.aux["x"] = x
             return self.aux["x"]
 
-    with popxl.Ir().main_graph, pytest.raises(RuntimeError, match="aux"):
+    with popxl.Ir().main_graph, pytest.raises(
+        RuntimeError, match=r"aux\['x'\]: you can only get items within the `build_graph` method"
+    ):
         Reader().create_graph(popxl.TensorSpec((3,), F32))
 
 
@@ -873,13 +875,15 @@ def test_implements_grad_graph():
 
 def test_cache_with_build_grad_is_rejected():
     with pytest.raises(
-        ValueError, match="You cannot use graph caching if you have implemented build_grad."
+        ValueError, match="You cannot use graph caching if you have implemented `build_grad`"
     ):
         Scale(cache=True)
 
 
 def test_invalid_grad_inlining_error_is_rejected():
-    with pytest.raises(ValueError, match="grad_inlining_error"):
+    with pytest.raises(
+        ValueError, match="grad_inlining_error should be one of 'error', 'warning', 'none'. Not: 'loud'"
+    ):
         Linear.__mro__[1].__init__(Linear.__new__(Linear), grad_inlining_error="loud")
 
 
@@ -893,12 +897,12 @@ class InlineParent(addons.Module):
 
 
 def test_inlining_a_module_with_build_grad_raises_by_default():
-    with popxl.Ir().main_graph, pytest.raises(Exception, match="build_grad has been implemented"):
+    with popxl.Ir().main_graph, pytest.raises(Exception, match="Scale: `build_grad` has been implemented"):
         InlineParent("error").create_graph(popxl.TensorSpec((3,), F32))
 
 
 def test_inlining_a_module_with_build_grad_warns_in_warning_mode():
-    with popxl.Ir().main_graph, pytest.warns(UserWarning, match="build_grad has been implemented"):
+    with popxl.Ir().main_graph, pytest.warns(UserWarning, match="Scale: `build_grad` has been implemented"):
         InlineParent("warning").create_graph(popxl.TensorSpec((3,), F32))
 
 
