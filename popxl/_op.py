@@ -128,6 +128,7 @@ class Op:
         "location",
         "modified_inputs",
         "execution_context",
+        "hints",
     )
 
     def __init__(
@@ -156,6 +157,9 @@ class Op:
         # Inputs that a call site writes back to the parent (by-ref subgraph inputs).
         self.modified_inputs: set[int] = set()
         self.execution_context = execution_context
+        # IPU planning options set by transforms (``available_memory_proportion``,
+        # ``use_fully_connected_pass``): recorded and printable, never passed to the lowering.
+        self.hints: dict[str, Any] = {}
 
     @property
     def type(self) -> str:

@@ -131,7 +131,9 @@ class GraphWithNamedArgs:
             force: allow differentiating the same graph a second time.
         """
         if method not in ("auto", "build_grad", "autodiff"):
-            raise ValueError(f"`method` should be one of 'auto', 'build_grad' or 'autodiff'. Not: {method!r}")
+            raise ValueError(
+                f"`method` should be one of 'auto', 'build_grad' or 'autodiff'. Not: {method!r}"
+            )
         if self.autodiff_applied and not force:
             raise RuntimeError(AUTODIFF_TWICE_MSG.format(graph=self.graph.id))
         module = self.from_module

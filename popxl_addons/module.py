@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import popxl
@@ -148,7 +148,12 @@ class _VarGrads:
         self.grads[key] = value
 
     def __getitem__(self, key: str) -> popxl.Tensor:
+        if not self.active:
+            raise RuntimeError(VAR_GRAD_OUTSIDE_MSG)
         return self.grads[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.grads
 
 
 class _CalledGraphsGradInfoRefs:
@@ -489,6 +494,31 @@ class _CallModule:
         return outputs[: self.n_outputs_pre_autodiff]
 
 
+def _add_forward_output(graph: popxl.Graph, t: popxl.Tensor) -> None:
+    """Make an aux tensor an output of the forward graph, as the original does for every aux
+    tensor (inputs such as ``x`` included), so call sites can pass it to the gradient graph."""
+    if t not in graph._inputs:
+        add_graph_output(graph, t)
+        return
+    if t in graph._outputs:
+        return
+    # add_graph_output leaves graph inputs out; pass the input through as a new output.
+    sites = graph.ir._call_sites_of(graph)
+    for site in sites:
+        if site.opdef.key != "call":
+            raise NotImplementedError(
+                f"{t.id} must become a new output of {graph.id}, but the graph is used by a "
+                f"{site.type} op, whose outputs cannot grow. Build the gradient graph before "
+                "repeating or branching to the forward graph."
+            )
+    graph._outputs.append(t)
+    for site in sites:
+        parent = site.graph
+        name = f"aux_output__t{graph.ir._next_dedup()}"
+        tid = f"{parent.id}/{name}" if parent.id else name
+        site.outputs = (*site.outputs, popxl.Tensor._create(parent, tid, t._spec, site))
+
+
 def _check_unique(label: str, tensors: list[popxl.Tensor]) -> None:
     if len(set(tensors)) != len(tensors):
         raise ValueError(f"{label} contains duplicate tensors: {tensors}")
@@ -570,8 +600,9 @@ def _build_grad_graph(
     with grad_graph:
         for t in var_required:
             popxl.graph_output(module.var_grad.grads[variables[t]])
-    for key in aux.reads:
-        add_graph_output(graph, aux.store[key])
+    for value in aux.store.values():
+        if isinstance(value, popxl.Tensor):
+            _add_forward_output(graph, value)
     fwd_tensors = [aux.store[key] for key in aux.reads]
     expected_in = [(t, ExpectedConnectionType.FwdGrad) for t in provided]
     expected_in += [(t, ExpectedConnectionType.Fwd) for t in fwd_tensors]
@@ -582,4 +613,48 @@ def _build_grad_graph(
     return GraphWithNamedArgs.from_grad_graph(info)
 
 
-__all__ = ["Module", "NameScopeMeta", "BoundGraph", "GraphWithNamedArgs", "DotTree"]
+def create_grad_graph_info(
+    ir: popxl.Ir,
+    fwd_graph: popxl.Graph,
+    grad_graph: popxl.Graph,
+    grad_input_to_fwd_output: Mapping[popxl.Tensor, popxl.Tensor],
+    grad_output_to_fwd_input: Mapping[popxl.Tensor, popxl.Tensor],
+    fwd_tensors: Iterable[popxl.Tensor],
+) -> GradGraphInfo:
+    """The ``GradGraphInfo`` of a gradient graph written by hand.
+
+    Args:
+        ir: the IR both graphs belong to.
+        fwd_graph: the forward graph.
+        grad_graph: the gradient graph.
+        grad_input_to_fwd_output: each gradient-graph input, in input order, and the forward
+            output it corresponds to.
+        grad_output_to_fwd_input: each gradient-graph output, in output order, and the
+            forward input it is the gradient of.
+        fwd_tensors: the forward outputs whose *values* (not gradients) feed the gradient
+            graph ("aux" activations): their inputs are ``Fwd`` connections, the others
+            ``FwdGrad``.
+
+    Raises:
+        ValueError: a graph of another IR.
+    """
+    for g in (fwd_graph, grad_graph):
+        if g.ir is not ir:
+            raise ValueError(f"{g.id} belongs to another IR than {ir}; pass graphs of `ir`.")
+    activations = set(fwd_tensors)
+    expected_in = [
+        (t, ExpectedConnectionType.Fwd if t in activations else ExpectedConnectionType.FwdGrad)
+        for t in grad_input_to_fwd_output.values()
+    ]
+    expected_out = list(grad_output_to_fwd_input.values())
+    return make_grad_graph_info(grad_graph, fwd_graph, expected_in, expected_out)
+
+
+__all__ = [
+    "Module",
+    "NameScopeMeta",
+    "BoundGraph",
+    "GraphWithNamedArgs",
+    "DotTree",
+    "create_grad_graph_info",
+]
