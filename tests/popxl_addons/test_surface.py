@@ -176,3 +176,18 @@ def test_ops_of_type_counts_by_type_name():
     assert ops_of_type(ir.main_graph._ops, "MatMul") == 1
     with pytest.raises(TypeError, match="op_type must be an op type name such as 'MatMul'"):
         ops_of_type(ir.main_graph._ops, int)
+
+
+def test_memmap_variables_expose_their_memmap(tmp_path):
+    ir = popxl.Ir()
+    with ir.main_graph:
+        factory = addons.VariableFactory(lambda: np.arange(4, dtype=np.float32), name="w")
+        mapped = factory.create_tensor("w", memmap_dir=str(tmp_path))
+        plain = popxl.variable(np.zeros(2, np.float32))
+        ops.var_updates.accumulate_(mapped, popxl.constant(np.ones(4, np.float32)))
+    assert isinstance(mapped._memmap_arr, np.memmap) and plain._memmap_arr is None
+    with popxl.Session(ir, "ipu_hw") as session:
+        session.run()
+        value = session.get_tensor_data(mapped)
+    assert value is mapped._memmap_arr
+    np.testing.assert_array_equal(np.load(tmp_path / "w.npy"), np.arange(4) + 1.0)
