@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Union
 import numpy as np
 
 from . import context
+from ._popart_compat import PbTensor
 from . import dtypes as _dtypes
 from .errors import UndefinedValue
 from .tensor_spec import TensorSpec
@@ -94,6 +95,11 @@ class Tensor:
     @property
     def id(self) -> str:
         return self._id
+
+    @property
+    def _pb_tensor(self) -> PbTensor:
+        """PopART's tensor handle as real PopXL code uses it (``info.shape()``)."""
+        return PbTensor(self)
 
     @property
     def name(self) -> str:
