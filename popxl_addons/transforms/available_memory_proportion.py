@@ -12,16 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import popxl
-from popxl._op import Op
+from popxl._op import AMP_HINT, AMP_OP_TYPES, CONV_AMP_HINT, CONV_OP_TYPES, Op
 
-AMP_HINT = "available_memory_proportion"
-# Ops whose PopART class had setAvailableMemoryProportion.
-AMP_OP_TYPES = frozenset(
-    {"MatMul", "Gather", "GroupedGather", "TiedGather", "Scatter", "ScatterReduce"}
-)
-# Ops that took it through their ConvOptions, as a list (one per convolution).
-CONV_OP_TYPES = frozenset({"Conv", "ConvTranspose"})
-CONV_AMP_HINT = "available_memory_proportions"
 BAD_PROPORTION_MSG = (
     "available memory proportion for IPU {ipu} must be in (0, 1], got {value}. It is the "
     "fraction of each tile's memory the planner may use for temporaries."

@@ -11,9 +11,7 @@ compiled program and its numbers are the same either way.
 from __future__ import annotations
 
 import popxl
-
-FC_PASS_HINT = "use_fully_connected_pass"
-FC_PASS_OP_TYPES = frozenset({"MatMul"})
+from popxl._op import FC_PASS_HINT, FC_PASS_OP_TYPES
 
 
 def _set_fc_pass(ir: popxl.Ir, enabled: bool) -> None:

@@ -207,3 +207,43 @@ def test_fc_pass_is_recorded_on_every_matmul():
     assert all(op.hints[FC_PASS_HINT] is True for op in matmuls)
     others = [op for op in ir.main_graph._ops if op.type != "MatMul"]
     assert all(FC_PASS_HINT not in op.hints for op in others)
+
+
+# The PopART-style views real code uses to read and set the hints ---------------------------
+
+
+def test_pb_op_views_read_and_set_the_hints():
+    ir, g, _ = _two_ipu_ir()
+    pb_graphs = ir._pb_ir.getAllGraphs()
+    assert len(pb_graphs) == 2
+    pb_ops = [op for pg in pb_graphs for op in pg.getOps()]
+    matmuls = [op for op in pb_ops if op.opType() == "MatMul"]
+    assert [op.useFullyConnectedPass() for op in matmuls] == [True] * 3  # PopART's default
+    addons.disable_fc_pass(ir)
+    assert [op.useFullyConnectedPass() for op in matmuls] == [False] * 3
+    matmuls[0].setUseFullyConnectedPass(True)
+    assert matmuls[0]._op.hints[FC_PASS_HINT] is True
+    addons.set_available_memory_proportion_by_ipu(ir, [0.1, 0.2])
+    assert sorted(op.getAvailableMemoryProportion() for op in matmuls) == [0.1, 0.1, 0.2]
+    assert [
+        op.getVirtualGraphId() for op in matmuls if op.getAvailableMemoryProportion() == 0.2
+    ] == [1]
+    gather = next(op for op in pb_ops if op.opType() == "Gather")
+    gather.setAvailableMemoryProportion(0.7)
+    assert gather._op.hints[AMP_HINT] == 0.7
+    assert not hasattr(gather, "useFullyConnectedPass")
+    call = next(op for op in pb_ops if op.opType() == "Call")
+    assert call.getCalledGraph() == g._pb_graph and not hasattr(call, "getTripCountValue")
+    assert [t.info.shape() for t in call.getInputTensors()] == [[2, 2]]
+    assert not any(hasattr(op, "getCalledGraph") for op in pb_ops if op.opType() != "Call")
+
+
+def test_pb_loop_view_has_the_trip_count():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones(2, np.float32))
+        g = ir.create_graph(lambda t: t + 1.0, x)
+        ops.repeat(g, 4, x)
+    (loop,) = ir.main_graph._pb_graph.getOps()
+    assert loop.opType() == "Loop" and loop.getTripCountValue() == 4
+    assert loop.getCalledGraph() == g._pb_graph
