@@ -46,6 +46,7 @@ from ._ir_edit import insert_before, modified_storages, remove_op, replace_op_ki
 
 Level = Literal["no_patterns", "minimal", "default", "all"]
 LEVELS: dict[str, int] = {"no_patterns": 0, "minimal": 1, "default": 2, "all": 3}
+patterns_level = LEVELS  # the original's name (it mapped to PopART's PatternsLevel)
 BAD_LEVEL_MSG = "level must be one of {levels}, got {level!r}."
 MAX_SWEEPS = 100
 

@@ -51,6 +51,7 @@ from .utils import timer
 logger = logging.getLogger("popxl_addons")
 
 ReportMissing = Literal["none", "warn", "error"]
+ReportMissingMethods = ReportMissing  # the original's name
 MODEL_DIR = "model"
 DATALOADER_FILE = "dataloader.bin"
 SESSION_FILE = "session_info.json"
