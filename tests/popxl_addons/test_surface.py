@@ -191,3 +191,32 @@ def test_memmap_variables_expose_their_memmap(tmp_path):
         value = session.get_tensor_data(mapped)
     assert value is mapped._memmap_arr
     np.testing.assert_array_equal(np.load(tmp_path / "w.npy"), np.arange(4) + 1.0)
+
+
+def _memmapped_linear(memmap_dir):
+    ir = popxl.Ir()
+    with ir.main_graph:
+        facts, _ = Linear(3).create_graph(popxl.TensorSpec((2, 4), F32))
+        variables = facts.init("model", memmap_dir=str(memmap_dir))
+    return ir, variables
+
+
+def test_initialise_memmap_dir_from_checkpoint(tmp_path):
+    from popxl_addons.task_session import TaskSession, initialise_memmap_dir_from_checkpoint
+
+    ir, variables = _memmapped_linear(tmp_path / "a")
+    with ir.main_graph:
+        ops.var_updates.accumulate_(variables.weight, popxl.constant(np.ones((4, 3), np.float32)))
+    session = TaskSession([], [], variables, ir=ir, device_desc="ipu_hw")
+    with session:
+        session.run()
+    trained = session.get_named_tensors_data().to_dict()
+    session.save_checkpoint(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "model" / "notes.txt").write_text("ignored")
+    written = initialise_memmap_dir_from_checkpoint(tmp_path / "ckpt", tmp_path / "b", "model")
+    assert [p.rsplit("/", 1)[1] for p in written] == ["model.bias.npy", "model.weight.npy"]
+    _, restored = _memmapped_linear(tmp_path / "b")
+    for key, value in trained.items():
+        np.testing.assert_array_equal(restored[key]._memmap_arr, value)
+    with pytest.raises(FileNotFoundError, match="must be a directory written by"):
+        initialise_memmap_dir_from_checkpoint(tmp_path / "nowhere", tmp_path / "c")
