@@ -247,3 +247,16 @@ def test_pb_loop_view_has_the_trip_count():
     (loop,) = ir.main_graph._pb_graph.getOps()
     assert loop.opType() == "Loop" and loop.getTripCountValue() == 4
     assert loop.getCalledGraph() == g._pb_graph
+
+
+def test_matmul_argument_records_the_proportion_and_the_transform_overrides_it():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.eye(2, dtype=np.float32))
+        y = ops.matmul(a, a, available_memory_proportion=0.6)
+        z = ops.matmul(a, a)
+        out = addons.host_store(y + z)
+    assert y._producer.hints == {AMP_HINT: 0.6} and z._producer.hints == {}
+    addons.set_available_memory_proportion_by_ipu(ir, [0.2])
+    assert y._producer.hints == {AMP_HINT: 0.2} == z._producer.hints
+    np.testing.assert_array_equal(_run(ir, out), 2 * np.eye(2))
