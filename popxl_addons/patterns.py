@@ -14,6 +14,8 @@ pattern (PopART's name)            level    rewrite
 ``SubtractArg1GradOp``             minimal  ``SubGrad`` -> ``Neg``/identity (+ ``ReduceSum``)
 ``AddArgGradOp``                   minimal  ``AddGrad`` -> identity (+ ``ReduceSum``)
 ``NegGradOp``                      minimal  ``NegateGrad`` -> ``Neg``
+``MatMulGradOp``                   minimal  ``MatMulGrad`` -> ``MatMul`` with ``Transpose``
+                                            (2-D rhs; PopART's MatMulLhs/RhsGradOp)
 ``OpToIdentity``                   default  same-shape ``Reshape``, same-type ``Cast``,
                                             identity ``Transpose``, one-input ``Concat``,
                                             ``x * 1``, ``x / 1`` -> ``Identity``
@@ -155,13 +157,21 @@ def _remove_identity(graph: popxl.Graph, op: Op) -> bool:
     return True
 
 
-# Minimal patterns: gradient ops of elementwise ops as forward ops -------------------------
+# Minimal patterns: gradient ops as forward ops ----------------------------------------------
 
 
-def _elementwise_grad(
+def _input_grad(
     key: str, k: int, g: popxl.Tensor, values: tuple[popxl.Tensor, ...]
 ) -> popxl.Tensor:
-    """The gradient w.r.t. input ``k`` of forward op ``key`` (before unbroadcasting)."""
+    """The gradient w.r.t. input ``k`` of forward op ``key``, from the cotangent ``g`` and
+    the forward input values (before unbroadcasting)."""
+    if key == "matmul":
+        x, w = values
+        if k == 0:
+            return ops.matmul(g, ops.transpose(w))  # (..., m, n) @ (n, k)
+        rows = int(np.prod(x.shape[:-1]))
+        x2 = ops.reshape(x, (rows, x.shape[-1]))
+        return ops.matmul(ops.transpose(x2), ops.reshape(g, (rows, g.shape[-1])))
     if key == "mul":
         return g * values[1 - k]
     if key == "negate" or (key == "sub" and k == 1):
@@ -169,7 +179,16 @@ def _elementwise_grad(
     return g  # add, and sub's first input
 
 
-def _simple_elementwise_grad(op: Op, names: tuple[str, ...]) -> bool:
+def _supported_forward(fwd: Op) -> bool:
+    """Shapes the rewrites handle: any for elementwise ops; for matmul an ``(..., m, k)``
+    lhs, a 2-D rhs and no output-type change."""
+    if fwd.opdef.key != "matmul":
+        return True
+    x, w = fwd.inputs
+    return x.rank >= 2 and w.rank == 2 and fwd.outputs[0].dtype == x.dtype == w.dtype
+
+
+def _rewritable_grad(op: Op, names: tuple[str, ...]) -> bool:
     """A gradient op of one of ``names`` whose forward inputs are distinct, own their
     storage and whose single output has a cotangent."""
     recipe = op.attrs.get("recipe")
@@ -178,11 +197,12 @@ def _simple_elementwise_grad(op: Op, names: tuple[str, ...]) -> bool:
     fwd = recipe.op
     if fwd.opdef.key not in names or fwd.opdef.modifies or len(fwd.outputs) != 1:
         return False
-    return recipe.roots == fwd.inputs and recipe.present == (True,)
+    simple = recipe.roots == fwd.inputs and recipe.present == (True,)
+    return simple and _supported_forward(fwd)
 
 
 def _grad_to_forward_ops(graph: popxl.Graph, op: Op, names: tuple[str, ...]) -> bool:
-    if not _simple_elementwise_grad(op, names):
+    if not _rewritable_grad(op, names):
         return False
     recipe = op.attrs["recipe"]
     values, g = op.inputs[:-1], op.inputs[-1]
@@ -190,7 +210,7 @@ def _grad_to_forward_ops(graph: popxl.Graph, op: Op, names: tuple[str, ...]) -> 
     with insert_before(op):
         new = []
         for old, k in zip(op.outputs, recipe.grad_for):
-            t = _unbroadcast(_elementwise_grad(key, k, g, values), recipe.roots[k].shape)
+            t = _unbroadcast(_input_grad(key, k, g, values), recipe.roots[k].shape)
             # A graph output keeps a tensor of its own rather than becoming the cotangent.
             new.append(ops.identity(t) if t is g and old in graph._outputs else t)
     for old, t in zip(op.outputs, new):
@@ -208,6 +228,7 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("SubtractArg1GradOp", 1, _grad_pattern("sub")),
     Pattern("AddArgGradOp", 1, _grad_pattern("add")),
     Pattern("NegGradOp", 1, _grad_pattern("negate")),
+    Pattern("MatMulGradOp", 1, _grad_pattern("matmul")),
     Pattern("OpToIdentity", 2, _op_to_identity),
     Pattern("TransposeToIdentityOrReshape", 2, _transpose_to_reshape),
     Pattern("NegativeOneScale", 2, _negative_one_scale),
@@ -248,7 +269,7 @@ def apply_pre_alias_patterns(ir: popxl.Ir, level: Level = "default") -> dict[str
 
     * ``"no_patterns"``: nothing.
     * ``"minimal"``: the mandatory patterns (gradient ops of ``Add``/``Sub``/``Mul``/``Neg``
-      become forward ops).
+      and ``MatMul`` become forward ops).
     * ``"default"`` and ``"all"``: also no-op removal.
 
     Args:

@@ -173,3 +173,68 @@ def test_differentiated_forward_ops_are_left_alone():
     _, dx, ds = _run(ir, streams)
     np.testing.assert_allclose(dx, np.broadcast_to(S, X.shape))
     np.testing.assert_allclose(ds, X.sum(0))
+
+
+def test_matmul_gradient_becomes_matmuls_with_transposes():
+    rng = np.random.default_rng(1)
+    xv = rng.normal(size=(2, 4, 3)).astype(np.float32)
+    wv = rng.normal(size=(3, 5)).astype(np.float32)
+    dyv = rng.normal(size=(2, 4, 5)).astype(np.float32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(xv, name="x")
+        w = popxl.variable(wv, name="w")
+        fwd = ir.create_graph(lambda a, b: a @ b, x, w)
+        grad = addons.autodiff(fwd)
+        info = ops.call_with_info(fwd, x, w)
+        grads = ops.call(
+            grad.graph, popxl.constant(dyv), inputs_dict=grad.grad_graph_info.inputs_dict(info)
+        )
+        streams = [addons.host_store(t) for t in grads]
+    before = _run(ir, streams)
+    assert apply_pre_alias_patterns(ir, "minimal")["MatMulGradOp"] == 1
+    assert _types(grad.graph) == [
+        "Transpose", "MatMul", "Reshape", "Transpose", "Reshape", "MatMul",
+    ]  # fmt: skip
+    dx, dw = _run(ir, streams)
+    np.testing.assert_allclose(dx, dyv @ wv.T, rtol=1e-5)
+    np.testing.assert_allclose(dw, xv.reshape(8, 3).T @ dyv.reshape(8, 5), rtol=1e-5)
+    np.testing.assert_allclose(dx, before[0], rtol=1e-5)
+    np.testing.assert_allclose(dw, before[1], rtol=1e-5)
+
+
+def test_matmul_gradient_with_a_batched_rhs_is_left_to_jax():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones((2, 4, 3), np.float32))
+        w = popxl.variable(np.ones((2, 3, 5), np.float32))
+        fwd = ir.create_graph(lambda a, b: a @ b, x, w)
+        grad = addons.autodiff(fwd)
+    assert apply_pre_alias_patterns(ir, "minimal")["MatMulGradOp"] == 0
+    assert _types(grad.graph) == ["MatMulGrad"]
+
+
+def test_linear_module_gradient_after_default_patterns_matches_numpy():
+    from popxl_addons.layers import Linear
+
+    rng = np.random.default_rng(2)
+    xv = rng.normal(size=(4, 3)).astype(np.float32)
+    dyv = rng.normal(size=(4, 2)).astype(np.float32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(xv, name="x")
+        facts, fwd = Linear(2).create_graph(x)
+        variables = facts.init()
+        grad = addons.autodiff(fwd)
+        info = fwd.bind(variables).call_with_info(x)
+        grads = grad.call(popxl.constant(dyv), args=grad.grad_graph_info.inputs_dict(info))
+        streams = [addons.host_store(t) for t in grads]
+    apply_pre_alias_patterns(ir)
+    assert not any(t.endswith("Grad") for t in _types(grad.graph)), _types(grad.graph)
+    with popxl.Session(ir, "ipu_hw") as session:
+        out = session.run()
+        w = session.get_tensor_data(variables.weight)
+    dx, dw, db = (out[s] for s in streams)
+    np.testing.assert_allclose(dx, dyv @ w.T, rtol=1e-5)
+    np.testing.assert_allclose(dw, xv.T @ dyv, rtol=1e-5)
+    np.testing.assert_allclose(db, dyv.sum(0), rtol=1e-5)
