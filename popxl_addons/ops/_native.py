@@ -102,6 +102,24 @@ def define_all_reduce_pair(key: str, type_: str) -> OpDef:
     return opdef
 
 
+def check_reduction(opdef: OpDef, op: str, allowed: tuple[str, ...]) -> None:
+    """Raise, as the original did, unless ``op`` is one of the reductions it implemented."""
+    if op in allowed:
+        return
+    names = " and ".join(f"CollectiveOperator::{a.capitalize()}" for a in allowed)
+    many = len(allowed) > 1
+    raise core_error(
+        REDUCTION_ONLY_MSG.format(
+            type=opdef.type + "Op",
+            allowed=names,
+            verb="are" if many else "is",
+            s="s" if many else "",
+            verb2="are" if many else "is",
+            op=op,
+        )
+    )
+
+
 def record_all_reduce_pair(
     opdef: OpDef,
     t: Tensor,
@@ -113,19 +131,7 @@ def record_all_reduce_pair(
     name: str,
 ) -> Tensor:
     """Check ``op`` against the reductions the original implemented and record the op."""
-    if op not in allowed:
-        names = " and ".join(f"CollectiveOperator::{a.capitalize()}" for a in allowed)
-        many = len(allowed) > 1
-        raise core_error(
-            REDUCTION_ONLY_MSG.format(
-                type=opdef.type + "Op",
-                allowed=names,
-                verb="are" if many else "is",
-                s="s" if many else "",
-                verb2="are" if many else "is",
-                op=op,
-            )
-        )
+    check_reduction(opdef, op, allowed)
     attrs = {
         "op": op,
         "groups": groups_of(group),
@@ -138,6 +144,9 @@ def record_all_reduce_pair(
 __all__ = [
     "all_gather_flat",
     "all_reduce",
+    "check_reduction",
+    "core_error",
+    "define",
     "define_all_reduce_pair",
     "float32",
     "group_size",
