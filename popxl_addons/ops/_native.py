@@ -66,6 +66,14 @@ def float32(x: Any) -> Any:
     return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
+def rounded(product: Any) -> Any:
+    """``product``, rounded on its own before it is summed: XLA:CPU would otherwise fuse a
+    multiply and an add into one FMA (one rounding), so results would differ in the last
+    bit from the original (and from PyTorch). The select on NaN (which changes nothing)
+    is what stops the fusion; an ``optimization_barrier`` does not."""
+    return jnp.where(jnp.isnan(product), jnp.nan, product)
+
+
 # The all-reduce pairs of tensor parallelism -----------------------------------------------
 
 REDUCTION_ONLY_MSG = (
@@ -158,5 +166,6 @@ __all__ = [
     "record_all_reduce_pair",
     "reduce_scatter_flat",
     "replica_op",
+    "rounded",
     "same_spec",
 ]
