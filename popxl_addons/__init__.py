@@ -64,6 +64,7 @@ from .named_tensors import NamedTensorData as NamedTensorData
 from .named_tensors import NamedTensors as NamedTensors
 from .ops import cross_entropy as cross_entropy
 from .ops import cross_entropy_with_grad as cross_entropy_with_grad
+from .ops import fp8_amax_scale as fp8_amax_scale
 from .ops import host_load as host_load
 from .ops import host_store as host_store
 from .performance_utils import evaluate_FLOPs as evaluate_FLOPs
@@ -132,7 +133,8 @@ __all__ = [
     "handle_negative_axis", "route_tensor_into_graph", "is_subgraph", "TaskSession",
     "write_variables_pb", "remote", "rts", "create_remote_buffer", "load_remote_graph",
     "named_buffers", "named_variable_buffers", "store_remote_graph",
-    "cross_entropy", "cross_entropy_with_grad", "host_load", "host_store", "seed_variable",
+    "cross_entropy", "cross_entropy_with_grad", "fp8_amax_scale", "host_load", "host_store",
+    "seed_variable",
     "set_available_memory_proportion_by_ipu", "set_graph_available_memory_proportion_by_ipu",
     "disable_fc_pass", "enable_fc_pass", "add_recompute_inputs", "debugging", "print_tensor",
     "print_text", "performance_utils", "total_FLOPs", "evaluate_ir_FLOPs", "evaluate_FLOPs",
