@@ -18,7 +18,10 @@ pattern (PopART's name)            level    rewrite
                                             (2-D rhs; PopART's MatMulLhs/RhsGradOp)
 ``OpToIdentity``                   default  same-shape ``Reshape``, same-type ``Cast``,
                                             identity ``Transpose``, one-input ``Concat``,
-                                            ``x * 1``, ``x / 1`` -> ``Identity``
+                                            ``x * 1``, ``x / 1``, and the
+                                            ``ReplicatedAllReduceTP`` of identical inputs
+                                            (forward of ``f``, gradient of ``g``) ->
+                                            ``Identity``
 ``TransposeToIdentityOrReshape``   default  ``Transpose`` moving only size-1 axes ->
                                             ``Reshape``
 ``NegativeOneScale``               default  ``x * -1`` -> ``Neg``
@@ -113,6 +116,8 @@ def _is_noop(op: Op) -> popxl.Tensor | None:
         return ins[0]
     if key == "concat" and len(ins) == 1:
         return ins[0]
+    if op.type == "ReplicatedAllReduceTP" and op.attrs.get("identical_inputs"):
+        return ins[0]  # the original's canBeReplacedByIdentity: inputs already agree
     return _scaled_input(op, 1.0)
 
 

@@ -238,3 +238,49 @@ def test_linear_module_gradient_after_default_patterns_matches_numpy():
     np.testing.assert_allclose(dx, dyv @ w.T, rtol=1e-5)
     np.testing.assert_allclose(dw, xv.T @ dyv, rtol=1e-5)
     np.testing.assert_allclose(db, dyv.sum(0), rtol=1e-5)
+
+
+def test_tensor_parallel_identity_all_reduces_become_identities_and_keep_values():
+    from popxl_addons.ops.replicated_all_reduce_TP import (
+        replicated_all_reduce_identical_grad_inputs,
+        replicated_all_reduce_identical_inputs,
+    )
+
+    def build():
+        ir = popxl.Ir(4)
+        with ir.main_graph:
+            x_h2d = popxl.h2d_stream((2,), F32, "x")
+            x = ops.host_load(x_h2d)
+            fwd = ir.create_graph(
+                lambda t: replicated_all_reduce_identical_grad_inputs(
+                    replicated_all_reduce_identical_inputs(t) * 2.0
+                ),
+                x,
+            )
+            grad = addons.autodiff(fwd)
+            info = ops.call_with_info(fwd, x)
+            inputs = grad.grad_graph_info.inputs_dict(info)
+            (dx,) = ops.call(grad.graph, x, inputs_dict=inputs)
+            streams = [addons.host_store(info.outputs[0]), addons.host_store(dx)]
+        return ir, fwd, grad.graph, x_h2d, streams
+
+    data = np.arange(8, dtype=np.float32).reshape(4, 2)
+
+    def run(ir, x_h2d, streams):
+        with popxl.Session(ir, "ipu_hw") as session:
+            out = session.run({x_h2d: data})
+        return [out[s] for s in streams]
+
+    ir, _, _, x_h2d, streams = build()
+    before = run(ir, x_h2d, streams)
+    ir, fwd, grad, x_h2d, streams = build()
+    counts = apply_pre_alias_patterns(ir)
+    assert counts["OpToIdentity"] == 2  # f's forward, g's gradient
+    # f's output is also a forward output (an activation of the Mul gradient): kept as a copy.
+    assert _types(fwd) == ["Identity", "Mul", "ReplicatedAllReduceTP"]
+    assert "Identity" not in _types(grad) and _types(grad).count("ReplicatedAllReduceTP") == 1
+    y, dx = run(ir, x_h2d, streams)
+    np.testing.assert_allclose(y, np.broadcast_to(2 * data.sum(0), (4, 2)))
+    np.testing.assert_allclose(dx, np.broadcast_to(2 * data.sum(0), (4, 2)))
+    np.testing.assert_allclose(y, before[0])
+    np.testing.assert_allclose(dx, before[1])
