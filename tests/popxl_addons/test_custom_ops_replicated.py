@@ -58,9 +58,7 @@ def run_with_grad(
         graph = ir.create_graph(build, *tensors)
         info = popxl.transforms.autodiff(graph, grads_required=[graph.inputs[k] for k in diff])
         call = ops.call_with_info(graph, *tensors)
-        cot_stream = popxl.h2d_stream(
-            cot.shape[lead:], popxl.dtypes.dtype.as_dtype(cot.dtype), "cot"
-        )
+        cot_stream = popxl.h2d_stream(cot.shape[lead:], popxl.dtypes.dtype.as_dtype(cot.dtype), "cot")
         grads = ops.call(
             info.graph, ops.host_load(cot_stream, "cot"), inputs_dict=info.inputs_dict(call)
         )
@@ -304,9 +302,7 @@ def test_layer_norm_distributed_on_one_replica_is_layer_norm() -> None:
         cot,
         diff=(0, 1, 2),
     )
-    want, pullback = jax.vjp(
-        lambda *a: _layer_norm(*a, eps=1e-3), *(jnp.asarray(v) for v in (x, w, b))
-    )
+    want, pullback = jax.vjp(lambda *a: _layer_norm(*a, eps=1e-3), *(jnp.asarray(v) for v in (x, w, b)))
     np.testing.assert_allclose(y, np.asarray(want), rtol=1e-4, atol=1e-5)
     for got, ref in zip(grads, pullback(jnp.asarray(cot))):
         np.testing.assert_allclose(got, np.asarray(ref), rtol=1e-4, atol=1e-5)
