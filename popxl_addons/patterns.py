@@ -58,11 +58,28 @@ MAX_SWEEPS = 100
 
 @dataclass(frozen=True)
 class Pattern:
-    """One rewrite. ``apply(graph, op)`` returns whether it rewrote ``op``."""
+    """One rewrite. ``apply(graph, op, storage)`` returns whether it rewrote ``op``."""
 
     name: str
     level: int
-    apply: Callable[[popxl.Graph, Op], bool]
+    apply: Callable[[popxl.Graph, Op, _Storage], bool]
+
+
+class _Storage:
+    """Which storages of a graph some op writes, computed once per sweep on first use.
+
+    Stays valid during the sweep: the rewrites never add in-place ops or views."""
+
+    def __init__(self, graph: popxl.Graph) -> None:
+        self._graph = graph
+        self._state: tuple[Callable[[popxl.Tensor], popxl.Tensor], set[popxl.Tensor]] | None
+        self._state = None
+
+    def is_written(self, t: popxl.Tensor) -> bool:
+        if self._state is None:
+            self._state = modified_storages(self._graph)
+        find, written = self._state
+        return find(t) in written
 
 
 # Helpers ------------------------------------------------------------------------------------
@@ -121,7 +138,7 @@ def _is_noop(op: Op) -> popxl.Tensor | None:
     return _scaled_input(op, 1.0)
 
 
-def _op_to_identity(graph: popxl.Graph, op: Op) -> bool:
+def _op_to_identity(graph: popxl.Graph, op: Op, storage: _Storage) -> bool:
     x = _is_noop(op)
     if x is None:
         return False
@@ -129,7 +146,7 @@ def _op_to_identity(graph: popxl.Graph, op: Op) -> bool:
     return True
 
 
-def _transpose_to_reshape(graph: popxl.Graph, op: Op) -> bool:
+def _transpose_to_reshape(graph: popxl.Graph, op: Op, storage: _Storage) -> bool:
     if op.opdef.key != "transpose":
         return False
     perm, shape = op.attrs["permutation"], op.inputs[0].shape
@@ -140,7 +157,7 @@ def _transpose_to_reshape(graph: popxl.Graph, op: Op) -> bool:
     return True
 
 
-def _negative_one_scale(graph: popxl.Graph, op: Op) -> bool:
+def _negative_one_scale(graph: popxl.Graph, op: Op, storage: _Storage) -> bool:
     x = _scaled_input(op, -1.0)
     if x is None:
         return False
@@ -148,14 +165,13 @@ def _negative_one_scale(graph: popxl.Graph, op: Op) -> bool:
     return True
 
 
-def _remove_identity(graph: popxl.Graph, op: Op) -> bool:
+def _remove_identity(graph: popxl.Graph, op: Op, storage: _Storage) -> bool:
     if op.opdef.key != "identity":
         return False
     (x,), (y,) = op.inputs, op.outputs
     if y in graph._outputs:
         return False
-    find, written = modified_storages(graph)
-    if find(x) in written or find(y) in written:
+    if storage.is_written(x) or storage.is_written(y):
         return False  # the copy is observable: one side changes later
     replace_uses(graph, y, x)
     remove_op(graph, op)
@@ -224,8 +240,8 @@ def _grad_to_forward_ops(graph: popxl.Graph, op: Op, names: tuple[str, ...]) -> 
     return True
 
 
-def _grad_pattern(*names: str) -> Callable[[popxl.Graph, Op], bool]:
-    return lambda graph, op: _grad_to_forward_ops(graph, op, names)
+def _grad_pattern(*names: str) -> Callable[[popxl.Graph, Op, _Storage], bool]:
+    return lambda graph, op, _: _grad_to_forward_ops(graph, op, names)
 
 
 PATTERNS: tuple[Pattern, ...] = (
@@ -256,11 +272,12 @@ def _sweep(
     graph: popxl.Graph, patterns: list[Pattern], counts: dict[str, int], keep: set[Op]
 ) -> bool:
     changed = False
+    storage = _Storage(graph)
     for op in list(graph._ops):
         if op not in graph._ops or op in keep:
             continue
         for pattern in patterns:
-            if pattern.apply(graph, op):
+            if pattern.apply(graph, op, storage):
                 counts[pattern.name] += 1
                 changed = True
                 break
