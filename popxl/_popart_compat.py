@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._op import AMP_HINT, AMP_OP_TYPES, FC_PASS_HINT, FC_PASS_OP_TYPES
+
 if TYPE_CHECKING:
     from ._op import Op
     from .graph import Graph
@@ -71,9 +73,15 @@ class PbGraph:
     def id(self) -> str:
         return self._graph.id
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PbGraph) and other._graph is self._graph
+
+    def __hash__(self) -> int:
+        return hash(self._graph)
+
     def getOps(self) -> list[PbOp]:  # noqa: N802
         """The graph's ops, in schedule order."""
-        return [PbOp(op) for op in self._graph._ops]
+        return [pb_op(op) for op in self._graph._ops]
 
     def getOpSchedule(self, require_optimal: bool = False) -> list[PbOp]:  # noqa: N802
         """The graph's ops in the order they run (creation order here)."""
@@ -97,6 +105,68 @@ class PbOp:
 
     def __repr__(self) -> str:
         return f"PbOp({self.opType()}, id={self.id})"
+
+    def getInputTensors(self) -> list[PbTensor]:  # noqa: N802
+        return [PbTensor(t) for t in self._op.inputs]
+
+    def getOutputTensors(self) -> list[PbTensor]:  # noqa: N802
+        return [PbTensor(t) for t in self._op.outputs]
+
+    def getVirtualGraphId(self) -> int:  # noqa: N802
+        """The IPU the op was placed on (``popxl.ipu``)."""
+        return self._op.ipu or 0
+
+
+# PopART's op classes had these methods only where they applied; code tests ``hasattr``.
+
+
+class PbAmpOp(PbOp):
+    """Ops with an available memory proportion (matmul, gather, scatter)."""
+
+    def getAvailableMemoryProportion(self) -> float | None:  # noqa: N802
+        return self._op.hints.get(AMP_HINT)
+
+    def setAvailableMemoryProportion(self, value: float | None) -> None:  # noqa: N802
+        """Record the planning option on the op (``op.hints``); XLA does not read it."""
+        self._op.hints[AMP_HINT] = value
+
+
+class PbMatMulOp(PbAmpOp):
+    """``MatMul``: also the fully-connected pass switch."""
+
+    def useFullyConnectedPass(self) -> bool:  # noqa: N802
+        """True unless ``disable_fc_pass`` switched it off (PopART's default is on)."""
+        return bool(self._op.hints.get(FC_PASS_HINT, True))
+
+    def setUseFullyConnectedPass(self, value: bool) -> None:  # noqa: N802
+        self._op.hints[FC_PASS_HINT] = bool(value)
+
+
+class PbSubgraphOp(PbOp):
+    """Ops that run a graph (call, repeat)."""
+
+    def getCalledGraph(self) -> PbGraph:  # noqa: N802
+        return PbGraph(self._op.called_graphs[0])
+
+
+class PbLoopOp(PbSubgraphOp):
+    """``Loop`` (``ops.repeat``)."""
+
+    def getTripCountValue(self) -> int:  # noqa: N802
+        return int(self._op.attrs["repeat_count"])
+
+
+def pb_op(op: Op) -> PbOp:
+    """The PopART-style view of ``op``, with the methods its PopART class had."""
+    if op.type in FC_PASS_OP_TYPES:
+        return PbMatMulOp(op)
+    if op.type in AMP_OP_TYPES:
+        return PbAmpOp(op)
+    if op.type == "Loop":
+        return PbLoopOp(op)
+    if op.type == "Call":
+        return PbSubgraphOp(op)
+    return PbOp(op)
 
 
 class PbTensor:

@@ -393,6 +393,12 @@ class Variable(Tensor):
         return (groups, *full) if groups > 1 else full
 
     @property
+    def _memmap_arr(self) -> np.memmap | None:
+        """The ``np.memmap`` holding the host value when the variable was made from one
+        (``VariableFactory.create_tensor(memmap_dir=...)``), else ``None``: PopXL's name."""
+        return self._host_data if isinstance(self._host_data, np.memmap) else None
+
+    @property
     def shape_on_replica(self) -> tuple[int, ...]:
         return self.shape
 

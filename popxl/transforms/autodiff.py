@@ -170,7 +170,7 @@ class _Differentiator:
         """Calls and seeds that read views get an identity copy, so their gradients flow
         through an ordinary op (whose gradient handles the view)."""
         for op in list(self.fwd._ops):
-            if op.opdef.grad not in ("call", "collective"):
+            if op.opdef.grad not in ("call", "collective", "adjoint"):
                 continue
             for k, h in enumerate(op.inputs):
                 if parents(h) is not None:
@@ -441,6 +441,29 @@ def _collective_adjoint(coll: Any, op: Op, cot: Tensor) -> Tensor:
     return record(coll.ALL_GATHER, {"t": cot}, attrs_gather, [f"{cot.name}_all_gathered"])[0]
 
 
+Adjoint = Callable[[Op, list[Tensor]], Sequence["Tensor | None"]]
+ADJOINTS: dict[str, Adjoint] = {}
+
+
+def register_adjoint(key: str, adjoint: Adjoint) -> None:
+    """Give the op kind ``key`` (declared with ``grad="adjoint"``) a structural gradient:
+    ``adjoint(forward_op, output_cotangents)`` records ordinary ops in the gradient graph
+    and returns one gradient (or None) per forward input. For ops whose original had a
+    custom gradient op that is itself a forward op (the tensor-parallel all-reduce pairs)."""
+    ADJOINTS[key] = adjoint
+
+
+def _adjoint_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Contribution:
+    op = step.op
+    present = [
+        c if c is not None else init(t.shape, t.dtype, "zero_grad", "zero")
+        for c, t in zip(cots, op.outputs)
+    ]
+    grads = ADJOINTS[op.opdef.key](op, present)
+    inputs = [d.call_input(op, k) for k in range(len(op.inputs))]
+    return [(d.version_before(step, h), g) for h, g in zip(inputs, grads) if g is not None]
+
+
 def _print_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Contribution:
     """``print_tensor`` passes its gradient through, printing it if asked to."""
     from ..ops import misc  # noqa: PLC0415
@@ -480,5 +503,6 @@ RULES: dict[str, Callable[[_Differentiator, Step, list], Contribution]] = {
     "call": _call_rule,
     "print": _print_rule,
     "collective": _collective_rule,
+    "adjoint": _adjoint_rule,
     "none": _no_grad,
 }
