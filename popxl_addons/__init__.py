@@ -46,6 +46,7 @@ from .streams import InputStreams as InputStreams
 from .streams import OutputStreams as OutputStreams
 from .transforms import autodiff as autodiff
 from .transforms import autodiff_with_accumulation as autodiff_with_accumulation
+from .transforms import pipelined_execution as pipelined_execution
 from .transforms import recompute_graph as recompute_graph
 from .utils import OrderedDict as OrderedDict
 from .utils import WeightsDict as WeightsDict
@@ -72,6 +73,7 @@ __all__ = [
     "ops", "transforms", "DotTree", "BoundGraph", "GraphWithNamedArgs", "GraphCache", "function",
     "Module", "NameScopeMeta", "NamedReplicaGrouping", "NamedTensorData", "NamedTensors",
     "InputStreams", "OutputStreams", "autodiff", "autodiff_with_accumulation", "recompute_graph",
+    "pipelined_execution",
     "OrderedDict", "WeightsDict", "timer", "NamedVariableFactories", "VariableFactory",
     "add_replica_sharded_variable_input", "add_variable_input",
     "array_munging", "shard", "unshard_arrays", "unshard", "repeat", "repeat_axis", "split2D",
