@@ -112,7 +112,7 @@ class Session:
         self._remote_vars = [v for v in ir._variables if v._remote_buffer is not None]
         # Remote buffers keep their contents while detached (streaming memory).
         self._buffers_host = [
-            np.zeros(a.shape, a.dtype)
+            np.zeros(a.shape[1:] if self._program.ipus else a.shape, a.dtype)
             for a in abstract_state(self._program)[len(self._program.variables) :]
         ]
         self._state: tuple | None = None
@@ -217,7 +217,20 @@ class Session:
         view.flags.writeable = False
         return view
 
+    def _placed(self, host: np.ndarray) -> np.ndarray:
+        """With placed virtual IPUs, one slot per device (see ``runtime.placement``)."""
+        ipus = self._program.ipus
+        return np.broadcast_to(host, (ipus, *np.shape(host))) if ipus else host
+
+    def _slot(self, index: int, value: Any) -> Any:
+        """The device slot of state entry ``index`` that holds its value."""
+        if not self._program.ipus:
+            return value
+        return value[self._program.homes[index] or 0]
+
     def _device_layout(self, var: Variable, host: np.ndarray) -> Any:
+        if self._program.ipus:
+            return self._placed(host)
         replicas = self._program.replicas
         if replicas > 1 and self._batched[var] and not self._per_replica(var):
             grouping = var.replica_grouping
@@ -249,6 +262,7 @@ class Session:
         self._write_remote(buffers, self._remote_vars)
         with self._x64():
             hosts = [self._device_layout(v, self._host[v]) for v in variables]
+            buffers = [self._placed(b) for b in buffers]
             self._state = tuple(jax.device_put([*hosts, *buffers], self._sharding))
 
     def _buffer_index(self, var: Variable) -> int:
@@ -270,7 +284,7 @@ class Session:
         """Copy every variable's device value to the host."""
         self._require_attached()
         assert self._state is not None
-        values = jax.device_get(self._state)
+        values = [self._slot(i, v) for i, v in enumerate(jax.device_get(self._state))]
         n_vars = len(self._program.variables)
         for var, value in zip(self._program.variables, values[:n_vars]):
             self._set_host(var, self._to_host(var, value))
@@ -448,9 +462,14 @@ class Session:
                 state[index[var]] = value
             if remote:
                 n_vars = len(self._program.variables)
-                buffers = [np.array(b) for b in jax.device_get(tuple(state[n_vars:]))]
+                buffers = [
+                    np.array(self._slot(n_vars + i, b))
+                    for i, b in enumerate(jax.device_get(tuple(state[n_vars:])))
+                ]
                 self._write_remote(buffers, remote)
-                state[n_vars:] = jax.device_put(buffers, self._sharding)
+                state[n_vars:] = jax.device_put(
+                    [self._placed(b) for b in buffers], self._sharding
+                )
         self._state = tuple(state)
 
     def _checked_write(self, var: Any, data: Any) -> np.ndarray:
