@@ -276,9 +276,7 @@ def placed_step(
         state = [s[0] for s in (*mut, *fixed)]
         for value, home in zip(state, homes):
             placement.register(value, home)
-        new, outs = step(
-            tuple(state[: len(mut)]), tuple(state[len(mut) :]), inputs, placement
-        )
+        new, outs = step(tuple(state[: len(mut)]), tuple(state[len(mut) :]), inputs, placement)
         if probe is not None:
             probe[:] = placement.homes_of(new)
         return tuple(s[None] for s in new), outs
