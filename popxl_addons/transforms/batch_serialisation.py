@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import popxl
 from popxl import ops
@@ -40,7 +40,7 @@ from ..utils import suffix_graph_name
 
 __all__ = ["batch_serialise", "batch_serialise_fwd_and_grad", "batch_serial_buffer", "RemoteHandle"]
 
-RowOffset = Union[int, None, Callable[[popxl.Tensor], popxl.Tensor]]
+RowOffset = int | None | Callable[[popxl.Tensor], popxl.Tensor]
 IoMode = Literal["compute", "io", "io_overlapped"]
 IO_MODES = ("compute", "io", "io_overlapped")
 
@@ -74,7 +74,7 @@ class RemoteHandle:
     shard_group: popxl.ReplicaGrouping | None = None
 
 
-Handle = Union[popxl.HostToDeviceStream, RemoteHandle]
+Handle = popxl.HostToDeviceStream | RemoteHandle
 
 
 @dataclass
