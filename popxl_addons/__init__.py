@@ -46,6 +46,10 @@ from .streams import InputStreams as InputStreams
 from .streams import OutputStreams as OutputStreams
 from .transforms import autodiff as autodiff
 from .transforms import autodiff_with_accumulation as autodiff_with_accumulation
+from .transforms import RemoteHandle as RemoteHandle
+from .transforms import batch_serial_buffer as batch_serial_buffer
+from .transforms import batch_serialise as batch_serialise
+from .transforms import batch_serialise_fwd_and_grad as batch_serialise_fwd_and_grad
 from .transforms import pipelined_execution as pipelined_execution
 from .transforms import recompute_graph as recompute_graph
 from .utils import OrderedDict as OrderedDict
@@ -73,7 +77,8 @@ __all__ = [
     "ops", "transforms", "DotTree", "BoundGraph", "GraphWithNamedArgs", "GraphCache", "function",
     "Module", "NameScopeMeta", "NamedReplicaGrouping", "NamedTensorData", "NamedTensors",
     "InputStreams", "OutputStreams", "autodiff", "autodiff_with_accumulation", "recompute_graph",
-    "pipelined_execution",
+    "pipelined_execution", "batch_serialise", "batch_serialise_fwd_and_grad",
+    "batch_serial_buffer", "RemoteHandle",
     "OrderedDict", "WeightsDict", "timer", "NamedVariableFactories", "VariableFactory",
     "add_replica_sharded_variable_input", "add_variable_input",
     "array_munging", "shard", "unshard_arrays", "unshard", "repeat", "repeat_axis", "split2D",

@@ -368,6 +368,11 @@ class Session:
         self._host_stale = True
         return buffers, counts
 
+    def _full_input_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The host layout for one stream of ``shape``: ``[num_host_transfers if > 1]
+        [replication_factor if > 1] + shape`` (PopXL's private helper, used by tutorials)."""
+        return stream_io._extra_dims(self._nht, self._program.replicas) + tuple(shape)
+
     def create_host_outputs(self) -> dict[DeviceToHostStream, np.ndarray]:
         """Empty arrays, in host layout, for every device-to-host stream."""
         nht, replicas = self._nht, self._program.replicas
