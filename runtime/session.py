@@ -33,12 +33,14 @@ from popxl.tensor import Constant, Tensor, Variable
 
 from . import remote_state, stream_io
 from .device import select_device
+from .placement import ipus_used
 from .program import (
     Program,
     abstract_inputs,
     abstract_state,
     build_program,
     enable_persistent_cache,
+    reachable_graphs,
     state_sharding,
 )
 
@@ -153,6 +155,34 @@ class Session:
                 *self._program.split(state), abstract_inputs(self._program)
             ).compile()
         _COMPILED.add(key)
+
+    def memory_report(self) -> Any:
+        """Bytes per virtual IPU: on-chip variables, remote buffers (streaming memory) and
+        the compiled step's peak from XLA's memory analysis (see ``runtime.memory``).
+
+        >>> import popxl, numpy as np
+        >>> ir = popxl.Ir()
+        >>> with ir.main_graph:
+        ...     w = popxl.variable(np.zeros((4, 8), np.float32))
+        ...     w += 1.0
+        >>> print(popxl.Session(ir, "ipu_model").memory_report()[0].variables)
+        128
+        """
+        from . import memory  # noqa: PLC0415
+
+        program = self._program
+        state = tuple(
+            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._sharding)
+            for a in abstract_state(program)
+        )
+        with self._x64():
+            compiled = program.step.lower(*program.split(state), abstract_inputs(program)).compile()
+        graphs = reachable_graphs(program.ir)
+        ipus = max(program.ipus, ipus_used(graphs))
+        devices = program.ipus or 1
+        return memory.memory_report(
+            graphs, program.variables, program.buffers, ipus, devices, compiled
+        )
 
     # Attach / detach --------------------------------------------------------------------
 
@@ -472,9 +502,7 @@ class Session:
                     for i, b in enumerate(jax.device_get(tuple(state[n_vars:])))
                 ]
                 self._write_remote(buffers, remote)
-                state[n_vars:] = jax.device_put(
-                    [self._placed(b) for b in buffers], self._sharding
-                )
+                state[n_vars:] = jax.device_put([self._placed(b) for b in buffers], self._sharding)
         self._state = tuple(state)
 
     def _checked_write(self, var: Any, data: Any) -> np.ndarray:
