@@ -92,7 +92,7 @@ def test_rows_and_row_offsets_address_entry_row_times_steps_plus_step(io_mode):
             mapped: RemoteHandle(mapped, lambda n: (n + 1) % rows),
             pinned: RemoteHandle(pinned, None),
         }
-        for buffer, handle in handles.items():
+        for handle in handles.values():
             result = batch_serialise(
                 graph,
                 steps,
