@@ -246,6 +246,7 @@ VARIANTS: dict[str, Callable[[argparse.Namespace], tuple]] = {
     "plain": build_plain,
     "pipelined x2": partial(build_pipelined, devices=2),
     "pipelined x4": partial(build_pipelined, devices=4),
+    "pipelined x4 1dev": partial(build_pipelined, devices=4),
     "batch-serialised": partial(build_serialised, phased=False),
     "phased": partial(build_serialised, phased=True),
 }
@@ -262,7 +263,16 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     ir, x_in, y_in, model = VARIANTS[name](args)
     ir.num_host_transfers = args.steps
     x, y = data(args)
-    session = popxl.Session(ir, "ipu_model")
+    # "1dev": the same pipelined program with its IPUs on one device (no placement).
+    placement = "off" if name.endswith("1dev") else os.environ.get("POPXL_PLACEMENT", "auto")
+    previous = os.environ.get("POPXL_PLACEMENT")
+    os.environ["POPXL_PLACEMENT"] = placement
+    try:
+        session = popxl.Session(ir, "ipu_model")
+    finally:
+        os.environ.pop("POPXL_PLACEMENT")
+        if previous is not None:
+            os.environ["POPXL_PLACEMENT"] = previous
     report = session.memory_report()
     feeds = {x_in: x, y_in: y}
     with session:
