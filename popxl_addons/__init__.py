@@ -44,9 +44,9 @@ from .route_tensor import is_subgraph as is_subgraph
 from .route_tensor import route_tensor_into_graph as route_tensor_into_graph
 from .streams import InputStreams as InputStreams
 from .streams import OutputStreams as OutputStreams
+from .transforms import RemoteHandle as RemoteHandle
 from .transforms import autodiff as autodiff
 from .transforms import autodiff_with_accumulation as autodiff_with_accumulation
-from .transforms import RemoteHandle as RemoteHandle
 from .transforms import batch_serial_buffer as batch_serial_buffer
 from .transforms import batch_serialise as batch_serialise
 from .transforms import batch_serialise_fwd_and_grad as batch_serialise_fwd_and_grad

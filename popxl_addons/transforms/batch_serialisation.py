@@ -168,7 +168,7 @@ class _Plan:
     def load(self, index: popxl.Tensor) -> list[popxl.Tensor]:
         """Load every loaded input of one step (on the IO tiles in io modes)."""
         with self.tiles():
-            targets = []
+            targets: list[tuple[popxl.Tensor, Any, popxl.Tensor | None]] = []
             for t in self.loaded:
                 handle = self.load_handles[t]
                 if isinstance(handle, popxl.HostToDeviceStream):
@@ -209,7 +209,7 @@ class _Plan:
         """Call the graph for one step; returns the values to store."""
         args = dict(zip(self.loaded, loaded))
         args.update(zip(self.passed, passed))
-        if self.seed_input is not None:
+        if self.seed_input is not None and seed is not None:
             args[self.seed_input] = seed
         info = self.graph.call_with_info(args=args)
         return [info.graph_to_parent(t) for t in self.stored]
