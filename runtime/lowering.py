@@ -118,6 +118,8 @@ class LoweringContext:
     print_fn: Callable[[str, Array], None] | None = None
     # The session options' enableStochasticRounding (see stochastic_rounding.py).
     stochastic_rounding: bool = False
+    # A ``runtime.placement.Placement`` when virtual IPUs are placed on several devices.
+    placement: Any = None
 
 
 def _checked(value: Array, t: Tensor) -> Array:
@@ -134,6 +136,14 @@ def _checked(value: Array, t: Tensor) -> Array:
 
 
 def lower_op(ctx: LoweringContext, env: Env, op: Op) -> None:
+    if ctx.placement is not None:
+        ctx.placement.lower(ctx, env, op)
+    else:
+        plain_lower_op(ctx, env, op)
+
+
+def plain_lower_op(ctx: LoweringContext, env: Env, op: Op) -> None:
+    """Lower ``op`` on the current device (placement, if any, is the caller's business)."""
     opdef = op.opdef
     if opdef.special is not None:
         SPECIAL[opdef.special](ctx, env, op)

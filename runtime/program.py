@@ -34,6 +34,7 @@ from popxl.transforms._storage import roots, written_inputs
 
 from . import checks, control, host_io, remote, vjp  # noqa: F401  (register special lowerings)
 from .lowering import LoweringContext, lower_graph
+from .placement import IPU_AXIS, ipu_mesh, ipus_used, placed_step, placement_ipus
 from .replica_sums import is_batched
 
 REPLICA_AXIS = "replica"
@@ -68,6 +69,10 @@ class Program:
     written: tuple[bool, ...] = ()
     # Run-time value checks (``runtime.checks``); their reports follow the store counts.
     checks: tuple[str, ...] = ()
+    # Devices the virtual IPUs are placed on (0: one device), and per state entry the IPU
+    # whose slot holds its value (None: every slot).
+    ipus: int = 0
+    homes: tuple[int | None, ...] = ()
 
     def split(self, state: tuple) -> tuple[tuple, tuple]:
         """(written entries, read-only entries) of a full state tuple."""
@@ -218,12 +223,13 @@ def _make_step(
     schedule = main_schedule(ir)
     n_vars = len(variables)
 
-    def replica_step(state: tuple, inputs: tuple) -> tuple:
+    def replica_step(state: tuple, inputs: tuple, placement: Any = None) -> tuple:
         ctx = LoweringContext(
             replicas=replicas,
             axis_name=REPLICA_AXIS if replicas > 1 else None,
             collective_impl="gather" if mode == "vmap" else "native",
             stochastic_rounding=ir._session_options.enableStochasticRounding,
+            placement=placement,
         )
         checks.start(ctx, run_checks)
         for stream, buffer in zip(h2d, inputs):
@@ -261,12 +267,57 @@ def _make_step(
     shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype.as_numpy()) for b in buffers]
     inputs = [(s.shape, s.dtype.as_numpy()) for s in h2d]
     written = written_state(ir, variables, buffers)
+    if mode.startswith("placed"):
+        ipus = int(mode.split(":")[1])
+        step, homes = _placed(replica_step, written, ipus, shapes, inputs, nht)
+        return step, (True,) * n_state, written, homes
     if mode == "vmap":
         candidates = [_may_be_shared(v) for v in variables] + [False] * len(buffers)
         batched = _probe_batched(replica_step, candidates, shapes, inputs, nht, replicas)
     else:
         batched = (mode == "shard_map",) * n_state
-    return _split_step(replica_step, batched, written, mode, replicas), batched, written
+    return _split_step(replica_step, batched, written, mode, replicas), batched, written, ()
+
+
+def _placed(
+    replica_step: Any, written: tuple, ipus: int, shapes: list, inputs: list, nht: int
+) -> tuple[Any, tuple]:
+    """The jitted step placed on ``ipus`` devices, and the home of each state entry.
+
+    Homes are found by tracing (no compilation): a written entry lives where the program
+    last writes it; tracing again with those homes must give the same answer.
+    """
+    mutable = [i for i, w in enumerate(written) if w]
+    const = [i for i, w in enumerate(written) if not w]
+
+    def step(mut: tuple, fixed: tuple, ins: tuple, placement: Any) -> tuple:
+        state: list[Any] = [None] * len(written)
+        for i, v in zip(mutable, mut):
+            state[i] = v
+        for i, v in zip(const, fixed):
+            state[i] = v
+        new_state, outs = replica_step(tuple(state), ins, placement)
+        return tuple(new_state[i] for i in mutable), outs
+
+    abstract = [jax.ShapeDtypeStruct((ipus, *shape), dt) for shape, dt in shapes]
+    args = (
+        tuple(abstract[i] for i in mutable),
+        tuple(abstract[i] for i in const),
+        tuple(jax.ShapeDtypeStruct((nht, *shape), dt) for shape, dt in inputs),
+    )
+    homes: list[int | None] = [None] * len(written)
+    for _ in range(4):
+        probe: list = []
+        order = [homes[i] for i in mutable] + [homes[i] for i in const]
+        jax.eval_shape(placed_step(step, ipus, order, probe), *args)
+        found = list(homes)
+        for i, h in zip(mutable, probe):
+            found[i] = h
+        if found == homes:
+            break
+        homes = found
+    order = [homes[i] for i in mutable] + [homes[i] for i in const]
+    return jax.jit(placed_step(step, ipus, order), donate_argnums=(0,)), tuple(homes)
 
 
 def written_state(
@@ -414,6 +465,9 @@ def build_program(ir: Ir) -> Program:
     d2h = [cast(DeviceToHostStream, s) for s in ir._streams if not s._is_h2d and s._used]
     mode = replication_mode(ir.replication_factor)
     run_checks = checks.program_checks(ir, graphs)
+    ipus = placement_ipus(ipus_used(graphs), ir.replication_factor)
+    if ipus:
+        mode = f"placed:{ipus}"
     key = structural_key(ir, graphs, variables, buffers, mode, run_checks)
     cached = _STEP_CACHE.get(key)
     if cached is None:
@@ -421,7 +475,7 @@ def build_program(ir: Ir) -> Program:
         while len(_STEP_CACHE) > STEP_CACHE_SIZE:
             _STEP_CACHE.popitem(last=False)
     _STEP_CACHE.move_to_end(key)
-    step, batched, written = cached
+    step, batched, written, homes = cached
     return Program(
         ir,
         variables,
@@ -436,6 +490,8 @@ def build_program(ir: Ir) -> Program:
         batched,
         written,
         run_checks,
+        ipus,
+        homes,
     )
 
 
@@ -443,6 +499,8 @@ def state_sharding(program: Program, device: jax.Device) -> jax.sharding.Shardin
     """Where the state lives: one device, or split over the replica mesh."""
     if program.mode == "shard_map":
         return NamedSharding(replica_mesh(program.replicas), P(REPLICA_AXIS))
+    if program.ipus:
+        return NamedSharding(ipu_mesh(program.ipus), P(IPU_AXIS))
     return jax.sharding.SingleDeviceSharding(device)
 
 
@@ -450,8 +508,9 @@ def abstract_state(program: Program) -> tuple:
     r = program.replicas
     shapes = [(v.shape, v.dtype) for v in program.variables]
     shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype) for b in program.buffers]
+    lead = (program.ipus,) if program.ipus else (r,)
     return tuple(
-        jax.ShapeDtypeStruct(((r,) if batched else ()) + shape, dt.as_numpy())
+        jax.ShapeDtypeStruct((lead if batched else ()) + shape, dt.as_numpy())
         for (shape, dt), batched in zip(shapes, program.batched)
     )
 

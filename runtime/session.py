@@ -36,12 +36,14 @@ from popxl.tensor import Constant, Tensor, Variable
 
 from . import executable_cache, remote_state, stream_io
 from .device import DeviceInfo, check_compatible, check_io_tiles, ipus_needed, select_device
+from .placement import ipus_used
 from .program import (
     Program,
     abstract_inputs,
     abstract_state,
     build_program,
     enable_persistent_cache,
+    reachable_graphs,
     replica_mesh,
     state_sharding,
 )
@@ -123,7 +125,7 @@ class Session(SessionCompat):
         self._remote_vars = [v for v in ir._variables if v._remote_buffer is not None]
         # Remote buffers keep their contents while detached (streaming memory).
         self._buffers_host = [
-            np.zeros(a.shape, a.dtype)
+            np.zeros(a.shape[1:] if self._program.ipus else a.shape, a.dtype)
             for a in abstract_state(self._program)[len(self._program.variables) :]
         ]
         self._state: tuple | None = None
@@ -193,6 +195,29 @@ class Session(SessionCompat):
             return self._program.step.lower(
                 *self._program.split(state), abstract_inputs(self._program)
             ).compile()
+
+    def memory_report(self) -> Any:
+        """Bytes per virtual IPU: on-chip variables, remote buffers (streaming memory) and
+        the compiled step's peak from XLA's memory analysis (see ``runtime.memory``).
+
+        >>> import popxl, numpy as np
+        >>> ir = popxl.Ir()
+        >>> with ir.main_graph:
+        ...     w = popxl.variable(np.zeros((4, 8), np.float32))
+        ...     w += 1.0
+        >>> print(popxl.Session(ir, "ipu_model").memory_report()[0].variables)
+        128
+        """
+        from . import memory  # noqa: PLC0415
+
+        program = self._program
+        compiled = self._compiled()
+        graphs = reachable_graphs(program.ir)
+        ipus = max(program.ipus, ipus_used(graphs))
+        devices = program.ipus or 1
+        return memory.memory_report(
+            graphs, program.variables, program.buffers, ipus, devices, compiled
+        )
 
     # Attach / detach --------------------------------------------------------------------
 
@@ -267,7 +292,20 @@ class Session(SessionCompat):
         view.flags.writeable = False
         return view
 
+    def _placed(self, host: np.ndarray) -> np.ndarray:
+        """With placed virtual IPUs, one slot per device (see ``runtime.placement``)."""
+        ipus = self._program.ipus
+        return np.broadcast_to(host, (ipus, *np.shape(host))) if ipus else host
+
+    def _slot(self, index: int, value: Any) -> Any:
+        """The device slot of state entry ``index`` that holds its value."""
+        if not self._program.ipus:
+            return value
+        return value[self._program.homes[index] or 0]
+
     def _device_layout(self, var: Variable, host: np.ndarray) -> Any:
+        if self._program.ipus:
+            return self._placed(host)
         replicas = self._program.replicas
         if replicas > 1 and self._batched[var] and not self._per_replica(var):
             grouping = var.replica_grouping
@@ -300,6 +338,7 @@ class Session(SessionCompat):
         self._write_remote(buffers, self._remote_vars)
         with self._x64():
             hosts = [self._device_layout(v, self._host[v]) for v in variables]
+            buffers = [self._placed(b) for b in buffers]
             self._state = tuple(jax.device_put([*hosts, *buffers], self._sharding))
         _log.debug("Writing weights from host complete.", "devicex")
 
@@ -324,6 +363,7 @@ class Session(SessionCompat):
         assert self._state is not None
         _log.debug("Writing weights to host", "devicex")
         values = jax.device_get(self._state)
+        values = [self._slot(i, v) for i, v in enumerate(jax.device_get(self._state))]
         n_vars = len(self._program.variables)
         for var, value in zip(self._program.variables, values[:n_vars]):
             self._set_host(var, self._to_host(var, value))
@@ -427,6 +467,11 @@ class Session(SessionCompat):
         """
         stream_io.check_outputs(outputs, self._program.d2h, self._nht, self._program.replicas)
 
+    def _full_input_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The host layout for one stream of ``shape``: ``[num_host_transfers if > 1]
+        [replication_factor if > 1] + shape`` (PopXL's private helper, used by tutorials)."""
+        return stream_io._extra_dims(self._nht, self._program.replicas) + tuple(shape)
+
     def create_host_outputs(self) -> dict[DeviceToHostStream, np.ndarray]:
         """Empty arrays, in host layout, for every device-to-host stream."""
         nht, replicas = self._nht, self._program.replicas
@@ -521,9 +566,12 @@ class Session(SessionCompat):
                 state[index[var]] = value
             if remote:
                 n_vars = len(self._program.variables)
-                buffers = [np.array(b) for b in jax.device_get(tuple(state[n_vars:]))]
+                buffers = [
+                    np.array(self._slot(n_vars + i, b))
+                    for i, b in enumerate(jax.device_get(tuple(state[n_vars:])))
+                ]
                 self._write_remote(buffers, remote)
-                state[n_vars:] = jax.device_put(buffers, self._sharding)
+                state[n_vars:] = jax.device_put([self._placed(b) for b in buffers], self._sharding)
         self._state = tuple(state)
 
     def _checked_write(self, var: Any, data: Any) -> np.ndarray:
