@@ -21,7 +21,9 @@ refuse to run (each compares its program's structural key with every other insta
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import socket
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -62,8 +64,7 @@ MISMATCH_MSG = (
     "shapes and replication); check code that depends on the instance index."
 )
 PEER_MSG = (
-    "Instance {index} gave up waiting for instance {other} to build its program ({err}); it "
-    "may have failed or be stuck."
+    "Instance {index} gave up waiting for instance {other} ({err}); it may have failed or be stuck."
 )
 
 _initialized = False
@@ -101,6 +102,10 @@ def initialize() -> None:
         raise RuntimeError(LATE_INIT_MSG.format(index=index))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     timeout = timeout_s()
+    if index > 0:
+        # JAX's client aborts the process when it cannot reach the coordinator; find out
+        # first, so the error says what to do.
+        _wait_reachable(address, timeout, index, n)
     try:
         jax.distributed.initialize(
             coordinator_address=address,
@@ -115,6 +120,21 @@ def initialize() -> None:
             CONNECT_MSG.format(index=index, n=n, address=address, timeout=timeout, err=err)
         ) from err
     _initialized = True
+
+
+def _wait_reachable(address: str, timeout: int, index: int, n: int) -> None:
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    CONNECT_MSG.format(index=index, n=n, address=address, timeout=timeout, err=err)
+                ) from None
+        time.sleep(0.2)
 
 
 def replica_devices(replicas: int, local_replicas: int) -> list[jax.Device]:
@@ -195,3 +215,35 @@ class Placement:
 
 def _from_global(host: np.ndarray, sharding: NamedSharding) -> Any:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+FIRST_FAILED_MSG = "Instance 0 failed to {what}: {err}"
+_first_calls = 0
+
+
+def on_first_instance(ir: Ir, fn: Callable[[], Any], what: str) -> None:
+    """Run ``fn`` on instance 0 only; every instance returns once it is done, or raises
+    when it failed (a clear error on every instance, bounded by ``POPDIST_TIMEOUT``)."""
+    global _first_calls
+    if not is_multi_process(ir):
+        fn()
+        return
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    _first_calls += 1
+    key = f"popxl/first/{_first_calls}"
+    if jax.process_index() == 0:
+        try:
+            fn()
+        except BaseException as err:
+            client.key_value_set(key, f"{type(err).__name__}: {err}")
+            raise
+        client.key_value_set(key, "")
+        return
+    try:
+        status = client.blocking_key_value_get(key, timeout_s() * 1000)
+    except Exception as err:
+        raise RuntimeError(PEER_MSG.format(index=jax.process_index(), other=0, err=err)) from err
+    if status:
+        raise RuntimeError(FIRST_FAILED_MSG.format(what=what, err=status))
