@@ -4,7 +4,9 @@ Tutorial 3's training step (the MNIST MLP, gradient accumulation over 4 micro-ba
 into running-mean accumulators, gradients all-reduced with ``replicated_all_reduce_(...,
 "mean")``, then Adam) built with ``Ir(replication="popdist")`` and launched with
 ``poprun``, so both layouts run the same program through the same runtime path (a
-``shard_map`` over one CPU device per replica); only the number of processes differs.
+``shard_map`` over one CPU device per replica); only the number of processes differs. A
+third row runs the single instance with its replicas mapped by ``jax.vmap`` on one device
+(``POPXL_REPLICATION=vmap``, the default when JAX has fewer devices than replicas).
 
 The share spent in collectives is estimated per layout with a second program in the same
 processes that does only the all-reduces of the step (the same tensors, shapes and mean),
@@ -113,8 +115,8 @@ def worker() -> None:
         print(json.dumps({"step": step, "collectives": reduce}))
 
 
-def launch(instances: int, replicas: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=ROOT)
+def launch(instances: int, replicas: int, mapping: str = "auto") -> dict:
+    env = dict(os.environ, PYTHONPATH=ROOT, POPXL_REPLICATION=mapping)
     command = [
         *(sys.executable, "-m", "runtime.launcher"),
         *("--num-instances", str(instances), "--num-replicas", str(replicas)),
@@ -137,10 +139,15 @@ def main() -> None:
         return
     print(f"{'layout':28s} {'s/step':>9s} {'all-reduce s':>13s} {'share':>6s}")
     for r in args.replicas:
-        for instances, per_instance in ((2, r), (1, 2 * r)):
-            got = launch(instances, instances * per_instance)
+        for instances, per_instance, mapping in (
+            (2, r, "auto"),
+            (1, 2 * r, "auto"),
+            (1, 2 * r, "vmap"),
+        ):
+            got = launch(instances, instances * per_instance, mapping)
             share = got["collectives"] / got["step"]
             name = f"{instances} instance(s) x {per_instance} replicas"
+            name += ", vmap" if mapping == "vmap" else ""
             print(f"{name:28s} {got['step']:9.4f} {got['collectives']:13.5f} {share:6.1%}")
 
 

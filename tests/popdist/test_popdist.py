@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+import numpy as np
 import pytest
 
 import popdist
@@ -129,3 +130,18 @@ def test_remote_instances_start_through_ssh():
     assert env is None
     assert argv[:4] == ["ssh", "-p", "22", "gpu7"]
     assert argv[4].endswith("&& env POPDIST_INSTANCE_INDEX=1 python t.py")
+
+
+def test_variable_takes_the_grouping_under_its_user_guide_name():
+    ir = popxl.Ir(replication=2)
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with ir.main_graph:
+        grouping = ir.replica_grouping(group_size=1)
+        v = popxl.variable(data, grouping=grouping)
+        assert v.shape == (3,) and v.replica_grouping.num_groups == 2
+        v += 1.0
+        with pytest.raises(ValueError, match="Pass the replica grouping once"):
+            popxl.variable(data, replica_grouping=grouping, grouping=grouping)
+    with popxl.Session(ir, "cpu") as session:
+        session.run()
+    np.testing.assert_array_equal(session.get_tensor_data(v), data + 1)
