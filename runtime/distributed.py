@@ -231,6 +231,7 @@ def on_first_instance(ir: Ir, fn: Callable[[], Any], what: str) -> None:
     from jax._src import distributed as jax_distributed
 
     client = jax_distributed.global_state.client
+    assert client is not None, "the session joins the distributed run before this"
     _first_calls += 1
     key = f"popxl/first/{_first_calls}"
     if jax.process_index() == 0:
