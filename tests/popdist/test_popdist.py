@@ -145,3 +145,20 @@ def test_variable_takes_the_grouping_under_its_user_guide_name():
     with popxl.Session(ir, "cpu") as session:
         session.run()
     np.testing.assert_array_equal(session.get_tensor_data(v), data + 1)
+
+
+def test_all_gather_takes_a_grouping_in_place_of_the_axis():
+    # The user guide's distributed RTS example: replicated_all_gather(shard, grouping).
+    ir = popxl.Ir(replication=4)
+    with ir.main_graph:
+        grouping = ir.replica_grouping(stride=2, group_size=2)
+        stream = popxl.h2d_stream((2,), popxl.float32, "x")
+        x = popxl.ops.host_load(stream)
+        gathered = popxl.ops.collectives.replicated_all_gather(x, grouping)
+        out = popxl.d2h_stream(gathered.shape, gathered.dtype, "out")
+        popxl.ops.host_store(out, gathered)
+    data = np.arange(8, dtype=np.float32).reshape(4, 2)
+    with popxl.Session(ir, "cpu") as session:
+        got = session.run({stream: data})[out]
+    members = [[0, 2], [1, 3], [0, 2], [1, 3]]
+    np.testing.assert_array_equal(got, np.stack([data[m].reshape(-1) for m in members]))
