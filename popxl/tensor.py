@@ -442,6 +442,8 @@ def variable(
     retrieval_mode: str | None = None,
     log2_scale: int | None = None,
     nan_on_overflow: bool | None = None,
+    *,
+    grouping: ReplicaGrouping | None = None,
 ) -> Variable:
     """Create a variable in the main graph, initialised with ``data``.
 
@@ -454,11 +456,20 @@ def variable(
         replica_grouping: which replicas share a value (default: all replicas one group).
         retrieval_mode: ``"one_per_group"`` (default) or ``"all_replicas"``.
         log2_scale, nan_on_overflow: float8 host conversion options.
+        grouping: another name for ``replica_grouping``, the one the PopXL user guide's
+            distributed example passes (keyword only; give one of the two).
 
     Raises:
-        ValueError: outside the main graph, a bad retrieval mode, or group data of the wrong
-            leading size.
+        ValueError: outside the main graph, a bad retrieval mode, group data of the wrong
+            leading size, or both ``grouping`` and ``replica_grouping``.
     """
+    if grouping is not None:
+        if replica_grouping is not None:
+            raise ValueError(
+                "Pass the replica grouping once: `replica_grouping=` or its other name "
+                "`grouping=`, not both."
+            )
+        replica_grouping = grouping
     graph = context.get_current_graph()
     if graph is not graph.ir.main_graph:
         raise ValueError(VARIABLE_OUTSIDE_MAIN_MSG.format(graph=graph))

@@ -32,7 +32,7 @@ from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 from popxl.transforms._storage import roots, written_inputs
 
-from . import checks, control, host_io, remote, vjp  # noqa: F401  (register special lowerings)
+from . import checks, control, distributed, host_io, remote, vjp  # noqa: F401  (register lowerings)
 from .lowering import LoweringContext, lower_graph
 from .placement import IPU_AXIS, ipu_mesh, ipus_used, placed_step, placement_ipus
 from .replica_sums import is_batched
@@ -73,6 +73,8 @@ class Program:
     # whose slot holds its value (None: every slot).
     ipus: int = 0
     homes: tuple[int | None, ...] = ()
+    # Replicas run by this process; fewer than ``replicas`` when instances share them.
+    local_replicas: int = 0
 
     def split(self, state: tuple) -> tuple[tuple, tuple]:
         """(written entries, read-only entries) of a full state tuple."""
@@ -190,7 +192,7 @@ def replication_mode(replicas: int) -> str:
     choice = os.environ.get("POPXL_REPLICATION", "auto")
     if choice not in ("auto", "vmap", "shard_map"):
         raise ValueError(f"POPXL_REPLICATION must be auto, vmap or shard_map, got {choice!r}.")
-    enough = len(jax.devices()) >= replicas
+    enough = len(jax.local_devices()) >= replicas
     if choice == "shard_map" and not enough:
         raise ValueError(
             f"POPXL_REPLICATION=shard_map needs {replicas} devices, JAX has {len(jax.devices())}. "
@@ -215,7 +217,8 @@ def _make_step(
     h2d: list[HostToDeviceStream],
     d2h: list[DeviceToHostStream],
     mode: str,
-    run_checks: tuple[str, ...] = (),
+    run_checks: tuple[str, ...],
+    local_replicas: int,
 ) -> Any:
     replicas = ir.replication_factor
     nht = ir.num_host_transfers
@@ -276,7 +279,8 @@ def _make_step(
         batched = _probe_batched(replica_step, candidates, shapes, inputs, nht, replicas)
     else:
         batched = (mode == "shard_map",) * n_state
-    return _split_step(replica_step, batched, written, mode, replicas), batched, written, ()
+    step = _split_step(replica_step, batched, written, mode, replicas, local_replicas)
+    return step, batched, written, ()
 
 
 def _placed(
@@ -343,7 +347,9 @@ def written_state(
     )
 
 
-def _split_step(replica_step: Any, batched: tuple, written: tuple, mode: str, replicas: int) -> Any:
+def _split_step(
+    replica_step: Any, batched: tuple, written: tuple, mode: str, replicas: int, local: int
+) -> Any:
     """The jitted ``step(written_state, constant_state, inputs)``: only state the program
     writes is donated and returned; read-only state (e.g. weights of an inference program)
     is passed in and left where it is."""
@@ -370,7 +376,7 @@ def _split_step(replica_step: Any, batched: tuple, written: tuple, mode: str, re
             axis_size=replicas,  # a program may have no variables and no inputs to map over
         )
     elif mode == "shard_map":
-        step = _shard_mapped(step, replicas)
+        step = _shard_mapped(step, replicas, local)
     return jax.jit(step, donate_argnums=(0,))
 
 
@@ -420,11 +426,17 @@ def _probe_batched(
         shared = still_shared
 
 
-def replica_mesh(replicas: int) -> Mesh:
-    return Mesh(np.array(jax.devices()[:replicas]), (REPLICA_AXIS,))
+def replica_mesh(replicas: int, local_replicas: int | None = None) -> Mesh:
+    """One device per replica: this process's devices, or every instance's
+    (``local_replicas`` each) when instances share the replicas."""
+    if local_replicas is None or local_replicas == replicas:
+        devices = jax.local_devices()[:replicas]
+    else:
+        devices = distributed.replica_devices(replicas, local_replicas)
+    return Mesh(np.array(devices), (REPLICA_AXIS,))
 
 
-def _shard_mapped(replica_step: Any, replicas: int) -> Any:
+def _shard_mapped(replica_step: Any, replicas: int, local: int) -> Any:
     """``replica_step`` run on one device per replica (each block has a leading axis of 1)."""
 
     def block_step(mut: tuple, fixed: tuple, inputs: tuple) -> tuple:
@@ -438,7 +450,7 @@ def _shard_mapped(replica_step: Any, replicas: int) -> Any:
 
     return jax.shard_map(
         block_step,
-        mesh=replica_mesh(replicas),
+        mesh=replica_mesh(replicas, local),
         in_specs=(P(REPLICA_AXIS), P(REPLICA_AXIS), P(None, REPLICA_AXIS)),
         out_specs=(P(REPLICA_AXIS), (P(None, REPLICA_AXIS), P(REPLICA_AXIS))),
         check_vma=False,
@@ -463,15 +475,23 @@ def build_program(ir: Ir) -> Program:
     buffers = list(ir._remote_buffers)
     h2d = [cast(HostToDeviceStream, s) for s in ir._streams if s._is_h2d and s._used]
     d2h = [cast(DeviceToHostStream, s) for s in ir._streams if not s._is_h2d and s._used]
-    mode = replication_mode(ir.replication_factor)
+    local = ir.instance_replication_factor
     run_checks = checks.program_checks(ir, graphs)
-    ipus = placement_ipus(ipus_used(graphs), ir.replication_factor)
-    if ipus:
-        mode = f"placed:{ipus}"
-    key = structural_key(ir, graphs, variables, buffers, mode, run_checks)
+    ipus = 0
+    if distributed.is_multi_process(ir):
+        mode = "shard_map"
+        key = structural_key(ir, graphs, variables, buffers, f"{mode}/{local}", run_checks)
+    else:
+        mode = replication_mode(ir.replication_factor)
+        ipus = placement_ipus(ipus_used(graphs), ir.replication_factor)
+        if ipus:
+            mode = f"placed:{ipus}"
+        key = structural_key(ir, graphs, variables, buffers, mode, run_checks)
     cached = _STEP_CACHE.get(key)
     if cached is None:
-        cached = _STEP_CACHE[key] = _make_step(ir, variables, buffers, h2d, d2h, mode, run_checks)
+        cached = _STEP_CACHE[key] = _make_step(
+            ir, variables, buffers, h2d, d2h, mode, run_checks, local
+        )
         while len(_STEP_CACHE) > STEP_CACHE_SIZE:
             _STEP_CACHE.popitem(last=False)
     _STEP_CACHE.move_to_end(key)
@@ -492,13 +512,16 @@ def build_program(ir: Ir) -> Program:
         run_checks,
         ipus,
         homes,
+        local,
     )
 
 
 def state_sharding(program: Program, device: jax.Device) -> jax.sharding.Sharding:
     """Where the state lives: one device, or split over the replica mesh."""
     if program.mode == "shard_map":
-        return NamedSharding(replica_mesh(program.replicas), P(REPLICA_AXIS))
+        return NamedSharding(
+            replica_mesh(program.replicas, program.local_replicas), P(REPLICA_AXIS)
+        )
     if program.ipus:
         return NamedSharding(ipu_mesh(program.ipus), P(IPU_AXIS))
     return jax.sharding.SingleDeviceSharding(device)
