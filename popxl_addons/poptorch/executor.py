@@ -215,6 +215,9 @@ class PoplarExecutor:
             store.arrays = {n: np.array(data[v]) for n, v in self._built.weights.items()}
             store.version += 1
             self._uploaded = store.version
+        else:
+            store.pull()
+            self.copyWeightsToDevice()
 
     # ---- running ------------------------------------------------------------------------
 
@@ -319,7 +322,6 @@ class PoplarExecutor:
         if session.is_attached:
             raise Error("attachToDevice: the model is already attached.", "poptorch")
         session.__enter__()
-        self._uploaded = self._store.version if self._store.owner is None or self._owner_is_me() else -1
 
     def detachFromDevice(self) -> None:  # noqa: N802
         """Detach; the device's weights are kept in the session's host copy."""
