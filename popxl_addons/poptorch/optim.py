@@ -68,6 +68,11 @@ def as_dtype(value: Any) -> popxl.dtype | None:
         return value
     text = str(getattr(value, "name", value)).lower().replace("torch.", "")
     if text not in _DTYPES:
+        try:
+            text = np.dtype(value).name
+        except TypeError:
+            raise ValueError(DTYPE_MSG.format(got=value)) from None
+    if text not in _DTYPES:
         raise ValueError(DTYPE_MSG.format(got=value))
     return _DTYPES[text]
 
