@@ -20,7 +20,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
+from pydantic import BaseModel, ConfigDict, Field
+
+import popxl
 
 from .enums import (
     ENUMS,
@@ -32,7 +34,8 @@ from .enums import (
     ReductionType,
     SyncPattern,
 )
-from .strategies import ExecutionStrategy, PipelinedExecution
+from .optim import as_dtype
+from .strategies import ExecutionStrategy, PipelinedExecution, Strategy
 
 POSITIVE_MSG = "{name} must be a positive integer, got {value!r}."
 PERIOD_MSG = (
@@ -76,11 +79,11 @@ def _positive(name: str, value: Any) -> int:
 
 
 def _partials_name(dtype: Any) -> str:
-    text = str(getattr(dtype, "name", dtype)).lower().replace("torch.", "")
-    names = {"float": "float", "float32": "float", "half": "half", "float16": "half"}
-    if text not in names:
-        raise ValueError(PARTIALS_MSG.format(got=dtype))
-    return names[text]
+    try:
+        resolved = as_dtype(dtype)
+    except ValueError:
+        raise ValueError(PARTIALS_MSG.format(got=dtype)) from None
+    return "half" if resolved == popxl.float16 else "float"
 
 
 class TensorLocationSettings(_Base):
@@ -346,7 +349,7 @@ class Options(_Base):
     available_memory_proportion: dict[str, float] = Field(
         default_factory=dict, description="Recorded only (no tile memory planner here)."
     )
-    strategy: SerializeAsAny[ExecutionStrategy] = Field(default_factory=PipelinedExecution)
+    strategy: Strategy = Field(default_factory=PipelinedExecution)
     training: _TrainingOptions = Field(default_factory=_TrainingOptions)
     precision: _PrecisionOptions = Field(default_factory=_PrecisionOptions)
     tensor_locations: _TensorLocationOptions = Field(default_factory=_TensorLocationOptions)
@@ -454,7 +457,7 @@ class Options(_Base):
 
     def setExecutionStrategy(self, strategy: ExecutionStrategy) -> Options:  # noqa: N802
         """Choose how the model's blocks are placed and scheduled."""
-        if not isinstance(strategy, ExecutionStrategy):
+        if not isinstance(strategy, ExecutionStrategy) or not hasattr(strategy, "kind"):
             raise TypeError(STRATEGY_MSG.format(got=type(strategy).__name__))
         self.strategy = strategy
         return self

@@ -16,9 +16,9 @@ ValueError: ParallelPhasedExecution runs odd phases on odd IPUs, but phase 1 was
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .enums import AutoStage, Liveness
 
@@ -62,6 +62,7 @@ class Phase(_Model):
     """Stages that run at the same time (one per IPU of a group)."""
 
     stages: list[Stage] = Field(default_factory=list)
+    parity: int | None = Field(None, description="0/1: the phase must use even/odd IPUs.")
 
     def __init__(self, *arg: Any, **data: Any) -> None:
         if arg:
@@ -70,6 +71,8 @@ class Phase(_Model):
 
     def ipus(self, *ipus: int) -> Phase:
         """Place the phase's stages on ``ipus``, in order."""
+        if self.parity is not None:
+            _check_parity(self.parity, ipus)
         if len(ipus) != len(self.stages):
             example = ", ".join(str(i) for i in range(len(self.stages)))
             raise ValueError(
@@ -99,6 +102,8 @@ class ExecutionStrategy(_Model):
 class PipelinedExecution(ExecutionStrategy):
     """Stages on consecutive IPUs, pipelined over micro-batches (the default)."""
 
+    kind: Literal["PipelinedExecution"] = "PipelinedExecution"
+
     def __init__(self, *args: Any, **data: Any) -> None:
         if args and isinstance(args[0], AutoStage):
             data["auto_stage"] = args[0]
@@ -109,6 +114,8 @@ class PipelinedExecution(ExecutionStrategy):
 
 class ShardedExecution(PipelinedExecution):
     """Stages on several IPUs, one at a time (no pipelining)."""
+
+    kind: Literal["ShardedExecution"] = "ShardedExecution"  # type: ignore[assignment]
 
 
 class _PhasedExecution(ExecutionStrategy):
@@ -140,24 +147,31 @@ class _PhasedExecution(ExecutionStrategy):
 class SerialPhasedExecution(_PhasedExecution):
     """Phases one after another on one group of IPUs."""
 
+    kind: Literal["SerialPhasedExecution"] = "SerialPhasedExecution"
 
-class _ParityPhase(Phase):
-    index: int = 0
 
-    def ipus(self, *ipus: int) -> Phase:
-        kind, first = ("even", 0) if self.index % 2 == 0 else ("odd", 1)
-        for ipu in ipus:
-            if ipu % 2 != first:
-                hint = ", ".join(str(first + 2 * k) for k in range(3))
-                raise ValueError(PARITY_MSG.format(kind=kind, i=self.index, ipu=ipu, hint=hint))
-        return super().ipus(*ipus)
+def _check_parity(index: int, ipus: tuple[int, ...]) -> None:
+    kind, first = ("even", 0) if index % 2 == 0 else ("odd", 1)
+    for ipu in ipus:
+        if ipu % 2 != first:
+            hint = ", ".join(str(first + 2 * k) for k in range(3))
+            raise ValueError(PARITY_MSG.format(kind=kind, i=index, ipu=ipu, hint=hint))
 
 
 class ParallelPhasedExecution(_PhasedExecution):
     """Phases alternating between two IPU groups: even phases on even IPUs, odd on odd."""
 
-    def __init__(self, *phases: Any, **data: Any) -> None:
-        super().__init__(*phases, **data)
-        self.phases = [
-            _ParityPhase(stages=p.stages, index=i) for i, p in enumerate(self.phases)
-        ]
+    kind: Literal["ParallelPhasedExecution"] = "ParallelPhasedExecution"
+
+    @model_validator(mode="after")
+    def _number_phases(self) -> ParallelPhasedExecution:
+        for i, phase in enumerate(self.phases):
+            if phase.parity != i:
+                object.__setattr__(phase, "parity", i)
+        return self
+
+
+Strategy = Annotated[
+    Union[PipelinedExecution, ShardedExecution, SerialPhasedExecution, ParallelPhasedExecution],
+    Field(discriminator="kind"),
+]
