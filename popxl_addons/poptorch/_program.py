@@ -290,15 +290,7 @@ class _Trainer:
         self.keys = [_key_of(fwd, t) for t in fwd.args.tensors]
         self.loss_dtype = loss.dtype
         acc = optimizer.accum_type
-        self.accums = {
-            k: popxl.variable(
-                np.zeros(built.weights[k].shape, acc.as_numpy()),
-                acc,
-                f"accum.{k}",
-                replica_grouping=built.weights[k].replica_grouping,
-            )
-            for k in self.keys
-        }
+        self.accums = {k: _zeros_like(built.weights[k], acc, f"accum.{k}") for k in self.keys}
         self._make_hyper()
         self._make_state()
 
@@ -313,7 +305,8 @@ class _Trainer:
                 if opt.variable_attrs.isConstant(attr):
                     built.constants[key] = value
                 else:
-                    name = f"optim.{attr}" if is_global else f"optim.group{i}.{attr}"
+                    single = is_global or len(opt.param_groups) == 1
+                    name = f"optim.{attr}" if single else f"optim.group{i}.{attr}"
                     built.hyper[key] = popxl.variable(np.float32(value), popxl.float32, name)
         built.step = popxl.variable(np.float32(0.0), popxl.float32, "optim.step")
 
@@ -322,12 +315,7 @@ class _Trainer:
         for name in built.groups:
             w = built.weights[name]
             built.state[name] = {
-                slot: popxl.variable(
-                    np.zeros(w.shape, self.opt.dtype_of(slot).as_numpy()),
-                    self.opt.dtype_of(slot),
-                    f"optim.{name}.{slot}",
-                    replica_grouping=w.replica_grouping,
-                )
+                slot: _zeros_like(w, self.opt.dtype_of(slot), f"optim.{name}.{slot}")
                 for slot in self.opt.active_slots()
             }
 
@@ -372,6 +360,14 @@ class _Trainer:
             ops.var_updates.copy_var_update_(w, new)
         for acc in self.accums.values():
             ops.var_updates.accumulator_zero_(acc)
+
+
+def _zeros_like(w: popxl.Variable, dtype: popxl.dtype, name: str) -> popxl.Variable:
+    """Zeros with ``w``'s shape and replica grouping (one value per group)."""
+    group = w.replica_grouping
+    lead = (group.num_groups,) if group.num_groups > 1 else ()
+    data = np.zeros(lead + w.shape, dtype.as_numpy())
+    return popxl.variable(data, dtype, name, replica_grouping=group)
 
 
 def _inverse(loss_scaling: Any, divisor: int) -> Any:

@@ -533,8 +533,9 @@ class PoplarExecutor:
             pickle.dump(self._checkpoint(export_model), f)
 
     def compileAndExport(self, filename: str, *args: Any, export_model: bool = True) -> None:  # noqa: N802
-        """Compile for ``args`` and save the checkpoint plus the compiled step, serialised
-        with ``jax.export``; ``loadExecutable`` or ``poptorch.load`` restore it."""
+        """Compile for ``args`` and save the checkpoint plus the compiled executable
+        (serialised by JAX); ``loadExecutable`` or ``poptorch.load`` restore it without
+        compiling the step again."""
         self.compile(*args)
         data = self._checkpoint(export_model)
         data["executable"] = _export_step(self._require_session("compileAndExport"))
@@ -585,27 +586,35 @@ def _per_call(ex: PoplarExecutor) -> int:
 
 
 def _export_step(session: popxl.Session) -> bytes:
-    import jax  # noqa: PLC0415 (jax.export only when exporting)
+    """The session's compiled step, serialised (``jax.experimental.serialize_executable``)."""
+    import jax  # noqa: PLC0415 (only when exporting)
+    from jax.experimental.serialize_executable import serialize  # noqa: PLC0415
 
     from runtime.program import abstract_inputs, abstract_state  # noqa: PLC0415
 
     program = session._program
-    state = abstract_state(program)
-    exported = jax.export.export(program.step)(*program.split(state), abstract_inputs(program))
-    return pickle.dumps({"key": program.key, "step": bytes(exported.serialize())})
+    state = tuple(
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=session._sharding)
+        for a in abstract_state(program)
+    )
+    with session._x64():
+        compiled = program.step.lower(*program.split(state), abstract_inputs(program)).compile()
+    return pickle.dumps({"key": program.key, "step": serialize(compiled)})
 
 
 def _import_step(session: popxl.Session, blob: bytes, path: str) -> None:
+    """Make ``session`` run the serialised step instead of its own compilation."""
     import dataclasses  # noqa: PLC0415
 
-    import jax  # noqa: PLC0415
+    from jax.experimental.serialize_executable import deserialize_and_load  # noqa: PLC0415
 
-    data = pickle.loads(blob)  # noqa: S301
+    data = pickle.loads(blob)  # noqa: S301 (files this module wrote)
     program = session._program
     if data["key"] != program.key:
         raise Error(EXPORT_MISMATCH_MSG.format(path=path), "poptorch")
-    exported = jax.export.deserialize(bytearray(data["step"]))
-    session._program = dataclasses.replace(program, step=jax.jit(exported.call))
+    devices = list(session._sharding._device_assignment)
+    step = deserialize_and_load(*data["step"], execution_devices=devices)
+    session._program = dataclasses.replace(program, step=step)
 
 
 def trainingModel(  # noqa: N802
