@@ -253,14 +253,19 @@ def _build_body(built: Built, fwd: Any, optimizer: Optimizer | None, layout: Lay
 def _output_holders(specs: list[popxl.TensorSpec], mode: OutputMode) -> list[popxl.Variable]:
     if mode == OutputMode.All:
         return []
-    dtype = lambda s: popxl.float32 if mode == OutputMode.Sum and s.dtype.is_floating_point else s.dtype  # noqa: E731
+
+    def dtype(s):
+        return popxl.float32 if mode == OutputMode.Sum and s.dtype.is_floating_point else s.dtype  # noqa: E731
+
     return [
         popxl.variable(np.zeros(s.shape, dtype(s).as_numpy()), dtype(s), f"output{i}_held")
         for i, s in enumerate(specs)
     ]
 
 
-def _handle_outputs(built: Built, outs: Sequence[popxl.Tensor], keep: list, mode: OutputMode) -> None:
+def _handle_outputs(
+    built: Built, outs: Sequence[popxl.Tensor], keep: list, mode: OutputMode
+) -> None:
     for i, out in enumerate(outs):
         if mode == OutputMode.All:
             ops.host_store(built.outputs[i], out)

@@ -26,7 +26,7 @@ import popxl
 import popxl_addons as addons
 
 from ._program import Built, build
-from .enums import CommGroupType, ConnectionType, OutputMode, VariableRetrievalMode
+from .enums import CommGroupType, ConnectionType, VariableRetrievalMode
 from .errors import Error
 from .optim import OPTIMIZERS, Optimizer
 from .options import Options
@@ -50,8 +50,7 @@ NEVER_MSG = (
 DETACHED_MSG = "The model is detached from its device; call attachToDevice() before running it."
 STRICT_MSG = "load_state_dict: missing keys {missing}, unexpected keys {unexpected}."
 OPTIMIZER_TYPE_MSG = (
-    "trainingModel needs a poptorch.optim optimizer (SGD, Adam, AdamW, RMSprop, LAMB), got "
-    "{got}."
+    "trainingModel needs a poptorch.optim optimizer (SGD, Adam, AdamW, RMSprop, LAMB), got {got}."
 )
 EXPORT_MISMATCH_MSG = (
     "{path} holds an executable for a different program (its structure key differs). Build "
@@ -173,9 +172,7 @@ class PoplarExecutor:
         for i, a in enumerate(arrays):
             n = a.shape[0] if a.ndim else 0
             if a.ndim == 0 or n % per_call:
-                raise ValueError(
-                    BATCH_MSG.format(i=i, n=n, di=di, r=r, k=k, ga=ga, total=per_call)
-                )
+                raise ValueError(BATCH_MSG.format(i=i, n=n, di=di, r=r, k=k, ga=ga, total=per_call))
             dtype = popxl.dtypes.dtype.as_dtype(a.dtype)
             specs.append(popxl.TensorSpec((n // per_call, *a.shape[1:]), dtype))
         return specs
@@ -252,7 +249,8 @@ class PoplarExecutor:
         if any(_is_torch(a) for a in args):
             import torch  # noqa: PLC0415 (only when the caller uses torch)
 
-            outs = [torch.from_numpy(np.ascontiguousarray(o)) for o in outs]
+            tensors = [torch.from_numpy(np.ascontiguousarray(o)) for o in outs]
+            return tensors[0] if len(tensors) == 1 else tuple(tensors)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _stream_layout(self, arr: np.ndarray) -> np.ndarray:
@@ -263,7 +261,11 @@ class PoplarExecutor:
         x = arr.reshape(nht, slices, -1, *arr.shape[1:])
         if k > 1:
             replica = np.arange(r)
-            index = replica // k if o.input_group_type == CommGroupType.Consecutive else replica % slices
+            index = (
+                replica // k
+                if o.input_group_type == CommGroupType.Consecutive
+                else replica % slices
+            )
             x = x[:, index]
         if r == 1:
             x = x[:, 0]
@@ -300,7 +302,9 @@ class PoplarExecutor:
         One call is timed as a whole, so each iteration is its share of the call.
         """
         t = self._timing
-        return self._stats([a + b + c for a, b, c in zip(t.host_to_device, t.compute, t.device_to_host)])
+        return self._stats(
+            [a + b + c for a, b, c in zip(t.host_to_device, t.compute, t.device_to_host)]
+        )
 
     def getHostIpuLatency(self) -> tuple[float, float, float]:  # noqa: N802
         """Per-iteration share of the time spent preparing inputs."""
@@ -456,7 +460,9 @@ class PoplarExecutor:
         old = self._optimizer
         assert old is not None
         if type(optimizer) is not type(old):
-            raise ValueError(OTHER_OPTIMIZER.format(new=type(optimizer).__name__, old=type(old).__name__))
+            raise ValueError(
+                OTHER_OPTIMIZER.format(new=type(optimizer).__name__, old=type(old).__name__)
+            )
         built = self._built
         if built is not None:
             self._write_hyper(built, optimizer)
@@ -482,7 +488,10 @@ class PoplarExecutor:
                 elif built.constants[key] != value:
                     raise ValueError(
                         CONSTANT_CHANGED_MSG.format(
-                            attr=attr, cls=type(optimizer).__name__, old=built.constants[key], new=value
+                            attr=attr,
+                            cls=type(optimizer).__name__,
+                            old=built.constants[key],
+                            new=value,
                         )
                     )
         assert self._session is not None
@@ -495,7 +504,9 @@ class PoplarExecutor:
         tensors = [v for slots in built.state.values() for v in slots.values()]
         assert built.step is not None
         data = self._session.get_tensors_data([*tensors, built.step])
-        state = {n: {k: np.array(data[v]) for k, v in slots.items()} for n, slots in built.state.items()}
+        state = {
+            n: {k: np.array(data[v]) for k, v in slots.items()} for n, slots in built.state.items()
+        }
         return {"state": state, "step": int(data[built.step])}
 
     def _load_optimizer_state(self, state_dict: Mapping[str, Any]) -> None:
@@ -613,7 +624,8 @@ def _import_step(session: popxl.Session, blob: bytes, path: str) -> None:
     if data["key"] != program.key:
         raise Error(EXPORT_MISMATCH_MSG.format(path=path), "poptorch")
     devices = list(session._sharding._device_assignment)
-    step = deserialize_and_load(*data["step"], execution_devices=devices)
+    payload, in_tree, out_tree = data["step"]
+    step = deserialize_and_load(payload, in_tree, out_tree, execution_devices=devices)
     session._program = dataclasses.replace(program, step=step)
 
 
@@ -624,7 +636,9 @@ def trainingModel(  # noqa: N802
     every micro-batch of the combined batch. ``optimizer`` defaults to ``SGD(lr=0.01)``."""
     from .optim import SGD  # noqa: PLC0415
 
-    return PoplarExecutor(model, options, True, optimizer if optimizer is not None else SGD(lr=0.01))
+    return PoplarExecutor(
+        model, options, True, optimizer if optimizer is not None else SGD(lr=0.01)
+    )
 
 
 def inferenceModel(model: addons.Module, options: Options | None = None) -> PoplarExecutor:  # noqa: N802

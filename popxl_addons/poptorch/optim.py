@@ -34,8 +34,7 @@ CONSTANT_CHANGED_MSG = (
 )
 UNKNOWN_ATTR_MSG = "{cls} has no attribute {attr!r}; its attributes are: {allowed}."
 AMSGRAD_MSG = (
-    "{cls}(amsgrad=True) is not supported (PopTorch did not support it either); use "
-    "amsgrad=False."
+    "{cls}(amsgrad=True) is not supported (PopTorch did not support it either); use amsgrad=False."
 )
 GROUP_MATCH_MSG = (
     "Parameter group {i} (params={patterns!r}) matches no weight of the model. Weight names: "
@@ -208,7 +207,7 @@ class Optimizer:
         return self._dtypes[self.slots[slot]]
 
     def update(
-        self, w: popxl.Tensor, g: popxl.Tensor, state: dict[str, popxl.Tensor], h: dict, t: Any
+        self, w: popxl.Tensor, g: popxl.Tensor, state: dict[str, Any], h: dict, t: Any
     ) -> popxl.Tensor:
         """The new weight (float32) from weight ``w`` and gradient ``g`` (float32),
         updating ``state`` in place. ``h`` holds the hyper-parameters, ``t`` the 1-based

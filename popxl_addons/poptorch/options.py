@@ -340,7 +340,13 @@ class Options(_Base):
     output_return_period: int = Field(1, ge=1)
     random_seed: int | None = Field(None, description="Seeds shuffling and weight init.")
     use_ipu_model: bool = Field(False, description="Run on 'ipu_model' instead of 'ipu_hw'.")
-    executable_cache_dir: str = Field("", description="Session enableEngineCaching/cachePath.")
+    executable_cache_dir: str = Field(
+        "",
+        description=(
+            "Written to the session options (enableEngineCaching, cachePath); compiled "
+            "programs persist across processes where the runtime's cache is on (POPXL_CACHE_DIR)."
+        ),
+    )
     log_dir: str = Field("", description="Session logDir.")
     model_name: str = Field("", description="Prefix of the program's name scope.")
     connection_type: ConnectionType = Field(ConnectionType.Always)
@@ -398,7 +404,9 @@ class Options(_Base):
         self.input_group_type = CommGroupType(input_group_type)
         return self
 
-    def outputMode(self, output_mode: OutputMode, output_return_period: int | None = None) -> Options:  # noqa: N802
+    def outputMode(
+        self, output_mode: OutputMode, output_return_period: int | None = None
+    ) -> Options:  # noqa: N802
         """Which results a call returns (see ``OutputMode``)."""
         mode = OutputMode(output_mode)
         if mode == OutputMode.EveryN and output_return_period is None:
@@ -448,7 +456,9 @@ class Options(_Base):
         self.auto_round_num_ipus = auto_round_num_ipus
         return self
 
-    def setAvailableMemoryProportion(self, available_memory_proportion: dict[str, float]) -> Options:  # noqa: N802
+    def setAvailableMemoryProportion(
+        self, available_memory_proportion: dict[str, float]
+    ) -> Options:  # noqa: N802
         values = dict(available_memory_proportion)
         if not all(isinstance(v, (int, float)) and 0 < v <= 1 for v in values.values()):
             raise ValueError(MEMORY_PROPORTION_MSG.format(got=available_memory_proportion))
@@ -459,7 +469,7 @@ class Options(_Base):
         """Choose how the model's blocks are placed and scheduled."""
         if not isinstance(strategy, ExecutionStrategy) or not hasattr(strategy, "kind"):
             raise TypeError(STRATEGY_MSG.format(got=type(strategy).__name__))
-        self.strategy = strategy
+        self.strategy = strategy  # type: ignore[assignment]  # checked just above
         return self
 
     def clone(self) -> Options:
@@ -492,7 +502,9 @@ class Options(_Base):
         target: Any = self
         for name in names:
             if name.startswith("_") or not hasattr(target, name):
-                raise ValueError(CONFIG_NAME_MSG.format(path=path, line=number, name=".".join(names)))
+                raise ValueError(
+                    CONFIG_NAME_MSG.format(path=path, line=number, name=".".join(names))
+                )
             target = getattr(target, name)
         if not callable(target):
             raise ValueError(CONFIG_NAME_MSG.format(path=path, line=number, name=".".join(names)))

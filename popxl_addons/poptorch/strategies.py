@@ -16,7 +16,7 @@ ValueError: ParallelPhasedExecution runs odd phases on odd IPUs, but phase 1 was
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -172,6 +172,6 @@ class ParallelPhasedExecution(_PhasedExecution):
 
 
 Strategy = Annotated[
-    Union[PipelinedExecution, ShardedExecution, SerialPhasedExecution, ParallelPhasedExecution],
+    PipelinedExecution | ShardedExecution | SerialPhasedExecution | ParallelPhasedExecution,
     Field(discriminator="kind"),
 ]

@@ -104,7 +104,9 @@ def test_batch_sampler_replaces_batch_size():
         poptorch.DataLoader(opts, np.arange(10), batch_size=2, batch_sampler=[[0]])
 
 
-@pytest.mark.parametrize("mode", [poptorch.DataLoaderMode.Async, poptorch.DataLoaderMode.AsyncRebatched])
+@pytest.mark.parametrize(
+    "mode", [poptorch.DataLoaderMode.Async, poptorch.DataLoaderMode.AsyncRebatched]
+)
 def test_async_modes_yield_the_sync_batches(mode):
     opts = poptorch.Options().deviceIterations(2)
     sync = poptorch.DataLoader(opts, Pairs(40), batch_size=4)
@@ -119,8 +121,9 @@ def test_async_modes_yield_the_sync_batches(mode):
 def test_rebatched_worker_size_is_checked():
     opts = poptorch.Options().deviceIterations(2)
     with pytest.raises(ValueError, match="rebatched_worker_size \\(9\\) must be at most"):
-        poptorch.DataLoader(opts, Pairs(40), 4, mode=poptorch.DataLoaderMode.AsyncRebatched,
-                            rebatched_worker_size=9)
+        poptorch.DataLoader(
+            opts, Pairs(40), 4, mode=poptorch.DataLoaderMode.AsyncRebatched, rebatched_worker_size=9
+        )
 
 
 def test_accessor_prefetches_into_a_bounded_buffer():

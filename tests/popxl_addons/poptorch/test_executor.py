@@ -149,7 +149,9 @@ def test_not_compiled_errors_and_error_classes():
         model.copyWeightsToHost()
     assert info.value.type == "poptorch" and "compiled" in info.value.message
     assert issubclass(poptorch.RecoverableError, poptorch.Error)
-    assert poptorch.RecoverableError("x", recovery_action="IPU_RESET").recovery_action == "IPU_RESET"
+    assert (
+        poptorch.RecoverableError("x", recovery_action="IPU_RESET").recovery_action == "IPU_RESET"
+    )
     assert issubclass(poptorch.UnrecoverableError, poptorch.Error)
 
 

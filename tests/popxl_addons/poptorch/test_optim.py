@@ -107,9 +107,7 @@ CASES = {
         lambda x, t: ref_sgd(x, t, 0.05, 0.8, nesterov=True),
     ),
     "sgd_velocity_scaling_combined": (
-        lambda: optim.SGD(
-            lr=0.05, momentum=0.9, velocity_scaling=8.0, use_combined_accum=True
-        ),
+        lambda: optim.SGD(lr=0.05, momentum=0.9, velocity_scaling=8.0, use_combined_accum=True),
         lambda x, t: ref_sgd(x, t, 0.05, 0.9),
     ),
     "sgd_max_grad_norm": (

@@ -92,8 +92,9 @@ def test_000_training_loop_with_data_loader_and_set_optimizer():
 def test_004_listing_4_3_training_model_then_native_output():
     """Listing 4.3: train, then the host weights reproduce the IPU output."""
     rng = np.random.default_rng(1)
-    x, target = rng.normal(size=(1, 10)).astype(np.float32), rng.normal(size=(1, 10)).astype(
-        np.float32
+    x, target = (
+        rng.normal(size=(1, 10)).astype(np.float32),
+        rng.normal(size=(1, 10)).astype(np.float32),
     )
     poptorch_model = poptorch.trainingModel(ExampleModelWithLoss(10))
     for _ in range(800):
