@@ -239,7 +239,7 @@ class PoplarExecutor:
         self._sync_weights()
         feeds = {s: self._stream_layout(a) for s, a in zip(built.inputs, arrays)}
         loaded = time.perf_counter()
-        results = session.run(feeds)
+        results = _run(session, feeds)
         ran = time.perf_counter()
         outs = [self._host_layout(results[s], s) for s in built.outputs]
         if self.training:
@@ -588,6 +588,24 @@ OTHER_OPTIMIZER = (
     "part of the program; build a new trainingModel to change it."
 )
 _NUMPY_NAMES = {"float32": "float32", "float16": "float16", "int32": "int32", "bool": "bool"}
+
+
+RUN_FAILED_MSG = (
+    "The device failed while running the model: {error}. The model's weights and optimiser "
+    "state are as they were before this call."
+)
+
+
+def _run(session: popxl.Session, feeds: dict) -> dict:
+    """``session.run``, with failures of the compiled program raised as ``poptorch.Error``
+    (the session keeps its state when a run fails)."""
+    import jax  # noqa: PLC0415 (the runtime is loaded by now)
+
+    try:
+        return session.run(feeds)
+    except jax.errors.JaxRuntimeError as error:
+        message = RUN_FAILED_MSG.format(error=error)
+        raise Error(message, "runtime", "PoplarExecutor.__call__") from error
 
 
 def _per_call(ex: PoplarExecutor) -> int:

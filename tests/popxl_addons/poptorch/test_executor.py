@@ -292,3 +292,20 @@ def test_torch_tensors_in_and_out():
     y, _ = model(torch.tensor(x), torch.tensor(t, dtype=torch.float64))
     assert isinstance(y, torch.Tensor)
     np.testing.assert_allclose(y.numpy(), x @ initial_w(), rtol=1e-6)
+
+
+def test_device_failures_are_poptorch_errors(monkeypatch):
+    import jax
+
+    model = poptorch.inferenceModel(Linear())
+    x, t = data(B)
+    model(x, t)
+
+    def fail(*_args, **_kwargs):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: out of memory")
+
+    monkeypatch.setattr(model._session, "run", fail)
+    with pytest.raises(poptorch.Error, match="device failed while running") as info:
+        model(x, t)
+    assert info.value.type == "runtime" and info.value.location == "PoplarExecutor.__call__"
+    assert "RESOURCE_EXHAUSTED" in info.value.message
