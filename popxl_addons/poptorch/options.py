@@ -181,7 +181,11 @@ class _TrainingOptions(_Base):
         ReductionType.Mean, description="Mean or Sum over micro-batches and replicas."
     )
     mean_reduction_strategy: MeanReductionStrategy | None = Field(
-        None, description="Post or Running; both give the same numbers in float32."
+        None,
+        description=(
+            "Recorded; the program always sums the micro-batch gradients in the accumulator "
+            "and divides once per step (Post)."
+        ),
     )
     automatic_loss_scaling: bool = Field(
         False, description="Recorded; loss scaling here is the optimiser's loss_scaling."
@@ -278,8 +282,8 @@ class _DistributedOptions(_Base):
     when the options are created; ``DataLoader`` gives each process its share of the data.
     """
 
-    process_id: int = Field(0, ge=0)
-    num_processes: int = Field(1, ge=1)
+    process_id: int = Field(0, ge=0, description="This process; DataLoader gives it its share.")
+    num_processes: int = Field(1, ge=1, description="Processes sharing the dataset.")
 
     @classmethod
     def from_env(cls) -> _DistributedOptions:
@@ -355,7 +359,10 @@ class Options(_Base):
     available_memory_proportion: dict[str, float] = Field(
         default_factory=dict, description="Recorded only (no tile memory planner here)."
     )
-    strategy: Strategy = Field(default_factory=PipelinedExecution)
+    strategy: Strategy = Field(
+        default_factory=PipelinedExecution,
+        description="Recorded and validated; the program runs every block in order.",
+    )
     training: _TrainingOptions = Field(default_factory=_TrainingOptions)
     precision: _PrecisionOptions = Field(default_factory=_PrecisionOptions)
     tensor_locations: _TensorLocationOptions = Field(default_factory=_TensorLocationOptions)

@@ -309,3 +309,16 @@ def test_device_failures_are_poptorch_errors(monkeypatch):
         model(x, t)
     assert info.value.type == "runtime" and info.value.location == "PoplarExecutor.__call__"
     assert "RESOURCE_EXHAUSTED" in info.value.message
+
+
+def test_model_name_scopes_the_program():
+    opts = options().modelName("regressor")
+    model = poptorch.inferenceModel(Linear(), opts)
+    model(*data(B))
+    assert any(name.startswith("regressor") for name in model.getTensorNames())
+
+
+def test_input_group_size_must_divide_replicas():
+    opts = options(r=4).inputReplicaGrouping(3, poptorch.CommGroupType.Consecutive)
+    with pytest.raises(ValueError, match="group size 3 must divide replicationFactor 4"):
+        poptorch.inferenceModel(Linear(), opts).compile(*data(4))
