@@ -33,9 +33,10 @@ import popxl_addons as addons
 from popxl import ops
 from popxl_addons.transforms.repeat_graph import repeat_graph
 
+from ._storage import flush, place, read, write
 from .enums import CommGroupType, OutputMode, ReductionType
 from .optim import Optimizer, group_of_each
-from .options import Options, resolved_output_mode
+from .options import Options, TensorLocationSettings, _TensorLocationOptions, resolved_output_mode
 
 LOSS_MISSING_MSG = (
     "trainingModel needs a loss: {cls}.build must return it, marked with "
@@ -114,6 +115,7 @@ class Built:
     groups: dict[str, int] = field(default_factory=dict)
     step: popxl.Variable | None = None
     loss_index: int | None = None
+    locations: _TensorLocationOptions = field(default_factory=_TensorLocationOptions)
 
 
 @dataclass(frozen=True)
@@ -186,23 +188,30 @@ def build(
         loss_index = _loss_index(module, fwd, losses) if training else None
         for name, (kind, size) in groupings.items():
             facts.to_dict()[name].replica_grouping = replica_grouping(ir, kind, size)
-        weights = _init(facts, options.random_seed)
-        named = dict(weights.to_dict())
+        locations = options.tensor_locations
+        named = _init(facts, options.random_seed, locations.weight)
         built = Built(ir, inputs, [], [], layout.stores_per_call, named, loss_index=loss_index)
+        built.locations = locations
         _build_body(built, fwd, optimizer, layout)
     ir.num_host_transfers = layout.device_iterations * layout.accumulation
     return built
 
 
-def _init(facts: Any, seed: int | None) -> Any:
-    if seed is None:
-        return facts.init()
+def _init(
+    facts: Any, seed: int | None, settings: TensorLocationSettings
+) -> dict[str, popxl.Variable]:
+    """The module's weights (initial values seeded by ``seed`` if given)."""
     saved = np.random.get_state()
-    np.random.seed(seed)
+    if seed is not None:
+        np.random.seed(seed)
     try:
-        return facts.init()
+        return {
+            key: place(f.next_data(), f.dtype, key, f.replica_grouping, settings)
+            for key, f in sorted(facts.to_dict().items())
+        }
     finally:
-        np.random.set_state(saved)
+        if seed is not None:
+            np.random.set_state(saved)
 
 
 def _loss_index(module: Any, fwd: Any, losses: list) -> int:
@@ -227,7 +236,8 @@ def _build_body(built: Built, fwd: Any, optimizer: Optimizer | None, layout: Lay
     trainer = _Trainer(built, fwd, optimizer) if optimizer is not None else None
     # Micro-batch: load, forward (and backward), handle the outputs.
     xs = [ops.host_load(s, f"x{i}") for i, s in enumerate(built.inputs)]
-    info = fwd.bind(addons.NamedTensors.from_dict(built.weights)).call_with_info(*xs)
+    on_chip = {k: read(v) for k, v in built.weights.items()}
+    info = fwd.bind(addons.NamedTensors.from_dict(on_chip)).call_with_info(*xs)
     if trainer is not None:
         trainer.backward(info)
     _handle_outputs(built, info.outputs[: len(specs)], keep, layout.mode)
@@ -295,7 +305,10 @@ class _Trainer:
         self.keys = [_key_of(fwd, t) for t in fwd.args.tensors]
         self.loss_dtype = loss.dtype
         acc = optimizer.accum_type
-        self.accums = {k: _zeros_like(built.weights[k], acc, f"accum.{k}") for k in self.keys}
+        where = built.locations.accumulator
+        self.accums = {
+            k: _zeros_like(built.weights[k], acc, f"accum.{k}", where) for k in self.keys
+        }
         self._make_hyper()
         self._make_state()
 
@@ -320,7 +333,9 @@ class _Trainer:
         for name in built.groups:
             w = built.weights[name]
             built.state[name] = {
-                slot: _zeros_like(w, self.opt.dtype_of(slot), f"optim.{name}.{slot}")
+                slot: _zeros_like(
+                    w, self.opt.dtype_of(slot), f"optim.{name}.{slot}", built.locations.optimizer
+                )
                 for slot in self.opt.active_slots()
             }
 
@@ -339,15 +354,17 @@ class _Trainer:
         args = self.bwd.grad_graph_info.inputs_dict(info)
         grads = self.bwd.call(seed, args=args)
         for key, g in zip(self.keys, grads):
-            ops.var_updates.accumulate_(self.accums[key], g)
+            acc = read(self.accums[key])
+            ops.var_updates.accumulate_(acc, g)
+            flush(self.accums[key], acc)
 
     def optimizer_step(self, layout: Layout) -> None:
         built, opt = self.built, self.opt
         mean = layout.reduction == ReductionType.Mean
-        grads = {}
+        grads, loaded = {}, {}
         for name in built.groups:
-            acc = self.accums[name]
-            group = acc.replica_grouping
+            acc = loaded[name] = read(self.accums[name])
+            group = self.accums[name].replica_grouping
             if layout.replicas > 1 and group.group_size > 1:
                 ops.collectives.replicated_all_reduce_(acc, op="add", group=group)
             g = acc if acc.dtype == popxl.float32 else ops.cast(acc, popxl.float32)
@@ -358,21 +375,30 @@ class _Trainer:
         assert built.step is not None
         ops.var_updates.accumulate_(built.step, popxl.constant(np.float32(1.0)))
         for name, group_index in built.groups.items():
-            w = built.weights[name]
+            var = built.weights[name]
+            w = read(var)
             w32 = w if w.dtype == popxl.float32 else ops.cast(w, popxl.float32)
             h = {a: self.hyper(group_index, a) for a in opt.attributes(group_index)}
-            new = opt.update(w32, grads[name], built.state[name], h, built.step)
-            ops.var_updates.copy_var_update_(w, new)
-        for acc in self.accums.values():
-            ops.var_updates.accumulator_zero_(acc)
+            state = {slot: read(v) for slot, v in built.state[name].items()}
+            new = opt.update(w32, grads[name], state, h, built.step)
+            write(var, w, new)
+            for slot, v in built.state[name].items():
+                flush(v, state[slot])
+        for name, var in self.accums.items():
+            zeroed = loaded[name] if name in loaded else read(var)
+            ops.var_updates.accumulator_zero_(zeroed)
+            flush(var, zeroed)
 
 
-def _zeros_like(w: popxl.Variable, dtype: popxl.dtype, name: str) -> popxl.Variable:
-    """Zeros with ``w``'s shape and replica grouping (one value per group)."""
+def _zeros_like(
+    w: popxl.Variable, dtype: popxl.dtype, name: str, settings: TensorLocationSettings
+) -> popxl.Variable:
+    """Zeros with ``w``'s shape and replica grouping (one value per group), placed as
+    ``settings`` say."""
     group = w.replica_grouping
     lead = (group.num_groups,) if group.num_groups > 1 else ()
     data = np.zeros(lead + w.shape, dtype.as_numpy())
-    return popxl.variable(data, dtype, name, replica_grouping=group)
+    return place(data, dtype, name, group, settings)
 
 
 def _inverse(loss_scaling: Any, divisor: int) -> Any:

@@ -294,7 +294,8 @@ class PoplarExecutor:
     def _stats(values: list[float]) -> tuple[float, float, float]:
         if not values:
             return (0.0, 0.0, 0.0)
-        return (min(values), max(values), sum(values) / len(values))
+        lo, hi = min(values), max(values)
+        return (lo, hi, min(max(sum(values) / len(values), lo), hi))
 
     def getLatency(self) -> tuple[float, float, float]:  # noqa: N802
         """(min, max, mean) seconds per device iteration of the last call, host to host.

@@ -89,10 +89,11 @@ def _partials_name(dtype: Any) -> str:
 class TensorLocationSettings(_Base):
     """Where one class of tensors (weights, optimiser state, accumulators, activations) lives.
 
-    Recorded on the options and shown in ``Options.model_dump()``. The runtime keeps every
-    tensor in device memory whatever these say: off-chip storage, replicated tensor sharding
-    and IO tiles of whole tensor classes are modelled per tensor by popxl's remote buffers
-    and RTS variables, which hand-written programs use directly.
+    ``useOnChipStorage(False)`` (with ``minElementsForOffChip``) puts weights, optimiser
+    state and accumulators in remote buffers (streaming memory) that the program loads where
+    they are used and stores after updates. Activations are intermediate values of one step
+    and stay on chip. Replicated tensor sharding and IO tiles are recorded only: programs
+    that need them use popxl's RTS variables and ``io_tiles`` directly.
 
     >>> TensorLocationSettings().useOnChipStorage(False).on_chip
     False
