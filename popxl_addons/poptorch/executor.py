@@ -28,7 +28,13 @@ import popxl_addons as addons
 from ._program import Built, build
 from .enums import CommGroupType, ConnectionType, VariableRetrievalMode
 from .errors import Error
-from .optim import OPTIMIZERS, Optimizer
+from .optim import (
+    CONSTANT_CHANGED_MSG,
+    GROUP_COUNT_MSG,
+    OPTIMIZERS,
+    OTHER_OPTIMIZER_MSG,
+    Optimizer,
+)
 from .options import Options
 
 BATCH_MSG = (
@@ -462,7 +468,7 @@ class PoplarExecutor:
         assert old is not None
         if type(optimizer) is not type(old):
             raise ValueError(
-                OTHER_OPTIMIZER.format(new=type(optimizer).__name__, old=type(old).__name__)
+                OTHER_OPTIMIZER_MSG.format(new=type(optimizer).__name__, old=type(old).__name__)
             )
         built = self._built
         if built is not None:
@@ -472,8 +478,6 @@ class PoplarExecutor:
             self._optimizer = optimizer
 
     def _write_hyper(self, built: Built, optimizer: Optimizer) -> None:
-        from .optim import CONSTANT_CHANGED_MSG, GROUP_COUNT_MSG  # noqa: PLC0415
-
         old = self._optimizer
         assert old is not None
         if len(optimizer.param_groups) != len(old.param_groups):
@@ -565,7 +569,9 @@ class PoplarExecutor:
     def _compile_from_specs(self, specs: Any) -> None:
         per_call = _per_call(self)
         dummies = [
-            np.zeros((shape[0] * per_call, *shape[1:]), np.dtype(_NUMPY_NAMES.get(dtype, dtype)))
+            np.zeros(
+                (shape[0] * per_call, *shape[1:]), popxl.dtypes.dtype.from_name(dtype).as_numpy()
+            )
             for shape, dtype in specs
         ]
         self.compile(*dummies)
@@ -582,13 +588,6 @@ class PoplarExecutor:
         """Every tensor name of the program."""
         ir = self.ir
         return [t.name for g in ir._graphs.values() for t in g.tensors]
-
-
-OTHER_OPTIMIZER = (
-    "setOptimizer got a {new}, but the model was compiled with a {old}. The optimiser type is "
-    "part of the program; build a new trainingModel to change it."
-)
-_NUMPY_NAMES = {"float32": "float32", "float16": "float16", "int32": "int32", "bool": "bool"}
 
 
 RUN_FAILED_MSG = (

@@ -48,7 +48,6 @@ GROUP_COUNT_MSG = (
     "setOptimizer got {new} parameter groups but the model was compiled with {old}; the "
     "groups are part of the program."
 )
-STATE_KEYS_MSG = "Optimizer state for {name!r} is missing slot(s) {missing}."
 DTYPE_MSG = "Accumulation type must be float32 or float16 (or None), got {got!r}."
 
 _DTYPES = {
