@@ -32,7 +32,7 @@ from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 from popxl.transforms._storage import roots, written_inputs
 
-from . import control, host_io, remote, vjp  # noqa: F401  (register special lowerings)
+from . import calls, control, host_io, remote, vjp  # noqa: F401  (register special lowerings)
 from .lowering import LoweringContext, lower_graph
 from .replica_sums import is_batched
 
@@ -130,6 +130,7 @@ def structural_key(
         h.update(repr(items).encode())
 
     feed("R", ir.replication_factor, "nht", ir.num_host_transfers, "mode", mode)
+    feed("calls", calls.policy())
     for b in buffers:
         feed("buffer", b.remote_buffer_id, b.entries, b.tensor_shape, b.tensor_dtype.name)
     for v in variables:
