@@ -31,7 +31,7 @@ from popxl.ir import Ir
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 
-from . import remote_state, stream_io
+from . import remote_state, state_layout, stream_io
 from .device import select_device
 from .program import (
     Program,
@@ -105,7 +105,7 @@ class Session:
         ir._attach_session(self)
         self._program: Program = build_program(ir)
         self._sharding = state_sharding(self._program, self._device)
-        self._batched = dict(zip(self._program.variables, self._program.batched))
+        self._batched = self._program.variable_batched()
         # The step's stream layout is fixed now; later changes to the Ir's setting do not apply.
         self._nht = ir.num_host_transfers
         self._host: dict[Variable, np.ndarray] = {v: self._initial_host(v) for v in ir._variables}
@@ -113,7 +113,7 @@ class Session:
         # Remote buffers keep their contents while detached (streaming memory).
         self._buffers_host = [
             np.zeros(a.shape, a.dtype)
-            for a in abstract_state(self._program)[len(self._program.variables) :]
+            for a in abstract_state(self._program)[self._program.n_entries :]
         ]
         self._state: tuple | None = None
         self._host_stale = False
@@ -249,7 +249,8 @@ class Session:
         self._write_remote(buffers, self._remote_vars)
         with self._x64():
             hosts = [self._device_layout(v, self._host[v]) for v in variables]
-            self._state = tuple(jax.device_put([*hosts, *buffers], self._sharding))
+            entries = self._program.pack(hosts)
+            self._state = tuple(jax.device_put([*entries, *buffers], self._sharding))
 
     def _buffer_index(self, var: Variable) -> int:
         assert var._remote_buffer is not None, f"{var.id} is not a remote variable"
@@ -271,8 +272,9 @@ class Session:
         self._require_attached()
         assert self._state is not None
         values = jax.device_get(self._state)
-        n_vars = len(self._program.variables)
-        for var, value in zip(self._program.variables, values[:n_vars]):
+        n_vars = self._program.n_entries
+        per_variable = self._program.unpack(values[:n_vars])
+        for var, value in zip(self._program.variables, per_variable):
             self._set_host(var, self._to_host(var, value))
         self._buffers_host = [np.array(b) for b in values[n_vars:]]
         replicas = self._program.replicas
@@ -437,6 +439,7 @@ class Session:
 
     def _upload_written(self, written: list[Variable]) -> None:
         index = {v: i for i, v in enumerate(self._program.variables)}
+        where = state_layout.locate(self._program.entries)
         state = list(self._state or ())
         on_chip = [v for v in written if v in index]
         remote = [v for v in written if v._remote_buffer is not None]
@@ -445,9 +448,15 @@ class Session:
                 [self._device_layout(v, self._host[v]) for v in on_chip], self._sharding
             )
             for var, value in zip(on_chip, placed):
-                state[index[var]] = value
+                entry, row = where[index[var]]
+                if row is None:
+                    state[entry] = value
+                elif self._batched[var]:
+                    state[entry] = state[entry].at[:, row].set(value)
+                else:
+                    state[entry] = state[entry].at[row].set(value)
             if remote:
-                n_vars = len(self._program.variables)
+                n_vars = self._program.n_entries
                 buffers = [np.array(b) for b in jax.device_get(tuple(state[n_vars:]))]
                 self._write_remote(buffers, remote)
                 state[n_vars:] = jax.device_put(buffers, self._sharding)
