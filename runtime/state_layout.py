@@ -30,7 +30,7 @@ def variable_groups(
 ) -> list[Entry]:
     """Groups of variables to stack: the stacked inputs of ``graph``'s runs that are
     distinct variables of one shape, dtype and ``compatible(v)``, each variable in the
-    first group found for it."""
+    first group found for it, in creation order."""
     if calls.policy() == "inline":
         return []
     index = {v: i for i, v in enumerate(variables)}
@@ -49,7 +49,9 @@ def variable_groups(
             key = (first.shape, first.dtype, compatible(first))
             if any((t.shape, t.dtype, compatible(t)) != key for t in members):
                 continue
-            groups.append(tuple(index[t] for t in members))  # type: ignore[index]
+            # In creation order (layer 0 first, usually), whichever run met them first: the
+            # forward and gradient runs then scan the same stack in opposite directions.
+            groups.append(tuple(sorted(index[t] for t in members)))  # type: ignore[index]
             taken.update(members)  # type: ignore[arg-type]
     return groups
 
