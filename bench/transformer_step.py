@@ -385,7 +385,9 @@ def reference_step_fn(cfg: Config):
         mask = jnp.triu(jnp.full((S, S), -1e4, jnp.float32), 1).astype(compute)
         x = (params["wte"][tokens] + params["wpe"]).astype(compute)
         x, _ = jax.lax.scan(lambda c, p: (decoder(c, p, mask), None), x, params["layers"])
-        h = layer_norm(x, params["ln_f.weight"].astype(compute), params["ln_f.bias"].astype(compute))
+        h = layer_norm(
+            x, params["ln_f.weight"].astype(compute), params["ln_f.bias"].astype(compute)
+        )
         logits = (h @ params["head.weight"].astype(compute)).astype(jnp.float32)
         logp = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.mean(jnp.take_along_axis(logp, labels[..., None], axis=-1))
@@ -413,7 +415,12 @@ def reference_step_fn(cfg: Config):
             return p - cfg.lr * (m_hat / (jnp.sqrt(v_hat) + cfg.eps)), m_, v_
 
         out = jax.tree_util.tree_map(adam, params, total, m, v)
-        pick = lambda k: jax.tree_util.tree_map(lambda o: o[k], out, is_leaf=lambda o: isinstance(o, tuple))  # noqa: E731
+
+        def pick(k):
+            return jax.tree_util.tree_map(
+                lambda o: o[k], out, is_leaf=lambda o: isinstance(o, tuple)
+            )
+
         return (pick(0), pick(1), pick(2), t), losses
 
     return jax.jit(step, donate_argnums=(0,))
@@ -459,6 +466,16 @@ def variant(impl: str, cfg: Config) -> dict:
     return {"step_s": seconds, "peak_rss_mb": peak_rss_mb()}
 
 
+def time_both(cfg: Config, repeats: int) -> tuple[float, float]:
+    """Seconds per step of the project and the reference, in alternating rounds."""
+    tokens, labels = make_batches(cfg)
+    program, ref = ProjectStep(cfg), ReferenceStep(cfg)
+    with program:
+        return compare(
+            lambda: program.step(tokens, labels), lambda: ref.step(tokens, labels), repeats
+        )
+
+
 def build_compile(cfg: Config) -> dict:
     program = ProjectStep(cfg)
     return {"build_s": program.build_s, "compile_s": program.compile_s}
@@ -487,12 +504,7 @@ def main() -> None:
     rows = []
     for dtype in dtypes:
         c = replace(cfg, dtype=dtype)
-        tokens, labels = make_batches(c)
-        program, ref = ProjectStep(c), ReferenceStep(c)
-        with program:
-            p, r = compare(
-                lambda: program.step(tokens, labels), lambda: ref.step(tokens, labels), args.repeats
-            )
+        p, r = time_both(c, args.repeats)
         rows.append((f"{dtype} s/step", p, r, "s"))
         rows.append((f"{dtype} tokens/s", c.tokens_per_step / p, c.tokens_per_step / r, "/s"))
         common = ["--size", args.size, "--dtype", dtype, "--layers", str(c.layers)]
@@ -504,12 +516,18 @@ def main() -> None:
         figures = {}
         for layers in (12, 24, 48):
             common = ["--size", args.size, "--dtype", dtypes[0], "--layers", str(layers)]
-            figures[layers] = run_variant(__file__, "--variant", "project", "--what", "compile", *common)
+            figures[layers] = run_variant(
+                __file__, "--variant", "project", "--what", "compile", *common
+            )
         base = figures[12]["build_s"] + figures[12]["compile_s"]
-        print(f"{'layers':>6s} {'build s':>8s} {'compile s':>9s} {'total':>7s} {'/ 12 layers':>11s}")
+        print(
+            f"{'layers':>6s} {'build s':>8s} {'compile s':>9s} {'total':>7s} {'/ 12 layers':>11s}"
+        )
         for layers, f in figures.items():
             total = f["build_s"] + f["compile_s"]
-            print(f"{layers:6d} {f['build_s']:8.2f} {f['compile_s']:9.2f} {total:7.2f} {total / base:11.2f}")
+            print(
+                f"{layers:6d} {f['build_s']:8.2f} {f['compile_s']:9.2f} {total:7.2f} {total / base:11.2f}"
+            )
 
 
 if __name__ == "__main__":

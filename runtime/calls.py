@@ -156,7 +156,9 @@ def _carry_source(calls: Sequence[Op], index: int) -> int | None:
     return m if ok else None
 
 
-def plan_run(calls: tuple[Op, ...], later: Sequence[Op], graph_outputs: Sequence[Tensor]) -> Run | None:
+def plan_run(
+    calls: tuple[Op, ...], later: Sequence[Op], graph_outputs: Sequence[Tensor]
+) -> Run | None:
     """How to scan ``calls``, or None when they cannot be one scan."""
     graph = calls[0].attrs["graphs"][0]
     produced = {t for op in calls for t in op.outputs}
@@ -195,13 +197,17 @@ def plan_run(calls: tuple[Op, ...], later: Sequence[Op], graph_outputs: Sequence
     return Run(calls, tuple(slots), modified, tuple(ys))
 
 
-def _writes_are_private(calls: Sequence[Op], slots: Sequence[Slot], modified: Sequence[int]) -> bool:
+def _writes_are_private(
+    calls: Sequence[Op], slots: Sequence[Slot], modified: Sequence[int]
+) -> bool:
     """Storage a call writes (its by-ref inputs) is read by no other input of the run."""
     written: list[set[Tensor]] = []
     for index in modified:
-        tensors = [calls[0].inputs[index]] if slots[index].kind == "carry" else [
-            op.inputs[index] for op in calls
-        ]
+        tensors = (
+            [calls[0].inputs[index]]
+            if slots[index].kind == "carry"
+            else [op.inputs[index] for op in calls]
+        )
         written.extend(set(roots(t)) for t in tensors)
     for a in range(len(written)):
         for b in range(a + 1, len(written)):
@@ -310,9 +316,7 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
         1 for s in sources.values() if s and not s[1]
     )
     xs = [_stacked_input(env, run.stacked(i), sources[i], reverse) for i in stacked]
-    carry_in = [
-        (i, s) for i, s in enumerate(run.slots) if s.kind == "carry"
-    ]
+    carry_in = [(i, s) for i, s in enumerate(run.slots) if s.kind == "carry"]
     init = tuple(env.read(calls[0].inputs[i]) for i, _ in carry_in)
     fixed = {i: env.read(calls[0].inputs[i]) for i, s in enumerate(run.slots) if s.kind == "same"}
     stacked_modified = [i for i in run.modified if run.slots[i].kind == "stack"]
@@ -332,7 +336,8 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
         ys = (tuple(outs[m] for m in run.ys), tuple(finals[i] for i in stacked_modified))
         return (new, ctx.fx), ys
 
-    (final, ctx.fx), (ys, finals) = lax.scan(body, (init, ctx.fx), tuple(xs), reverse=reverse)
+    scanned: tuple = lax.scan(body, (init, ctx.fx), tuple(xs), reverse=reverse)
+    (final, ctx.fx), (ys, finals) = scanned
     for (i, slot), value in zip(carry_in, final):
         if slot.source >= 0:
             env.values[calls[-1].outputs[slot.source]] = value

@@ -467,9 +467,7 @@ def state_sharding(program: Program, device: jax.Device) -> jax.sharding.Shardin
 def abstract_state(program: Program) -> tuple:
     r = program.replicas
     shapes = [_entry_shape(program.variables, e) for e in program.entries]
-    shapes += [
-        ((b.entries, *b.tensor_shape), b.tensor_dtype.as_numpy()) for b in program.buffers
-    ]
+    shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype.as_numpy()) for b in program.buffers]
     return tuple(
         jax.ShapeDtypeStruct(((r,) if batched else ()) + shape, dt)
         for (shape, dt), batched in zip(shapes, program.batched)

@@ -40,8 +40,8 @@ def variable_groups(
         for j, slot in enumerate(run.slots):
             if slot.kind != "stack":
                 continue
-            members = run.stacked(j)
-            if not all(isinstance(t, Variable) and t in index for t in members):
+            members = [t for t in run.stacked(j) if isinstance(t, Variable) and t in index]
+            if len(members) != len(run.ops):
                 continue
             if len(set(members)) != len(members) or taken.intersection(members):
                 continue
@@ -51,8 +51,8 @@ def variable_groups(
                 continue
             # In creation order (layer 0 first, usually), whichever run met them first: the
             # forward and gradient runs then scan the same stack in opposite directions.
-            groups.append(tuple(sorted(index[t] for t in members)))  # type: ignore[index]
-            taken.update(members)  # type: ignore[arg-type]
+            groups.append(tuple(sorted(index[t] for t in members)))
+            taken.update(members)
     return groups
 
 
@@ -92,7 +92,9 @@ def locate(entries: Sequence[Entry]) -> dict[int, tuple[int, int | None]]:
     return where
 
 
-def seed_env(env: Any, entries: Sequence[Entry], variables: Sequence[Variable], state: Sequence[Any]) -> list:
+def seed_env(
+    env: Any, entries: Sequence[Entry], variables: Sequence[Variable], state: Sequence[Any]
+) -> list:
     """Put the state's entries into the main graph's environment; returns each entry's key
     (the variable, or the stack key) for reading the final values back."""
     keys: list[Any] = []
