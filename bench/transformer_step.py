@@ -327,8 +327,10 @@ class ProjectStep:
 
     def step(self, tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
         """One optimizer step; the micro-batch losses."""
+        if self.cfg.ga == 1:  # PopXL's layout has no transfers axis then
+            tokens, labels = tokens[0], labels[0]
         out = self.session.run(dict(zip(self.streams, (tokens, labels))))
-        return out[self.loss_stream]
+        return out[self.loss_stream].reshape(self.cfg.ga)
 
     def layer_weights(self) -> dict[str, np.ndarray]:
         """Layer weights keyed like ``initial_weights`` (host copies, after the runs)."""
