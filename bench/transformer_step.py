@@ -248,7 +248,7 @@ class ProjectStep:
             self.loss_stream = popxl.d2h_stream((), popxl.float32, "loss")
             self.streams = (tok_stream, lab_stream)
             mask_np = np.triu(np.full((S, S), -1e4, np.float32), 1)
-            mask = popxl.constant(mask_np.astype(compute.as_numpy()), name="mask")
+            mask = popxl.constant(mask_np.astype(compute.as_numpy()), name="mask")  # for tracing
             x_spec = popxl.TensorSpec((B * S, H), compute)
 
             emb_facts, emb = Embedding().create_graph(popxl.TensorSpec((B, S), popxl.int32))
@@ -274,7 +274,9 @@ class ProjectStep:
             head_vars, head_acc = make_vars("head", "head")
             self.variables = {"emb": emb_vars, "layers": layer_vars, "head": head_vars}
 
-            for _ in range(cfg.ga):
+            def micro_batch(emb_vars, emb_acc, layer_vars, layer_acc, head_vars, head_acc):
+                """Load a micro-batch, forward, loss, backward into the accumulators."""
+                mask = popxl.constant(mask_np.astype(compute.as_numpy()), name="mask")
                 tokens, labels = ops.host_load(tok_stream), ops.host_load(lab_stream)
                 emb_info = emb.bind(emb_vars).call_with_info(tokens)
                 x = emb_info.outputs[0]
@@ -298,6 +300,28 @@ class ProjectStep:
                     )
                 _, _, _, emb_bwd = parts["emb"]
                 emb_bwd.bind(emb_acc).call(dx, args=emb_bwd.grad_graph_info.inputs_dict(emb_info))
+
+            # The micro-batch as one graph, called GA times: weights are its inputs,
+            # accumulators its by-ref inputs.
+            groups = [
+                (emb_vars, False), (emb_acc, True), *((v, False) for v in layer_vars),
+                *((a, True) for a in layer_acc), (head_vars, False), (head_acc, True),
+            ]  # fmt: skip
+            micro = ir.create_empty_graph("micro_batch")
+            with micro:
+                inner = [
+                    NamedTensors.from_dict({
+                        k: popxl.graph_input(t.shape, t.dtype, by_ref=by_ref)
+                        for k, t in named.to_dict().items()
+                    })
+                    for named, by_ref in groups
+                ]  # fmt: skip
+                n = cfg.layers
+                micro_batch(inner[0], inner[1], inner[2 : 2 + n], inner[2 + n : 2 + 2 * n],
+                            inner[-2], inner[-1])  # fmt: skip
+            outer = [t for named, _ in groups for t in named.to_dict().values()]
+            for _ in range(cfg.ga):
+                ops.call(micro, *outer)
 
             for part_vars, accums in ((emb_vars, emb_acc), (head_vars, head_acc)):
                 graph, state_facts = optimizer(part_vars)

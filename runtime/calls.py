@@ -39,7 +39,7 @@ from popxl.tensor import Tensor
 from popxl.transforms._storage import roots
 
 from . import control
-from .lowering import Env, LoweringContext, _View, lower_graph, special
+from .lowering import Env, LoweringContext, _View, lower_op, special
 
 Array = Any
 POLICIES = ("scan", "inline")
@@ -316,13 +316,22 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
         1 for s in sources.values() if s and not s[1]
     )
     xs = [_stacked_input(env, run.stacked(i), sources[i], reverse) for i in stacked]
-    carry_in = [(i, s) for i, s in enumerate(run.slots) if s.kind == "carry"]
+    whole = _whole_stacks(env, run)  # shared inputs that are all the rows of a stack
+    in_whole = {i for _, indices, _ in whole for i in indices}
+    fixed_stacks = [(indices, env.values[key]) for key, indices, ref in whole if not ref]  # type: ignore[index]
+    carried_stacks = [(key, indices) for key, indices, ref in whole if ref]
+    carry_in = [(i, s) for i, s in enumerate(run.slots) if s.kind == "carry" and i not in in_whole]
     init = tuple(env.read(calls[0].inputs[i]) for i, _ in carry_in)
-    fixed = {i: env.read(calls[0].inputs[i]) for i, s in enumerate(run.slots) if s.kind == "same"}
+    init_stacks = tuple(env.values[key] for key, _ in carried_stacks)  # type: ignore[index]
+    fixed = {
+        i: env.read(calls[0].inputs[i])
+        for i, s in enumerate(run.slots)
+        if s.kind == "same" and i not in in_whole
+    }
     stacked_modified = [i for i in run.modified if run.slots[i].kind == "stack"]
 
     def body(carry: tuple, x: tuple) -> tuple:
-        values, fx = carry
+        values, stack_values, fx = carry
         inputs: list[Array] = [None] * len(run.slots)
         for (i, _), v in zip(carry_in, values):
             inputs[i] = v
@@ -330,25 +339,76 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
             inputs[i] = v
         for i, v in zip(stacked, x):
             inputs[i] = v
+        stacks = fixed_stacks + [(ix, v) for (_, ix), v in zip(carried_stacks, stack_values)]
         ctx.fx = fx
-        outs, finals, _ = lower_graph(ctx, graph, inputs)
+        outs, finals, stack_finals = lower_graph_with_stacks(ctx, graph, inputs, stacks)
         new = tuple(outs[s.source] if s.source >= 0 else finals[i] for i, s in carry_in)
+        new_stacks = tuple(stack_finals[len(fixed_stacks) :])
         ys = (tuple(outs[m] for m in run.ys), tuple(finals[i] for i in stacked_modified))
-        return (new, ctx.fx), ys
+        return (new, new_stacks, ctx.fx), ys
 
-    scanned: tuple = lax.scan(body, (init, ctx.fx), tuple(xs), reverse=reverse)
-    (final, ctx.fx), (ys, finals) = scanned
+    start = (init, init_stacks, ctx.fx)
+    scanned: tuple = lax.scan(body, start, tuple(xs), length=n, reverse=reverse)
+    (final, final_stacks, ctx.fx), (ys, finals) = scanned
     for (i, slot), value in zip(carry_in, final):
         if slot.source >= 0:
             env.values[calls[-1].outputs[slot.source]] = value
         else:
             env.write(calls[0].inputs[i], value)
+    for (key, _), value in zip(carried_stacks, final_stacks):
+        env.values[key] = value  # type: ignore[index]
     for m, value in zip(run.ys, ys):
         add_stack(env, _in_scan_order([op.outputs[m] for op in calls], reverse), value)
         if m in {s.source for _, s in carry_in}:
             env.values[calls[-1].outputs[m]] = value[0 if reverse else n - 1]
     for i, value in zip(stacked_modified, finals):
         _write_stacked(env, run.stacked(i), sources[i], reverse, value)
+
+
+def _whole_stacks(env: Env, run: Run) -> list[tuple[StackKey, list[int], bool]]:
+    """Inputs shared by every call of the run (``same``, or by-ref and carried) that are
+    together all the rows of one stack: (key, their input indices in row order, by-ref).
+    They enter the called graph as one stacked array, so runs inside it scan it directly."""
+    rows: dict[StackKey, dict[int, int]] = {}
+    kinds: dict[StackKey, set[bool]] = {}
+    for i, slot in enumerate(run.slots):
+        by_ref = slot.kind == "carry" and slot.source < 0
+        if slot.kind != "same" and not by_ref:
+            continue
+        t = run.ops[0].inputs[i]
+        view = env.views.get(t)
+        if view is None or not isinstance(view.forward, _Row) or t in env.values:
+            continue
+        key = view.parents[0]
+        if not isinstance(key, StackKey):
+            continue
+        rows.setdefault(key, {})[view.forward.index] = i
+        kinds.setdefault(key, set()).add(by_ref)
+    return [
+        (key, [by_row[r] for r in range(key.size)], kinds[key].pop())
+        for key, by_row in rows.items()
+        if sorted(by_row) == list(range(key.size)) and len(kinds[key]) == 1
+    ]
+
+
+def lower_graph_with_stacks(
+    ctx: LoweringContext,
+    graph: Graph,
+    inputs: Sequence[Array],
+    stacks: Sequence[tuple[list[int], Array]],
+) -> tuple[list[Array], list[Array], list[Array]]:
+    """``lower_graph`` where the inputs at each stack's indices are the rows of one stacked
+    value. Returns (outputs, final values of the other inputs, final stacked values)."""
+    env = Env(graph)
+    for t, value in zip(graph._inputs, inputs):
+        if value is not None:
+            env.values[t] = value
+    keys = [add_stack(env, [graph._inputs[i] for i in indices], v) for indices, v in stacks]
+    for op in graph._ops:
+        lower_op(ctx, env, op)
+    outs = [env.read(t) for t in graph._outputs]
+    finals = [env.read(t) if v is not None else None for t, v in zip(graph._inputs, inputs)]
+    return outs, finals, [env.values[k] for k in keys]  # type: ignore[index]
 
 
 def _in_scan_order(items: list, reverse: bool) -> list:
