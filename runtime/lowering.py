@@ -61,9 +61,11 @@ class Env:
     hands it over as it is (to a consumer that can do better, or across a subgraph call).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, graph: Graph | None = None) -> None:
         self.values: dict[Tensor, Array] = {}
         self.views: dict[Tensor, _View] = {}
+        # The graph whose ops this environment runs (None for a scratch environment).
+        self.graph = graph
 
     def read_raw(self, t: Tensor) -> Array:
         value = self.values.get(t)
@@ -232,7 +234,7 @@ def lower_graph(
         With ``raw_outputs`` outputs and final input values may be ``Deferred`` (for a
         caller that inlines).
     """
-    env = Env()
+    env = Env(graph)
     for t, value in zip(graph._inputs, inputs):
         env.values[t] = value
     if extra:

@@ -32,8 +32,17 @@ from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 from popxl.transforms._storage import roots, written_inputs
 
-from . import checks, control, distributed, host_io, remote, vjp  # noqa: F401  (register lowerings)
-from .lowering import LoweringContext, lower_graph
+from . import (  # noqa: F401  (register lowerings)
+    calls,
+    checks,
+    control,
+    distributed,
+    host_io,
+    remote,
+    state_layout,
+    vjp,
+)
+from .lowering import Env, LoweringContext, lower_op
 from .placement import IPU_AXIS, ipu_mesh, ipus_used, placed_step, placement_ipus
 from .replica_sums import is_batched
 
@@ -48,7 +57,9 @@ STEP_CACHE_SIZE = 64
 class Program:
     """A compiled IR and the layout of its state and streams.
 
-    The state is the on-chip variables (in creation order) followed by the remote buffers.
+    The state is the on-chip variables followed by the remote buffers. Variables are
+    grouped into *entries* (``state_layout``): one variable each, or a stack of several
+    (the per-layer variables of a run of calls); ``batched`` and ``written`` are per entry.
     """
 
     ir: Ir
@@ -75,6 +86,24 @@ class Program:
     homes: tuple[int | None, ...] = ()
     # Replicas run by this process; fewer than ``replicas`` when instances share them.
     local_replicas: int = 0
+    # Per state entry: the indices of its variables (one, or several stacked).
+    entries: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def n_entries(self) -> int:
+        return len(self.entries)
+
+    def variable_batched(self) -> dict[Variable, bool]:
+        """Whether each variable's device value has a leading replica axis."""
+        return {self.variables[i]: b for e, b in zip(self.entries, self.batched) for i in e}
+
+    def pack(self, values: list) -> list:
+        """Per-variable device-layout arrays → the state's variable entries."""
+        return state_layout.pack(self.entries, values, self.batched)
+
+    def unpack(self, values: Sequence) -> list:
+        """The state's variable entries → per-variable arrays."""
+        return state_layout.unpack(self.entries, values, self.batched)
 
     def split(self, state: tuple) -> tuple[tuple, tuple]:
         """(written entries, read-only entries) of a full state tuple."""
@@ -148,6 +177,7 @@ def structural_key(
 
     feed("R", ir.replication_factor, "nht", ir.num_host_transfers, "mode", mode)
     feed("stochastic rounding", ir._session_options.enableStochasticRounding)
+    feed("calls", calls.policy())
     for b in buffers:
         feed("buffer", b.remote_buffer_id, b.entries, b.tensor_shape, b.tensor_dtype.name)
     for v in variables:
@@ -219,12 +249,13 @@ def _make_step(
     mode: str,
     run_checks: tuple[str, ...],
     local_replicas: int,
+    entries: tuple[tuple[int, ...], ...],
 ) -> Any:
     replicas = ir.replication_factor
     nht = ir.num_host_transfers
     main = ir.main_graph
     schedule = main_schedule(ir)
-    n_vars = len(variables)
+    n_vars = len(entries)
 
     def replica_step(state: tuple, inputs: tuple, placement: Any = None) -> tuple:
         ctx = LoweringContext(
@@ -249,14 +280,11 @@ def _make_step(
             ctx.fx[host_io.count_key(sid)] = jnp.zeros((), jnp.int32)
         for buffer, value in zip(buffers, state[n_vars:]):
             ctx.fx[remote.buffer_key(buffer.remote_buffer_id)] = value
-        _, _, new_vars = lower_graph(
-            ctx,
-            main,
-            [],
-            extra=dict(zip(variables, state[:n_vars])),
-            read_back=variables,
-            ops=schedule,
-        )
+        env = Env(main)
+        keys = state_layout.seed_env(env, entries, variables, state[:n_vars])
+        for op in schedule:
+            lower_op(ctx, env, op)
+        new_vars = state_layout.read_entries(env, keys)
         new_buffers = [ctx.fx[remote.buffer_key(b.remote_buffer_id)] for b in buffers]
         outs = tuple(ctx.fx[host_io.buffer_key(s.tensor_id)] for s in d2h)
         counts = tuple(ctx.fx[host_io.count_key(s.tensor_id)] for s in d2h)
@@ -266,16 +294,18 @@ def _make_step(
         return new_state, (outs, counts + checks.reports(ctx, run_checks))
 
     n_state = n_vars + len(buffers)
-    shapes = [(v.shape, v.dtype.as_numpy()) for v in variables]
+    shapes = [_entry_shape(variables, e) for e in entries]
     shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype.as_numpy()) for b in buffers]
     inputs = [(s.shape, s.dtype.as_numpy()) for s in h2d]
-    written = written_state(ir, variables, buffers)
+    per_variable = written_state(ir, variables, buffers)
+    written = tuple(any(per_variable[i] for i in e) for e in entries)
+    written += per_variable[len(variables) :]
     if mode.startswith("placed"):
         ipus = int(mode.split(":")[1])
         step, homes = _placed(replica_step, written, ipus, shapes, inputs, nht)
         return step, (True,) * n_state, written, homes
     if mode == "vmap":
-        candidates = [_may_be_shared(v) for v in variables] + [False] * len(buffers)
+        candidates = [_may_be_shared(variables[e[0]]) for e in entries] + [False] * len(buffers)
         batched = _probe_batched(replica_step, candidates, shapes, inputs, nht, replicas)
     else:
         batched = (mode == "shard_map",) * n_state
@@ -322,6 +352,13 @@ def _placed(
         homes = found
     order = [homes[i] for i in mutable] + [homes[i] for i in const]
     return jax.jit(placed_step(step, ipus, order), donate_argnums=(0,)), tuple(homes)
+
+
+def _entry_shape(variables: list[Variable], entry: tuple[int, ...]) -> tuple:
+    """(shape, numpy dtype) of one state entry."""
+    v = variables[entry[0]]
+    lead = (len(entry),) if len(entry) > 1 else ()
+    return (*lead, *v.shape), v.dtype.as_numpy()
 
 
 def written_state(
@@ -378,6 +415,12 @@ def _split_step(
     elif mode == "shard_map":
         step = _shard_mapped(step, replicas, local)
     return jax.jit(step, donate_argnums=(0,))
+
+
+def _stacking_class(var: Variable) -> tuple:
+    """Variables stacked together agree on this (their replica layout)."""
+    grouping = var.replica_grouping
+    return (_may_be_shared(var), grouping.num_groups, grouping.group_size, var.retrieval_mode)
 
 
 def _may_be_shared(var: Variable) -> bool:
@@ -489,13 +532,20 @@ def build_program(ir: Ir) -> Program:
         key = structural_key(ir, graphs, variables, buffers, mode, run_checks)
     cached = _STEP_CACHE.get(key)
     if cached is None:
-        cached = _STEP_CACHE[key] = _make_step(
-            ir, variables, buffers, h2d, d2h, mode, run_checks, local
+        # Placed and multi-instance steps keep one entry per variable (no stacks).
+        stacks = not ipus and not distributed.is_multi_process(ir)
+        groups = (
+            state_layout.variable_groups(ir.main_graph, variables, _stacking_class)
+            if stacks
+            else []
         )
+        entries = state_layout.entries_for(len(variables), groups)
+        made = _make_step(ir, variables, buffers, h2d, d2h, mode, run_checks, local, entries)
+        cached = _STEP_CACHE[key] = (*made, entries)
         while len(_STEP_CACHE) > STEP_CACHE_SIZE:
             _STEP_CACHE.popitem(last=False)
     _STEP_CACHE.move_to_end(key)
-    step, batched, written, homes = cached
+    step, batched, written, homes, entries = cached
     return Program(
         ir,
         variables,
@@ -513,6 +563,7 @@ def build_program(ir: Ir) -> Program:
         ipus,
         homes,
         local,
+        entries,
     )
 
 
@@ -529,11 +580,11 @@ def state_sharding(program: Program, device: jax.Device) -> jax.sharding.Shardin
 
 def abstract_state(program: Program) -> tuple:
     r = program.replicas
-    shapes = [(v.shape, v.dtype) for v in program.variables]
-    shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype) for b in program.buffers]
+    shapes = [_entry_shape(program.variables, e) for e in program.entries]
+    shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype.as_numpy()) for b in program.buffers]
     lead = (program.ipus,) if program.ipus else (r,)
     return tuple(
-        jax.ShapeDtypeStruct((lead if batched else ()) + shape, dt.as_numpy())
+        jax.ShapeDtypeStruct((lead if batched else ()) + shape, dt)
         for (shape, dt), batched in zip(shapes, program.batched)
     )
 

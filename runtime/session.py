@@ -34,7 +34,7 @@ from popxl.ir import Ir
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 
-from . import distributed, executable_cache, remote_state, stream_io
+from . import distributed, executable_cache, remote_state, state_layout, stream_io
 from .device import DeviceInfo, check_compatible, check_io_tiles, ipus_needed, select_device
 from .placement import ipus_used
 from .program import (
@@ -120,7 +120,7 @@ class Session(SessionCompat):
         ir._attach_session(self)
         self._program: Program = build_program(ir)
         self._sharding = state_sharding(self._program, self._device)
-        self._batched = dict(zip(self._program.variables, self._program.batched))
+        self._batched = self._program.variable_batched()
         # Replicas whose stream data this process handles (all, unless instances share them).
         self._local_replicas = self._program.local_replicas
         self._placement: distributed.Placement | None = None
@@ -135,7 +135,7 @@ class Session(SessionCompat):
         # Remote buffers keep their contents while detached (streaming memory).
         self._buffers_host = [
             np.zeros(a.shape[1:] if self._program.ipus else a.shape, a.dtype)
-            for a in abstract_state(self._program)[len(self._program.variables) :]
+            for a in abstract_state(self._program)[self._program.n_entries :]
         ]
         self._state: tuple | None = None
         self._host_stale = False
@@ -352,7 +352,8 @@ class Session(SessionCompat):
         with self._x64():
             hosts = [self._device_layout(v, self._host[v]) for v in variables]
             buffers = [self._placed(b) for b in buffers]
-            self._state = tuple(self._put([*hosts, *buffers]))
+            entries = self._program.pack(hosts)
+            self._state = tuple(self._put([*entries, *buffers]))
         _log.debug("Writing weights from host complete.", "devicex")
 
     def _buffer_index(self, var: Variable) -> int:
@@ -376,8 +377,9 @@ class Session(SessionCompat):
         assert self._state is not None
         _log.debug("Writing weights to host", "devicex")
         values = [self._slot(i, v) for i, v in enumerate(self._get(self._state))]
-        n_vars = len(self._program.variables)
-        for var, value in zip(self._program.variables, values[:n_vars]):
+        n_vars = self._program.n_entries
+        per_variable = self._program.unpack(values[:n_vars])
+        for var, value in zip(self._program.variables, per_variable):
             self._set_host(var, self._to_host(var, value))
         self._buffers_host = [np.array(b) for b in values[n_vars:]]
         replicas = self._program.replicas
@@ -581,15 +583,22 @@ class Session(SessionCompat):
 
     def _upload_written(self, written: list[Variable]) -> None:
         index = {v: i for i, v in enumerate(self._program.variables)}
+        where = state_layout.locate(self._program.entries)
         state = list(self._state or ())
         on_chip = [v for v in written if v in index]
         remote = [v for v in written if v._remote_buffer is not None]
         with self._x64():
             placed = self._put([self._device_layout(v, self._host[v]) for v in on_chip])
             for var, value in zip(on_chip, placed):
-                state[index[var]] = value
+                entry, row = where[index[var]]
+                if row is None:
+                    state[entry] = value
+                elif self._batched[var]:
+                    state[entry] = state[entry].at[:, row].set(value)
+                else:
+                    state[entry] = state[entry].at[row].set(value)
             if remote:
-                n_vars = len(self._program.variables)
+                n_vars = self._program.n_entries
                 buffers = [
                     np.array(self._slot(n_vars + i, b))
                     for i, b in enumerate(self._get(state[n_vars:]))

@@ -1,0 +1,560 @@
+"""GPT-style decoder training step: popxl_addons, built as applications build it, vs JAX.
+
+The project program: one decoder-layer graph created once and called per layer; gradient
+graphs from ``autodiff_with_accumulation`` (one per part: embedding, layer, head), called
+per layer in reverse; gradient accumulation over ``GA`` micro-batches per step (one
+``session.run``, ``num_host_transfers = GA``); then Adam through ``ops.var_updates``
+(``AdamOptimizerStep``), one optimizer graph per layer, called per layer. The LM head is
+untied from the token embedding. ``--dtype float16``: activations and matmuls in float16,
+weights, gradients, accumulators and Adam state in float32 (master weights), the loss
+computed in float32.
+
+The reference: the same math in JAX, ``jax.value_and_grad`` per micro-batch over a
+``lax.scan`` of the layers on stacked weights, gradients averaged over the micro-batches,
+Adam on the stacked state, the whole step one ``jax.jit`` with the state donated.
+
+Figures: seconds per step, tokens per second (GA x micro-batch x sequence per step), both
+timed in alternating rounds in this process; peak resident memory in separate processes;
+``--compile``: build + compile seconds of the project program at 12, 24 and 48 layers.
+
+Run: python bench/transformer_step.py [--size cpu|gpt2] [--dtype float32|float16] [--compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench._common import compare, device_name, peak_rss_mb, report, run_variant  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Config:
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    micro_batch: int
+    ga: int = 4
+    dtype: str = "float32"
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-5
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.ga * self.micro_batch * self.seq
+
+
+SIZES = {
+    "cpu": Config(layers=4, hidden=128, heads=4, seq=64, vocab=512, micro_batch=2),
+    "gpt2": Config(layers=12, hidden=768, heads=12, seq=1024, vocab=50257, micro_batch=1),
+    "tiny": Config(layers=3, hidden=16, heads=2, seq=8, vocab=32, micro_batch=2, ga=2),
+}
+LAYER_KEYS = {  # name: shape as a function of the hidden size
+    "ln1.weight": lambda h: (h,), "ln1.bias": lambda h: (h,),
+    "attn.qkv.weight": lambda h: (h, 3 * h), "attn.qkv.bias": lambda h: (3 * h,),
+    "attn.out.weight": lambda h: (h, h), "attn.out.bias": lambda h: (h,),
+    "ln2.weight": lambda h: (h,), "ln2.bias": lambda h: (h,),
+    "fc1.weight": lambda h: (h, 4 * h), "fc1.bias": lambda h: (4 * h,),
+    "fc2.weight": lambda h: (4 * h, h), "fc2.bias": lambda h: (h,),
+}  # fmt: skip
+
+
+def initial_weights(cfg: Config, seed: int = 0) -> dict[str, np.ndarray]:
+    """Every weight, keyed ``wte``, ``wpe``, ``ln_f.*``, ``head.weight``, ``h{i}.<layer key>``."""
+    rng = np.random.default_rng(seed)
+    h = cfg.hidden
+
+    def init(key: str, shape: tuple[int, ...]) -> np.ndarray:
+        if key.endswith("bias"):
+            return np.zeros(shape, np.float32)
+        if key.startswith("ln") or ".ln" in key:
+            return np.ones(shape, np.float32)
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
+
+    weights = {
+        "wte": init("wte", (cfg.vocab, h)),
+        "wpe": init("wpe", (cfg.seq, h)),
+        "ln_f.weight": init("ln_f.weight", (h,)),
+        "ln_f.bias": init("ln_f.bias", (h,)),
+        "head.weight": init("head.weight", (h, cfg.vocab)),
+    }
+    for i in range(cfg.layers):
+        for key, shape in LAYER_KEYS.items():
+            weights[f"h{i}.{key}"] = init(key, shape(h))
+    return weights
+
+
+def make_batches(cfg: Config, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens and labels of one step: ``(ga, micro_batch, seq)`` int32 each."""
+    rng = np.random.default_rng(seed)
+    shape = (cfg.ga, cfg.micro_batch, cfg.seq)
+    tokens = rng.integers(0, cfg.vocab, shape).astype(np.int32)
+    return tokens, np.roll(tokens, -1, axis=-1)
+
+
+# The project ------------------------------------------------------------------------------
+
+
+class ProjectStep:
+    """The popxl_addons program, its session and handles."""
+
+    def __init__(self, cfg: Config, weights: dict[str, np.ndarray] | None = None):
+        start = time.perf_counter()
+        self.cfg = cfg
+        self.weights = initial_weights(cfg) if weights is None else weights
+        self._build()
+        self.build_s = time.perf_counter() - start
+        import popxl
+
+        start = time.perf_counter()
+        self.session = popxl.Session(self.ir, "ipu_hw")
+        self.compile_s = time.perf_counter() - start
+
+    def _build(self) -> None:  # noqa: PLR0915 (one program, read top to bottom)
+        import popxl
+        import popxl.ops as ops
+        import popxl_addons as addons
+        from popxl_addons.named_tensors import NamedTensors
+        from popxl_addons.optimizers.adam import AdamOptimizerStep
+        from popxl_addons.variable_factory import NamedVariableFactories
+
+        cfg = self.cfg
+        compute = popxl.float16 if cfg.dtype == "float16" else popxl.float32
+        H, heads, S, B = cfg.hidden, cfg.heads, cfg.seq, cfg.micro_batch
+        weights = self.weights
+        layer0 = {k[3:]: v for k, v in weights.items() if k.startswith("h0.")}
+
+        def cast(t: popxl.Tensor) -> popxl.Tensor:
+            return t if t.dtype == compute else ops.cast(t, compute)
+
+        class Linear(addons.Module):
+            def __init__(self, out_features: int, key: str):
+                super().__init__()
+                self.out_features, self.key = out_features, key
+
+            def build(self, x: popxl.Tensor) -> popxl.Tensor:
+                w = self.add_variable_input("weight", lambda: layer0[f"{self.key}.weight"])
+                b = self.add_variable_input("bias", lambda: layer0[f"{self.key}.bias"])
+                return x @ cast(w) + cast(b)
+
+        class LayerNorm(addons.Module):
+            def build(self, x: popxl.Tensor) -> popxl.Tensor:
+                w = self.add_variable_input("weight", lambda: np.ones(H, np.float32))
+                b = self.add_variable_input("bias", lambda: np.zeros(H, np.float32))
+                return ops.layer_norm(x, cast(w), cast(b))
+
+        class Attention(addons.Module):
+            def __init__(self):
+                super().__init__()
+                self.qkv = Linear(3 * H, "attn.qkv")
+                self.out = Linear(H, "attn.out")
+
+            def build(self, x: popxl.Tensor, mask: popxl.Tensor) -> popxl.Tensor:
+                q, k, v = ops.split(self.qkv(x), 3, axis=-1)
+
+                def split_heads(t: popxl.Tensor) -> popxl.Tensor:
+                    return t.reshape((B, S, heads, H // heads)).transpose((0, 2, 1, 3))
+
+                scores = split_heads(q) @ split_heads(k).transpose((0, 1, 3, 2))
+                scores = scores * (1.0 / np.sqrt(H // heads)) + mask
+                z = ops.softmax(scores, axis=-1) @ split_heads(v)
+                return self.out(z.transpose((0, 2, 1, 3)).reshape((B * S, H)))
+
+        class Decoder(addons.Module):
+            def __init__(self):
+                super().__init__()
+                self.ln1, self.attn, self.ln2 = LayerNorm(), Attention(), LayerNorm()
+                self.fc1, self.fc2 = Linear(4 * H, "fc1"), Linear(H, "fc2")
+
+            def build(self, x: popxl.Tensor, mask: popxl.Tensor) -> popxl.Tensor:
+                x = x + self.attn(self.ln1(x), mask)
+                return x + self.fc2(ops.gelu(self.fc1(self.ln2(x))))
+
+        class Embedding(addons.Module):
+            def build(self, tokens: popxl.Tensor) -> popxl.Tensor:
+                wte = self.add_variable_input("wte", lambda: weights["wte"])
+                wpe = self.add_variable_input("wpe", lambda: weights["wpe"])
+                return cast((ops.gather(wte, tokens) + wpe).reshape((B * S, H)))
+
+        class Head(addons.Module):
+            def __init__(self):
+                super().__init__()
+                self.ln_f = LayerNorm()
+
+            def build(self, x: popxl.Tensor) -> popxl.Tensor:
+                w = self.add_variable_input("weight", lambda: weights["head.weight"])
+                return ops.cast(self.ln_f(x) @ cast(w), popxl.float32)
+
+        adam_kwargs = dict(
+            lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, weight_decay=0.0,
+            first_order_dtype=popxl.float32,
+        )  # fmt: skip
+
+        class PartAdam(addons.Module):
+            """Adam for every weight of one part (a layer, the embedding...), then a reset of
+            its gradient accumulators' counter: weights, accumulators and counter are by-ref
+            inputs ``w<j>``, ``g<j>`` and ``counter``; the Adam state is the graph's own."""
+
+            def __init__(self, shapes: list[tuple[int, ...]]):
+                super().__init__()
+                self.shapes = shapes
+                for j in range(len(shapes)):
+                    setattr(self, f"adam{j}", AdamOptimizerStep())
+
+            def build(self) -> None:
+                counter = self.add_variable_input(
+                    "counter", lambda: np.zeros((), np.float32), by_ref=True
+                )
+                for j, shape in enumerate(self.shapes):
+                    zeros = lambda shape=shape: np.zeros(shape, np.float32)  # noqa: E731
+                    w = self.add_variable_input(f"w{j}", zeros, by_ref=True)
+                    g = self.add_variable_input(f"g{j}", zeros, by_ref=True)
+                    getattr(self, f"adam{j}")(w, g, **adam_kwargs)
+                ops.var_updates.copy_var_update_(counter, popxl.constant(0.0, popxl.float32))
+
+        def optimizer(part_vars: NamedTensors) -> tuple:
+            """The part's optimizer graph and the factories of its own (Adam) state."""
+            shapes = [t.shape for t in part_vars.to_dict().values()]
+            facts, graph = PartAdam(shapes).create_graph()
+            own = {k: f for k, f in facts.to_dict().items() if k.startswith("adam")}
+            return graph, NamedVariableFactories.from_dict(own)
+
+        def bind_optimizer(graph, state, part_vars, accums):
+            named = dict(state.to_dict())
+            accum = accums.to_dict()
+            named["counter"] = accum["mean_accum_counter"]
+            for j, (key, t) in enumerate(part_vars.to_dict().items()):
+                named[f"w{j}"] = t
+                named[f"g{j}"] = accum[f"accum.{key}"]
+            return graph.bind(NamedTensors.from_dict(named))
+
+        ir = popxl.Ir()
+        ir.num_host_transfers = cfg.ga
+        with ir.main_graph:
+            tok_stream = popxl.h2d_stream((B, S), popxl.int32, "tokens")
+            lab_stream = popxl.h2d_stream((B, S), popxl.int32, "labels")
+            self.loss_stream = popxl.d2h_stream((), popxl.float32, "loss")
+            self.streams = (tok_stream, lab_stream)
+            mask_np = np.triu(np.full((S, S), -1e4, np.float32), 1)
+            mask = popxl.constant(mask_np.astype(compute.as_numpy()), name="mask")  # for tracing
+            x_spec = popxl.TensorSpec((B * S, H), compute)
+
+            emb_facts, emb = Embedding().create_graph(popxl.TensorSpec((B, S), popxl.int32))
+            layer_facts, layer = Decoder().create_graph(x_spec, mask)
+            head_facts, head = Head().create_graph(x_spec)
+            parts = {}
+            for name, facts, graph, grads_required in (
+                ("emb", emb_facts, emb, []),
+                ("layer", layer_facts, layer, [layer.graph.inputs[0]]),
+                ("head", head_facts, head, [head.graph.inputs[0]]),
+            ):
+                accum_facts, bwd = addons.autodiff_with_accumulation(
+                    graph, graph.args.tensors, grads_required=grads_required
+                )
+                parts[name] = (facts, graph, accum_facts, bwd)
+
+            def make_vars(name: str, prefix: str) -> tuple:
+                facts, _, accum_facts, _ = parts[name]
+                return facts.init(prefix), accum_facts.init(f"{prefix}.grad")
+
+            emb_vars, emb_acc = make_vars("emb", "emb")
+            layer_vars, layer_acc = zip(*(make_vars("layer", f"h{i}") for i in range(cfg.layers)))
+            head_vars, head_acc = make_vars("head", "head")
+            self.variables = {"emb": emb_vars, "layers": layer_vars, "head": head_vars}
+
+            def micro_batch(emb_vars, emb_acc, layer_vars, layer_acc, head_vars, head_acc):
+                """Load a micro-batch, forward, loss, backward into the accumulators."""
+                mask = popxl.constant(mask_np.astype(compute.as_numpy()), name="mask")
+                tokens, labels = ops.host_load(tok_stream), ops.host_load(lab_stream)
+                emb_info = emb.bind(emb_vars).call_with_info(tokens)
+                x = emb_info.outputs[0]
+                infos = []
+                for i in range(cfg.layers):
+                    infos.append(layer.bind(layer_vars[i]).call_with_info(x, mask))
+                    x = infos[-1].outputs[0]
+                head_info = head.bind(head_vars).call_with_info(x)
+                loss, dlogits = addons.ops.cross_entropy_with_grad(
+                    head_info.outputs[0], labels.reshape((B * S,))
+                )
+                ops.host_store(self.loss_stream, loss)
+                _, _, _, head_bwd = parts["head"]
+                (dx,) = head_bwd.bind(head_acc).call(
+                    dlogits, args=head_bwd.grad_graph_info.inputs_dict(head_info)
+                )
+                _, _, _, layer_bwd = parts["layer"]
+                for i in reversed(range(cfg.layers)):
+                    (dx,) = layer_bwd.bind(layer_acc[i]).call(
+                        dx, args=layer_bwd.grad_graph_info.inputs_dict(infos[i])
+                    )
+                _, _, _, emb_bwd = parts["emb"]
+                emb_bwd.bind(emb_acc).call(dx, args=emb_bwd.grad_graph_info.inputs_dict(emb_info))
+
+            # The micro-batch as one graph, called GA times: weights are its inputs,
+            # accumulators its by-ref inputs.
+            groups = [
+                (emb_vars, False), (emb_acc, True), *((v, False) for v in layer_vars),
+                *((a, True) for a in layer_acc), (head_vars, False), (head_acc, True),
+            ]  # fmt: skip
+            micro = ir.create_empty_graph("micro_batch")
+            with micro:
+                inner = [
+                    NamedTensors.from_dict({
+                        k: popxl.graph_input(t.shape, t.dtype, by_ref=by_ref)
+                        for k, t in named.to_dict().items()
+                    })
+                    for named, by_ref in groups
+                ]  # fmt: skip
+                n = cfg.layers
+                micro_batch(inner[0], inner[1], inner[2 : 2 + n], inner[2 + n : 2 + 2 * n],
+                            inner[-2], inner[-1])  # fmt: skip
+            outer = [t for named, _ in groups for t in named.to_dict().values()]
+            for _ in range(cfg.ga):
+                ops.call(micro, *outer)
+
+            for part_vars, accums in ((emb_vars, emb_acc), (head_vars, head_acc)):
+                graph, state_facts = optimizer(part_vars)
+                bind_optimizer(graph, state_facts.init(), part_vars, accums).call()
+            graph, state_facts = optimizer(layer_vars[0])
+            states = [state_facts.init(f"h{i}.adam") for i in range(cfg.layers)]
+            for i in range(cfg.layers):
+                bind_optimizer(graph, states[i], layer_vars[i], layer_acc[i]).call()
+        self.ir = ir
+        # Every layer starts from its own weights (the factories made copies of layer 0's).
+        self.initial = {}
+        for i, named in enumerate(layer_vars):
+            for key, t in named.to_dict().items():
+                self.initial[t] = weights[f"h{i}.{key}"]
+        for prefix, named in (("", emb_vars), ("", head_vars)):
+            for key, t in named.to_dict().items():
+                name = key if prefix == "" and key in weights else f"head.{key}"
+                self.initial[t] = weights[name if name in weights else key]
+
+    def __enter__(self) -> ProjectStep:
+        self.session.write_variables_data(self.initial)
+        self.session.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.session.__exit__(*exc)
+
+    def step(self, tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """One optimizer step; the micro-batch losses."""
+        if self.cfg.ga == 1:  # PopXL's layout has no transfers axis then
+            tokens, labels = tokens[0], labels[0]
+        out = self.session.run(dict(zip(self.streams, (tokens, labels))))
+        return out[self.loss_stream].reshape(self.cfg.ga)
+
+    def layer_weights(self) -> dict[str, np.ndarray]:
+        """Layer weights keyed like ``initial_weights`` (host copies, after the runs)."""
+        result = {}
+        for i, named in enumerate(self.variables["layers"]):
+            data = self.session.get_tensors_data(named.tensors)
+            for key, t in named.to_dict().items():
+                result[f"h{i}.{key}"] = data[t]
+        return result
+
+
+# The reference ----------------------------------------------------------------------------
+
+
+def reference_params(cfg: Config, weights: dict[str, np.ndarray]) -> dict[str, Any]:
+    layers = {
+        key: np.stack([weights[f"h{i}.{key}"] for i in range(cfg.layers)]) for key in LAYER_KEYS
+    }
+    rest = {k: v for k, v in weights.items() if not k.startswith("h") or k == "head.weight"}
+    return {"layers": layers, **rest}
+
+
+def reference_step_fn(cfg: Config):
+    """``step(state, tokens, labels) -> (state, losses)``, jitted with the state donated."""
+    import jax
+    import jax.numpy as jnp
+
+    compute = jnp.float16 if cfg.dtype == "float16" else jnp.float32
+    H, heads, S, B = cfg.hidden, cfg.heads, cfg.seq, cfg.micro_batch
+
+    def layer_norm(x, w, b):
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return (x - mean) / jnp.sqrt(var + 1e-5) * w + b
+
+    def decoder(x, p, mask):
+        p = jax.tree_util.tree_map(lambda a: a.astype(compute), p)
+        h = layer_norm(x, p["ln1.weight"], p["ln1.bias"])
+        q, k, v = jnp.split(h @ p["attn.qkv.weight"] + p["attn.qkv.bias"], 3, axis=-1)
+
+        def split_heads(t):
+            return t.reshape(B, S, heads, H // heads).transpose(0, 2, 1, 3)
+
+        s = split_heads(q) @ split_heads(k).transpose(0, 1, 3, 2)
+        s = s * jnp.asarray(1.0 / np.sqrt(H // heads), compute) + mask
+        z = jax.nn.softmax(s, axis=-1) @ split_heads(v)
+        z = z.transpose(0, 2, 1, 3).reshape(B, S, H)
+        x = x + z @ p["attn.out.weight"] + p["attn.out.bias"]
+        h = layer_norm(x, p["ln2.weight"], p["ln2.bias"])
+        h = jax.nn.gelu(h @ p["fc1.weight"] + p["fc1.bias"], approximate=False)
+        return x + h @ p["fc2.weight"] + p["fc2.bias"]
+
+    def loss_fn(params, tokens, labels):
+        mask = jnp.triu(jnp.full((S, S), -1e4, jnp.float32), 1).astype(compute)
+        x = (params["wte"][tokens] + params["wpe"]).astype(compute)
+        x, _ = jax.lax.scan(lambda c, p: (decoder(c, p, mask), None), x, params["layers"])
+        h = layer_norm(
+            x, params["ln_f.weight"].astype(compute), params["ln_f.bias"].astype(compute)
+        )
+        logits = (h @ params["head.weight"].astype(compute)).astype(jnp.float32)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, labels[..., None], axis=-1))
+
+    grad_fn = jax.value_and_grad(loss_fn)
+
+    def step(state, tokens, labels):
+        params, m, v, t = state
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+
+        def micro(acc, batch):
+            loss, grads = grad_fn(params, *batch)
+            return jax.tree_util.tree_map(jnp.add, acc, grads), loss
+
+        total, losses = jax.lax.scan(micro, zeros, (tokens, labels))
+        t = t + 1.0
+        b1, b2 = cfg.beta1, cfg.beta2
+
+        def adam(p, g, m_, v_):
+            g = g / cfg.ga
+            m_ = b1 * m_ + (1 - b1) * g
+            v_ = b2 * v_ + (1 - b2) * g * g
+            m_hat = m_ / (1 - b1**t)
+            v_hat = v_ / (1 - b2**t)
+            return p - cfg.lr * (m_hat / (jnp.sqrt(v_hat) + cfg.eps)), m_, v_
+
+        out = jax.tree_util.tree_map(adam, params, total, m, v)
+
+        def pick(k):
+            return jax.tree_util.tree_map(
+                lambda o: o[k], out, is_leaf=lambda o: isinstance(o, tuple)
+            )
+
+        return (pick(0), pick(1), pick(2), t), losses
+
+    return jax.jit(step, donate_argnums=(0,))
+
+
+class ReferenceStep:
+    def __init__(self, cfg: Config, weights: dict[str, np.ndarray] | None = None):
+        import jax
+        import jax.numpy as jnp
+
+        self.cfg = cfg
+        params = reference_params(cfg, initial_weights(cfg) if weights is None else weights)
+        zeros = jax.tree_util.tree_map(lambda a: np.zeros_like(a), params)
+        self.state = jax.device_put((params, zeros, zeros, jnp.zeros((), jnp.float32)))
+        self.fn = reference_step_fn(cfg)
+
+    def step(self, tokens: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        self.state, losses = self.fn(self.state, tokens, labels)
+        return np.asarray(losses)
+
+    def layer_weights(self) -> dict[str, np.ndarray]:
+        layers = self.state[0]["layers"]
+        return {
+            f"h{i}.{key}": np.asarray(layers[key][i])
+            for key in LAYER_KEYS
+            for i in range(self.cfg.layers)
+        }
+
+
+# Measurement ------------------------------------------------------------------------------
+
+
+def variant(impl: str, cfg: Config) -> dict:
+    """One implementation alone: seconds per step and peak memory (a fresh process)."""
+    tokens, labels = make_batches(cfg)
+    if impl == "project":
+        program = ProjectStep(cfg)
+        with program:
+            seconds, _ = compare(lambda: program.step(tokens, labels), lambda: None, 3, 3)
+    else:
+        ref = ReferenceStep(cfg)
+        seconds, _ = compare(lambda: ref.step(tokens, labels), lambda: None, 3, 3)
+    return {"step_s": seconds, "peak_rss_mb": peak_rss_mb()}
+
+
+def time_both(cfg: Config, repeats: int) -> tuple[float, float]:
+    """Seconds per step of the project and the reference, in alternating rounds."""
+    tokens, labels = make_batches(cfg)
+    program, ref = ProjectStep(cfg), ReferenceStep(cfg)
+    with program:
+        return compare(
+            lambda: program.step(tokens, labels), lambda: ref.step(tokens, labels), repeats
+        )
+
+
+def build_compile(cfg: Config) -> dict:
+    program = ProjectStep(cfg)
+    return {"build_s": program.build_s, "compile_s": program.compile_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--size", choices=sorted(SIZES), default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "float16", "both"], default="both")
+    parser.add_argument("--layers", type=int, help="override the size's layer count")
+    parser.add_argument("--compile", action="store_true", help="build + compile at 12/24/48 layers")
+    parser.add_argument("--repeats", type=int, default=3, help="steps per timed round")
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    parser.add_argument("--what", default="step", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    cfg = SIZES[args.size]
+    if args.layers:
+        cfg = replace(cfg, layers=args.layers)
+    if args.variant:
+        cfg = replace(cfg, dtype=args.dtype)
+        fn = build_compile if args.what == "compile" else (lambda c: variant(args.variant, c))
+        print(json.dumps(fn(cfg)))
+        return
+    print(f"device: {device_name()}; {cfg}")
+    dtypes = ["float32", "float16"] if args.dtype == "both" else [args.dtype]
+    rows = []
+    for dtype in dtypes:
+        c = replace(cfg, dtype=dtype)
+        p, r = time_both(c, args.repeats)
+        rows.append((f"{dtype} s/step", p, r, "s"))
+        rows.append((f"{dtype} tokens/s", c.tokens_per_step / p, c.tokens_per_step / r, "/s"))
+        common = ["--size", args.size, "--dtype", dtype, "--layers", str(c.layers)]
+        mp = run_variant(__file__, "--variant", "project", *common)
+        mr = run_variant(__file__, "--variant", "jax", *common)
+        rows.append((f"{dtype} peak RSS (MiB)", mp["peak_rss_mb"], mr["peak_rss_mb"], "MiB"))
+    report(rows)
+    if args.compile:
+        figures = {}
+        for layers in (12, 24, 48):
+            common = ["--size", args.size, "--dtype", dtypes[0], "--layers", str(layers)]
+            figures[layers] = run_variant(
+                __file__, "--variant", "project", "--what", "compile", *common
+            )
+        base = figures[12]["build_s"] + figures[12]["compile_s"]
+        print(
+            f"{'layers':>6s} {'build s':>8s} {'compile s':>9s} {'total':>7s} {'/ 12 layers':>11s}"
+        )
+        for layers, f in figures.items():
+            total = f["build_s"] + f["compile_s"]
+            print(
+                f"{layers:6d} {f['build_s']:8.2f} {f['compile_s']:9.2f} {total:7.2f} {total / base:11.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,446 @@
+"""Runs of calls of one graph lowered as one ``lax.scan``, so XLA compiles the graph once.
+
+A model built the popxl-addons way creates a layer graph once and calls it once per layer:
+``x = layer.bind(weights_i).call(x)`` for ``i`` in ``range(n)``, then the gradient graph
+the same way in reverse, then often one optimizer graph per layer. Inlining every call
+(``control._lower_call``) gives XLA ``n`` copies of the layer, and on the CPU backend
+compile time grows with the number of kernels, so with depth. Here a *run* (consecutive
+``call`` ops of the same graph whose inputs line up) becomes one scan over the calls:
+
+* an input that is the previous call's output ``m`` (``x`` above) is a scan **carry**;
+* an input that is the same tensor in every call is passed **unchanged** into the body,
+  or carried when the graph modifies it (by-ref);
+* any other input is **stacked** along a new leading axis (the weights): a scan ``xs``.
+  By-ref stacked inputs come back as stacked final values.
+
+Outputs used after the run are scan ``ys``. Their handles, and the main graph's
+variables stored stacked (``state_layout``), are members of a *stack*: an ``Env`` view
+reading row ``k`` of one stacked array. A later run whose stacked inputs are a whole
+stack, in call order or reversed (the gradient calls), scans it directly: no copies, and
+the optimizer's updates of stacked variables are a handful of kernels whatever the depth.
+
+``POPXL_CALLS=inline`` (or ``set_policy("inline")``) lowers every call inline, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+from popxl._op import Op
+from popxl.graph import Graph
+from popxl.tensor import Tensor
+from popxl.transforms._storage import roots
+
+from . import control
+from .lowering import Env, LoweringContext, _View, lower_op, special
+
+Array = Any
+POLICIES = ("scan", "inline")
+_policy: str | None = None
+MIN_RUN = 2  # shortest run worth a scan
+
+
+def policy() -> str:
+    """How repeated calls are lowered: ``"scan"`` (default) or ``"inline"``."""
+    choice = _policy or os.environ.get("POPXL_CALLS", "scan")
+    if choice not in POLICIES:
+        raise ValueError(f"POPXL_CALLS must be one of {', '.join(POLICIES)}, got {choice!r}.")
+    return choice
+
+
+def set_policy(choice: str | None) -> None:
+    """Force a policy for programs built from now on (``None``: back to ``POPXL_CALLS``).
+
+    Compiled steps are cached by IR structure and policy, so switching never reuses a step
+    lowered the other way.
+    """
+    global _policy
+    if choice is not None and choice not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {choice!r}.")
+    _policy = choice
+
+
+# Planning: which consecutive calls form a run -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slot:
+    """How one input of the called graph is fed in a run.
+
+    kind: ``"same"`` (one tensor for every call, not modified), ``"carry"`` (the previous
+    call's output ``source``, or with ``source`` -1 this by-ref input's own final value)
+    or ``"stack"`` (one tensor per call).
+    """
+
+    kind: str
+    source: int = -1
+
+
+@dataclass(frozen=True)
+class Run:
+    ops: tuple[Op, ...]
+    slots: tuple[Slot, ...]
+    modified: tuple[int, ...]
+    ys: tuple[int, ...]  # outputs read after the run (every call's value is kept)
+
+    @property
+    def graph(self) -> Graph:
+        return self.ops[0].attrs["graphs"][0]
+
+    def stacked(self, index: int) -> list[Tensor]:
+        return [op.inputs[index] for op in self.ops]
+
+
+def _is_call(op: Op) -> bool:
+    return op.opdef.special == "call"
+
+
+def _same_call(a: Op, b: Op) -> bool:
+    return (
+        _is_call(b)
+        and b.attrs["graphs"][0] is a.attrs["graphs"][0]
+        and b.modified_inputs == a.modified_inputs
+        and len(b.inputs) == len(a.inputs)
+        and b.execution_context == a.execution_context
+    )
+
+
+_PLANS: weakref.WeakKeyDictionary[Graph, tuple[int, dict[Op, Run], set[Op]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def runs_of(graph: Graph) -> dict[Op, Run]:
+    """The graph's runs, keyed by their first call."""
+    return plan_of(graph)[0]
+
+
+def plan_of(graph: Graph) -> tuple[dict[Op, Run], set[Op]]:
+    """(runs keyed by their first call, the other calls of every run); cached while the
+    graph is unchanged."""
+    cached = _PLANS.get(graph)
+    if cached is not None and cached[0] == len(graph._ops):
+        return cached[1], cached[2]
+    ops = graph._ops
+    runs: dict[Op, Run] = {}
+    i = 0
+    while i < len(ops):
+        j = i + 1
+        if _is_call(ops[i]):
+            while j < len(ops) and _same_call(ops[i], ops[j]):
+                j += 1
+            if j - i >= MIN_RUN:
+                run = plan_run(tuple(ops[i:j]), ops[j:], graph._outputs)
+                if run is not None:
+                    runs[ops[i]] = run
+        i = j
+    members = {op for run in runs.values() for op in run.ops[1:]}
+    _PLANS[graph] = (len(graph._ops), runs, members)
+    return runs, members
+
+
+def _carry_source(calls: Sequence[Op], index: int) -> int | None:
+    """The output index ``m`` with ``calls[k].inputs[index] is calls[k-1].outputs[m]``."""
+    first = calls[1].inputs[index]
+    if first not in calls[0].outputs:
+        return None
+    m = calls[0].outputs.index(first)
+    ok = all(calls[k].inputs[index] is calls[k - 1].outputs[m] for k in range(1, len(calls)))
+    return m if ok else None
+
+
+def plan_run(
+    calls: tuple[Op, ...], later: Sequence[Op], graph_outputs: Sequence[Tensor]
+) -> Run | None:
+    """How to scan ``calls``, or None when they cannot be one scan."""
+    graph = calls[0].attrs["graphs"][0]
+    produced = {t for op in calls for t in op.outputs}
+    modified = tuple(sorted(calls[0].modified_inputs))
+    slots: list[Slot] = []
+    for index in range(len(calls[0].inputs)):
+        tensors = [op.inputs[index] for op in calls]
+        if all(t is tensors[0] for t in tensors):
+            slots.append(Slot("carry") if index in modified else Slot("same"))
+            if tensors[0] in produced:
+                return None
+            continue
+        m = _carry_source(calls, index)
+        if m is not None:
+            g_in, g_out = graph._inputs[index], graph._outputs[m]
+            if index in modified or (g_in.shape, g_in.dtype) != (g_out.shape, g_out.dtype):
+                return None
+            if tensors[0] in produced:
+                return None
+            slots.append(Slot("carry", m))
+            continue
+        if any(t in produced for t in tensors):
+            return None
+        slots.append(Slot("stack"))
+    if not _writes_are_private(calls, slots, modified):
+        return None
+    carried = {s.source for s in slots if s.kind == "carry" and s.source >= 0}
+    read_later = {t for op in later for t in op.inputs} | set(graph_outputs)
+    ys = []
+    for m in range(len(graph._outputs)):
+        outs = [op.outputs[m] for op in calls]
+        if m in carried:
+            outs = outs[:-1]  # the last one is the final carry
+        if any(t in read_later for t in outs):
+            ys.append(m)
+    return Run(calls, tuple(slots), modified, tuple(ys))
+
+
+def _writes_are_private(
+    calls: Sequence[Op], slots: Sequence[Slot], modified: Sequence[int]
+) -> bool:
+    """Storage a call writes (its by-ref inputs) is read by no other input of the run."""
+    written: list[set[Tensor]] = []
+    for index in modified:
+        tensors = (
+            [calls[0].inputs[index]]
+            if slots[index].kind == "carry"
+            else [op.inputs[index] for op in calls]
+        )
+        written.extend(set(roots(t)) for t in tensors)
+    for a in range(len(written)):
+        for b in range(a + 1, len(written)):
+            if written[a] & written[b]:
+                return False
+    all_written = set().union(*written) if written else set()
+    for index, slot in enumerate(slots):
+        if index in modified:
+            continue
+        for op in calls[:1] if slot.kind != "stack" else calls:
+            if set(roots(op.inputs[index])) & all_written:
+                return False
+    return True
+
+
+# Stacks: one array holding many tensors' values -------------------------------------------
+
+
+class StackKey:
+    """The ``Env`` key of a stacked array (members are views of it)."""
+
+    __slots__ = ("size", "__weakref__")
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"StackKey(size={self.size})"
+
+
+@dataclass(frozen=True)
+class _Row:
+    index: int
+
+    def __call__(self, stack: Array) -> Array:
+        return stack[self.index]
+
+
+@dataclass(frozen=True)
+class _SetRow:
+    index: int
+
+    def __call__(self, old: Sequence[Array], new: Array) -> tuple[Array]:
+        return (old[0].at[self.index].set(new.astype(old[0].dtype)),)
+
+
+def add_stack(env: Env, members: Sequence[Tensor], value: Array) -> StackKey:
+    """Store ``value`` (leading axis: one row per member) and make each member a view of
+    its row; writes to a member update the row."""
+    key = StackKey(len(members))
+    env.values[key] = value  # type: ignore[index]
+    for index, t in enumerate(members):
+        env.views[t] = _View(_Row(index), _SetRow(index), (key,), {})  # type: ignore[arg-type]
+        env.values.pop(t, None)
+    return key
+
+
+def stack_of(env: Env, tensors: Sequence[Tensor]) -> tuple[StackKey, bool] | None:
+    """(key, reversed) when ``tensors`` are exactly the rows of one stack, in order or in
+    reverse order; else None."""
+    rows = []
+    for t in tensors:
+        view = env.views.get(t)
+        if view is None or not isinstance(view.forward, _Row) or t in env.values:
+            return None
+        rows.append((view.parents[0], view.forward.index))
+    key = rows[0][0]
+    if not isinstance(key, StackKey) or key.size != len(tensors):
+        return None
+    if any(k is not key for k, _ in rows):
+        return None
+    indices = [i for _, i in rows]
+    n = len(indices)
+    if indices == list(range(n)):
+        return key, False
+    if indices == list(range(n - 1, -1, -1)):
+        return key, True
+    return None
+
+
+# Lowering ----------------------------------------------------------------------------------
+
+
+@special("call")
+def _lower_call(ctx: LoweringContext, env: Env, op: Op) -> None:
+    # Runs are planned per graph; a call lowered on its own (e.g. re-run by a gradient op
+    # in a scratch environment) is inlined.
+    # Placed steps lower each call on its IPU's device (``runtime.placement``).
+    if policy() == "inline" or ctx.placement is not None or env.graph is not op.graph:
+        control._lower_call(ctx, env, op)
+        return
+    runs, members = plan_of(op.graph)
+    run = runs.get(op)
+    if run is not None:
+        lower_run(ctx, env, run)
+    elif op not in members:  # later calls of a run were lowered with its first
+        control._lower_call(ctx, env, op)
+
+
+def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
+    graph = run.graph
+    calls = run.ops
+    n = len(calls)
+    stacked = [i for i, s in enumerate(run.slots) if s.kind == "stack"]
+    sources = {i: stack_of(env, run.stacked(i)) for i in stacked}
+    reverse = sum(1 for s in sources.values() if s and s[1]) > sum(
+        1 for s in sources.values() if s and not s[1]
+    )
+    xs = [_stacked_input(env, run.stacked(i), sources[i], reverse) for i in stacked]
+    whole = _whole_stacks(env, run)  # shared inputs that are all the rows of a stack
+    in_whole = {i for _, indices, _ in whole for i in indices}
+    fixed_stacks = [(indices, env.values[key]) for key, indices, ref in whole if not ref]  # type: ignore[index]
+    carried_stacks = [(key, indices) for key, indices, ref in whole if ref]
+    carry_in = [(i, s) for i, s in enumerate(run.slots) if s.kind == "carry" and i not in in_whole]
+    init = tuple(env.read(calls[0].inputs[i]) for i, _ in carry_in)
+    init_stacks = tuple(env.values[key] for key, _ in carried_stacks)  # type: ignore[index]
+    fixed = {
+        i: env.read(calls[0].inputs[i])
+        for i, s in enumerate(run.slots)
+        if s.kind == "same" and i not in in_whole
+    }
+    stacked_modified = [i for i in run.modified if run.slots[i].kind == "stack"]
+
+    def body(carry: tuple, x: tuple) -> tuple:
+        values, stack_values, fx = carry
+        inputs: list[Array] = [None] * len(run.slots)
+        for (i, _), v in zip(carry_in, values):
+            inputs[i] = v
+        for i, v in fixed.items():
+            inputs[i] = v
+        for i, v in zip(stacked, x):
+            inputs[i] = v
+        stacks = fixed_stacks + [(ix, v) for (_, ix), v in zip(carried_stacks, stack_values)]
+        ctx.fx = fx
+        outs, finals, stack_finals = lower_graph_with_stacks(ctx, graph, inputs, stacks)
+        new = tuple(outs[s.source] if s.source >= 0 else finals[i] for i, s in carry_in)
+        new_stacks = tuple(stack_finals[len(fixed_stacks) :])
+        ys = (tuple(outs[m] for m in run.ys), tuple(finals[i] for i in stacked_modified))
+        return (new, new_stacks, ctx.fx), ys
+
+    start = (init, init_stacks, ctx.fx)
+    scanned: tuple = lax.scan(body, start, tuple(xs), length=n, reverse=reverse)
+    (final, final_stacks, ctx.fx), (ys, finals) = scanned
+    for (i, slot), value in zip(carry_in, final):
+        if slot.source >= 0:
+            env.values[calls[-1].outputs[slot.source]] = value
+        else:
+            env.write(calls[0].inputs[i], value)
+    for (key, _), value in zip(carried_stacks, final_stacks):
+        env.values[key] = value  # type: ignore[index]
+    for m, value in zip(run.ys, ys):
+        add_stack(env, _in_scan_order([op.outputs[m] for op in calls], reverse), value)
+        if m in {s.source for _, s in carry_in}:
+            env.values[calls[-1].outputs[m]] = value[0 if reverse else n - 1]
+    for i, value in zip(stacked_modified, finals):
+        _write_stacked(env, run.stacked(i), sources[i], reverse, value)
+
+
+def _whole_stacks(env: Env, run: Run) -> list[tuple[StackKey, list[int], bool]]:
+    """Inputs shared by every call of the run (``same``, or by-ref and carried) that are
+    together all the rows of one stack: (key, their input indices in row order, by-ref).
+    They enter the called graph as one stacked array, so runs inside it scan it directly."""
+    rows: dict[StackKey, dict[int, int]] = {}
+    kinds: dict[StackKey, set[bool]] = {}
+    for i, slot in enumerate(run.slots):
+        by_ref = slot.kind == "carry" and slot.source < 0
+        if slot.kind != "same" and not by_ref:
+            continue
+        t = run.ops[0].inputs[i]
+        view = env.views.get(t)
+        if view is None or not isinstance(view.forward, _Row) or t in env.values:
+            continue
+        key = view.parents[0]
+        if not isinstance(key, StackKey):
+            continue
+        rows.setdefault(key, {})[view.forward.index] = i
+        kinds.setdefault(key, set()).add(by_ref)
+    return [
+        (key, [by_row[r] for r in range(key.size)], kinds[key].pop())
+        for key, by_row in rows.items()
+        if sorted(by_row) == list(range(key.size)) and len(kinds[key]) == 1
+    ]
+
+
+def lower_graph_with_stacks(
+    ctx: LoweringContext,
+    graph: Graph,
+    inputs: Sequence[Array],
+    stacks: Sequence[tuple[list[int], Array]],
+) -> tuple[list[Array], list[Array], list[Array]]:
+    """``lower_graph`` where the inputs at each stack's indices are the rows of one stacked
+    value. Returns (outputs, final values of the other inputs, final stacked values)."""
+    env = Env(graph)
+    for t, value in zip(graph._inputs, inputs):
+        if value is not None:
+            env.values[t] = value
+    keys = [add_stack(env, [graph._inputs[i] for i in indices], v) for indices, v in stacks]
+    for op in graph._ops:
+        lower_op(ctx, env, op)
+    outs = [env.read(t) for t in graph._outputs]
+    finals = [env.read(t) if v is not None else None for t, v in zip(graph._inputs, inputs)]
+    return outs, finals, [env.values[k] for k in keys]  # type: ignore[index]
+
+
+def _in_scan_order(items: list, reverse: bool) -> list:
+    return items[::-1] if reverse else items
+
+
+def _stacked_input(
+    env: Env, tensors: list[Tensor], source: tuple[StackKey, bool] | None, reverse: bool
+) -> Array:
+    """The ``xs`` array of one stacked input, rows in the scan's order."""
+    if source is not None:
+        key, is_reversed = source
+        value = env.values[key]  # type: ignore[index]
+        return value if is_reversed == reverse else value[::-1]
+    return jnp.stack([env.read(t) for t in _in_scan_order(tensors, reverse)])
+
+
+def _write_stacked(
+    env: Env,
+    tensors: list[Tensor],
+    source: tuple[StackKey, bool] | None,
+    reverse: bool,
+    value: Array,
+) -> None:
+    """Write a by-ref stacked input's final rows (in the scan's order) back."""
+    if source is not None:
+        key, is_reversed = source
+        env.values[key] = value if is_reversed == reverse else value[::-1]  # type: ignore[index]
+        return
+    for t, row in zip(_in_scan_order(tensors, reverse), value):
+        env.write(t, row)
+
+
+__all__ = ["policy", "set_policy", "runs_of", "plan_run", "lower_run", "add_stack", "stack_of"]

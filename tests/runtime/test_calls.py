@@ -1,0 +1,177 @@
+"""Runs of calls of one graph lowered as one scan (runtime/calls.py, runtime/state_layout.py).
+
+The scan lowering must compute what inlining every call computes: same outputs and same
+variables after several training steps, with by-ref inputs, gradient graphs of the called
+graph, per-layer optimizer graphs, writes to single rows of stacked variables and
+replication.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+
+import popxl
+import popxl.ops as ops
+import popxl_addons as addons
+from runtime import calls
+from runtime.program import build_program
+
+H, B, LAYERS, STEPS, LR = 4, 3, 3, 3, 0.1
+
+
+class Layer(addons.Module):
+    def build(self, x: popxl.Tensor) -> popxl.Tensor:
+        w = self.add_variable_input("w", partial(np.zeros, (H, H)), popxl.float32)
+        b = self.add_variable_input("b", partial(np.zeros, (H,)), popxl.float32)
+        return ops.gelu(x @ w + b)
+
+
+def sgd(w: popxl.TensorByRef, g: popxl.Tensor, count: popxl.TensorByRef, replicas: int) -> None:
+    if replicas > 1:
+        g = ops.collectives.replicated_all_reduce(g, op="mean")
+    ops.scaled_add_(w, g, b=-LR)
+    ops.var_updates.accumulate_(count, popxl.constant(1.0, popxl.float32))
+
+
+def training_program(replicas: int):
+    """Forward through LAYERS calls of one layer graph, the gradient graph (with
+    accumulation) called per layer in reverse, SGD graphs called per weight and layer."""
+    ir = popxl.Ir(replication=replicas)
+    with ir.main_graph:
+        stream = popxl.h2d_stream((B, H), popxl.float32, "x")
+        out = popxl.d2h_stream((B, H), popxl.float32, "y")
+        x = ops.host_load(stream)
+        facts, layer = Layer().create_graph(x)
+        acc_facts, bwd = addons.autodiff_with_accumulation(
+            layer, layer.args.tensors, grads_required=[layer.graph.inputs[0]]
+        )
+        weights = [facts.init(f"l{i}") for i in range(LAYERS)]
+        accums = [acc_facts.init(f"l{i}.grad") for i in range(LAYERS)]
+        count = popxl.variable(0.0, popxl.float32, "count")
+        infos, h = [], x
+        for i in range(LAYERS):
+            infos.append(layer.bind(weights[i]).call_with_info(h))
+            h = infos[-1].outputs[0]
+        ops.host_store(out, h)
+        dh = h * 2.0  # gradient of sum(h ** 2)
+        for i in reversed(range(LAYERS)):
+            (dh,) = bwd.bind(accums[i]).call(dh, args=bwd.grad_graph_info.inputs_dict(infos[i]))
+        for key in ("w", "b"):
+            spec = weights[0][key]
+            step = ir.create_graph(sgd, spec, spec, count, replicas)
+            for i in range(LAYERS):
+                ops.call(step, weights[i][key], accums[i][f"accum.{key}"], count)
+        for i in range(LAYERS):  # writes to single rows of a stacked variable
+            ops.var_updates.copy_var_update_(
+                accums[i]["mean_accum_counter"], popxl.constant(0.0, popxl.float32)
+            )
+    variables = [t for named in weights + accums for t in named.tensors] + [count]
+    return ir, stream, out, weights, variables
+
+
+def train(policy: str, replicas: int, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(calls, "_policy", policy)
+    ir, stream, out, weights, variables = training_program(replicas)
+    session = popxl.Session(ir, "ipu_model")
+    rng = np.random.default_rng(0)
+    session.write_variables_data({
+        t: rng.normal(0, 0.5, t.shape).astype(np.float32)
+        for named in weights
+        for t in named.tensors
+    })  # fmt: skip
+    lead = (replicas,) if replicas > 1 else ()
+    outputs = []
+    with session:
+        for _ in range(STEPS):
+            x = rng.normal(size=(*lead, B, H)).astype(np.float32)
+            outputs.append(session.run({stream: x})[out])
+    data = session.get_tensors_data(variables)
+    return outputs, [data[t] for t in variables], session._program
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_scanned_training_matches_inlined(replicas, monkeypatch):
+    monkeypatch.setenv("POPXL_REPLICATION", "vmap")
+    outs_scan, vars_scan, program = train("scan", replicas, monkeypatch)
+    outs_inline, vars_inline, inlined = train("inline", replicas, monkeypatch)
+    stacked = [e for e in program.entries if len(e) > 1]
+    # w, b, their accumulators and the accumulation counters are stored stacked.
+    assert len(stacked) == 5 and all(len(e) == LAYERS for e in stacked)
+    assert all(len(e) == 1 for e in inlined.entries)
+    for a, b in zip(outs_scan, outs_inline):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    for a, b in zip(vars_scan, vars_inline):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    # The by-ref counter passed to every SGD call counted 2 * LAYERS calls per step.
+    assert float(vars_scan[-1]) == 2 * LAYERS * STEPS
+    # Training moved the weights.
+    assert not np.allclose(vars_scan[0], vars_inline[0] * 0)
+
+
+def test_runs_are_planned_with_carries_shared_and_stacked_inputs(monkeypatch):
+    monkeypatch.setattr(calls, "_policy", "scan")
+    ir, *_ = training_program(1)
+    runs = list(calls.runs_of(ir.main_graph).values())
+    kinds = [[s.kind for s in run.slots] for run in runs]
+    # forward (x carried, w and b stacked), gradient, SGD for w and for b
+    assert len(runs) == 4 and all(len(run.ops) == LAYERS for run in runs)
+    assert kinds[0] == ["carry", "stack", "stack"]
+    assert kinds[1][0] == "carry" and kinds[1].count("stack") == len(kinds[1]) - 1
+    assert kinds[2] == ["stack", "stack", "carry"]  # count: by-ref, same tensor → carried
+
+
+def test_stacked_variables_read_and_written_per_variable(monkeypatch):
+    monkeypatch.setattr(calls, "_policy", "scan")
+    ir, stream, out, weights, variables = training_program(1)
+    session = popxl.Session(ir, "ipu_model")
+    w1 = weights[1]["w"]
+    value = np.arange(H * H, dtype=np.float32).reshape(H, H)
+    with session:
+        session.write_variable_data(w1, value)  # attached: updates one row of the stack
+        np.testing.assert_array_equal(session.get_tensor_data(w1), value)
+        np.testing.assert_array_equal(session.get_tensor_data(weights[0]["w"]), np.zeros((H, H)))
+
+
+def test_calls_that_do_not_line_up_are_inlined(monkeypatch):
+    monkeypatch.setattr(calls, "_policy", "scan")
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.ones(2, np.float32), name="a")
+        double = ir.create_graph(lambda t: t * 2.0, a)
+        (b,) = ops.call(double, a)
+        (c,) = ops.call(double, b)
+        (d,) = ops.call(double, b)  # reads the first call's output, not the previous one's
+        out = popxl.d2h_stream((2,), popxl.float32, "out")
+        ops.host_store(out, c + d)
+    assert calls.runs_of(ir.main_graph) == {}
+    with popxl.Session(ir, "ipu_model") as session:
+        np.testing.assert_array_equal(session.run()[out], [8.0, 8.0])
+
+
+def test_scanned_calls_compute_the_chain(monkeypatch):
+    monkeypatch.setattr(calls, "_policy", "scan")
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones(2, np.float32), name="x")
+        scales = [popxl.variable(np.full(2, s, np.float32), name=f"s{s}") for s in (2, 3, 5)]
+        mul = ir.create_graph(lambda t, s: t * s, x, scales[0])
+        h = x
+        for s in scales:
+            (h,) = ops.call(mul, h, s)
+        out = popxl.d2h_stream((2,), popxl.float32, "out")
+        ops.host_store(out, h)
+    program = build_program(ir)
+    assert any(len(e) == 3 for e in program.entries)
+    with popxl.Session(ir, "ipu_model") as session:
+        np.testing.assert_array_equal(session.run()[out], [30.0, 30.0])
+
+
+def test_policy_names_are_checked(monkeypatch):
+    with pytest.raises(ValueError, match="policy must be one of scan, inline, got 'loop'"):
+        calls.set_policy("loop")
+    monkeypatch.setenv("POPXL_CALLS", "unrolled")
+    with pytest.raises(ValueError, match="POPXL_CALLS must be one of scan, inline, got 'unrolled'"):
+        calls.policy()
