@@ -353,3 +353,16 @@ def test_off_chip_tensor_locations_use_remote_buffers():
     model = poptorch.inferenceModel(Linear(), opts)
     model(*data(B))
     assert "RemoteLoad" not in model.print_schedule()
+
+
+def test_exported_model_loads_with_its_executable(tmp_path):
+    model = poptorch.trainingModel(Linear(), options(di=2), poptorch.optim.SGD(lr=0.1))
+    x, t = data(2 * B)
+    path = str(tmp_path / "trained.poptorch")
+    model.compileAndExport(path, x, t)
+    restored = poptorch.load(path, edit_opts_fn=lambda o: o.randomSeed(3))
+    assert restored.options.random_seed == 3 and restored.isCompiled()
+    restored(x, t)
+    np.testing.assert_allclose(
+        restored.state_dict()["w"], sgd_reference(x, t, 2, 0.1, 1), rtol=1e-5, atol=1e-6
+    )
