@@ -9,7 +9,14 @@ from popxl import ReplicaGrouping, Tensor
 from popxl.ops.collectives import CollectiveOps
 from popxl.tensor_spec import TensorSpec
 
-from .._native import check_reduction, group_size, groups_of, record, reduce_scatter_flat, replica_op
+from .._native import (
+    check_reduction,
+    group_size,
+    groups_of,
+    record,
+    reduce_scatter_flat,
+    replica_op,
+)
 
 
 def _scatter_infer(t: Any, *, groups: Any, rts: bool, **_: Any) -> list:
@@ -58,7 +65,9 @@ def replicated_reduce_scatter_strided(
         "groups": groups_of(group),
         "rts": bool(configure_output_for_replicated_tensor_sharding),
     }
-    return record(REDUCE_SCATTER_STRIDED, {"t": t}, attrs, ["replicated_reduce_scatter_strided_out"])[0]
+    return record(
+        REDUCE_SCATTER_STRIDED, {"t": t}, attrs, ["replicated_reduce_scatter_strided_out"]
+    )[0]
 
 
 __all__ = ["replicated_reduce_scatter_strided"]
