@@ -5,6 +5,7 @@ graphs they call."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,4 +55,25 @@ def write_dot(ir: Ir, path: Path) -> None:
     path.write_text(to_dot(ir))
 
 
-__all__ = ["to_dot", "write_dot"]
+def enabled_checks(ir: Ir) -> set[str]:
+    """The checkpoint names that write a file: the session options' ``dotChecks`` and the
+    colon-separated ``POPART_DOT_CHECKS``, upper-cased."""
+    names = set(ir._session_options.dotChecks)
+    names.update(os.environ.get("POPART_DOT_CHECKS", "").split(":"))
+    return {n.upper() for n in names if n}
+
+
+def checkpoint(ir: Ir, check: str) -> Path | None:
+    """Write ``<logDir>/<check>.dot`` if ``check`` (or ``ALL``) is enabled; the path, if
+    written."""
+    enabled = enabled_checks(ir)
+    if "ALL" not in enabled and check.upper() not in enabled:
+        return None
+    folder = Path(ir._session_options.logDir or Path.cwd())
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{check}.dot"
+    write_dot(ir, path)
+    return path
+
+
+__all__ = ["checkpoint", "enabled_checks", "to_dot", "write_dot"]

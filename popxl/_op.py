@@ -24,6 +24,17 @@ if TYPE_CHECKING:
     from .tensor import Tensor
 
 Infer = Callable[..., Sequence[TensorSpec]]
+
+# Planning options kept in ``Op.hints`` (PopART's per-op options), and the op types that had
+# them. Recorded for the IR's reader; the lowering never sees them (XLA plans memory itself).
+AMP_HINT = "available_memory_proportion"
+AMP_OP_TYPES = frozenset(
+    {"MatMul", "Gather", "GroupedGather", "TiedGather", "Scatter", "ScatterReduce"}
+)
+CONV_AMP_HINT = "available_memory_proportions"  # convolutions: a list, via ConvOptions
+CONV_OP_TYPES = frozenset({"Conv", "ConvTranspose"})
+FC_PASS_HINT = "use_fully_connected_pass"
+FC_PASS_OP_TYPES = frozenset({"MatMul"})
 Lower = Callable[..., Any]
 
 
@@ -128,6 +139,7 @@ class Op:
         "location",
         "modified_inputs",
         "execution_context",
+        "hints",
     )
 
     def __init__(
@@ -156,6 +168,9 @@ class Op:
         # Inputs that a call site writes back to the parent (by-ref subgraph inputs).
         self.modified_inputs: set[int] = set()
         self.execution_context = execution_context
+        # IPU planning options set by transforms (``available_memory_proportion``,
+        # ``use_fully_connected_pass``): recorded and printable, never passed to the lowering.
+        self.hints: dict[str, Any] = {}
 
     @property
     def type(self) -> str:

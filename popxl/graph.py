@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import context
+from ._popart_compat import PbGraph
 from .tensor import Constant, Tensor, Variable
 
 if TYPE_CHECKING:
@@ -65,6 +66,11 @@ class Graph:
     @property
     def ir(self) -> Ir:
         return self._ir
+
+    @property
+    def _pb_graph(self) -> PbGraph:
+        """PopART's graph handle as real PopXL code uses it (``getOps()``)."""
+        return PbGraph(self)
 
     @property
     def main_graph(self) -> Graph:

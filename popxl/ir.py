@@ -69,10 +69,8 @@ class Ir:
         self._remote_buffers: list[RemoteBuffer] = []
         self._call_sites: dict[Graph, list[Op]] = {}
         self._num_host_transfers = 1
-        self._replication_factor = 1
         self._prepared = False
         self._session_ref: Callable[[], Any] = lambda: None
-        self._dot_dir: Path | None = None
         self._session_options = SessionOptions()
         self._main = Graph._create(self, "")
         self.replication_factor = cast(int, replication)  # the setter validates it
@@ -149,7 +147,9 @@ class Ir:
 
     @property
     def replication_factor(self) -> int:
-        return self._replication_factor
+        """Replicas of the whole program (of every instance): the session options'
+        ``getGlobalReplicationFactor()``."""
+        return self._session_options.getGlobalReplicationFactor()
 
     @replication_factor.setter
     def replication_factor(self, value: int) -> None:
@@ -160,12 +160,14 @@ class Ir:
             )
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"The replication factor must be a positive int, got {value!r}.")
-        self._replication_factor = value
+        opts = self._session_options
+        opts.enableReplicatedGraphs = value > 1
+        opts.replicatedGraphCount = value
 
     @property
     def instance_replication_factor(self) -> int:
-        """Replicas run by this process (all of them: there is no multi-process mode)."""
-        return self._replication_factor
+        """Replicas run by this process: the session options' ``replicatedGraphCount``."""
+        return self._session_options.instance_replication_factor()
 
     @property
     def id(self) -> int:
@@ -203,22 +205,28 @@ class Ir:
         self._prepared = True
 
     def dot_checkpoint(self, check: str, save_dir: Path | str | None = None) -> None:
-        """Write the IR as a Graphviz DOT file named after ``check``.
+        """Write the IR as a Graphviz DOT file, ``<logDir>/<check>.dot``, if ``check`` is on.
 
-        Enabled when ``POPART_DOT_CHECKS`` is unset, lists ``check`` (colon-separated), or
-        is ``ALL``. ``save_dir`` sets the folder for this and later checkpoints (default:
-        the current directory).
+        A check is on when the session options' ``dotChecks`` or the colon-separated
+        ``POPART_DOT_CHECKS`` environment variable name it (any case) or say ``ALL``. When
+        neither is set, this turns every check on (``dotChecks = {"ALL"}``), so later
+        checkpoints, and the ``FINAL`` one a ``Session`` writes, are on too.
+
+        Args:
+            check: the checkpoint's name.
+            save_dir: sets the session options' ``logDir`` (created if missing): the folder
+                of this and every later DOT file of this Ir. Default: ``logDir`` as it is
+                ('' is the current folder).
         """
-        from ._dot import write_dot  # noqa: PLC0415
+        from ._dot import checkpoint  # noqa: PLC0415
 
+        opts = self._session_options
         if save_dir is not None:
-            self._dot_dir = Path(save_dir)
-        enabled = os.environ.get("POPART_DOT_CHECKS")
-        if enabled is not None and check not in enabled.split(":") and "ALL" not in enabled:
-            return
-        folder = self._dot_dir or Path.cwd()
-        folder.mkdir(parents=True, exist_ok=True)
-        write_dot(self, folder / f"{check}.dot")
+            Path(save_dir).mkdir(parents=True, exist_ok=True)
+            opts.logDir = str(save_dir)
+        if "POPART_DOT_CHECKS" not in os.environ and not opts.dotChecks:
+            opts.dotChecks = {"ALL"}
+        checkpoint(self, check)
 
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, Ir):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Union
 import numpy as np
 
 from . import context
+from ._popart_compat import PbTensor
 from . import dtypes as _dtypes
 from .errors import UndefinedValue
 from .tensor_spec import TensorSpec
@@ -94,6 +95,11 @@ class Tensor:
     @property
     def id(self) -> str:
         return self._id
+
+    @property
+    def _pb_tensor(self) -> PbTensor:
+        """PopART's tensor handle as real PopXL code uses it (``info.shape()``)."""
+        return PbTensor(self)
 
     @property
     def name(self) -> str:
@@ -384,6 +390,12 @@ class Variable(Tensor):
         full = self.meta_shape if self._replica_sharded and self.meta_shape else self.shape
         groups = self._replica_grouping.num_groups
         return (groups, *full) if groups > 1 else full
+
+    @property
+    def _memmap_arr(self) -> np.memmap | None:
+        """The ``np.memmap`` holding the host value when the variable was made from one
+        (``VariableFactory.create_tensor(memmap_dir=...)``), else ``None``: PopXL's name."""
+        return self._host_data if isinstance(self._host_data, np.memmap) else None
 
     @property
     def shape_on_replica(self) -> tuple[int, ...]:

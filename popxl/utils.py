@@ -137,3 +137,30 @@ def flatten_once(items: Iterable[Any]) -> list[Any]:
 
 
 __all__ = ["to_numpy", "table_to_string", "downcast_np_dtypes", "HW_DEVICE_CONNECTION_TIMEOUT"]
+
+
+def _to_device_info(device_type: str, num_ipus: int = 1, use_popdist: bool = False) -> Any:
+    """A device object (PopART's ``DeviceInfo`` interface) of ``device_type`` with
+    ``num_ipus`` IPUs, for ``popxl.Session(ir, device)`` or ``session._set_device``.
+
+    Raises:
+        ValueError: an unknown device type, or a ``"cpu"`` device of more than one IPU.
+    """
+    from runtime.device import DeviceInfo  # noqa: PLC0415 (popxl never imports runtime eagerly)
+
+    del use_popdist
+    if device_type == "cpu" and num_ipus > 1:
+        raise ValueError(
+            f"For a cpu device, multiple devices (provided: {num_ipus}) are not supported."
+        )
+    return DeviceInfo(device_type, num_ipus)
+
+
+def __getattr__(name: str) -> Any:
+    # PopXL kept its float8 host conversions here; they live in `fp8_utils` (which imports
+    # this module, hence the lazy lookup).
+    if name in ("host_pow2scale_cast_to_fp8", "host_pow2scale_cast_from_fp8"):
+        from . import fp8_utils  # noqa: PLC0415
+
+        return getattr(fp8_utils, name)
+    raise AttributeError(f"module 'popxl.utils' has no attribute '{name}'")

@@ -180,6 +180,11 @@ class DotTree(Generic[L]):
     def __len__(self) -> int:
         return len(self._map)
 
+    def __bool__(self) -> bool:
+        # As in the original, a tree is always truthy (it defined no __len__), so
+        # ``assert tree.sub`` checks that the subtree exists even after ``_clear()`` emptied it.
+        return True
+
     def to_dict(self) -> dict[str, L]:
         """Flat ``{dotted key: leaf}`` in insertion order (empty subtrees contribute nothing)."""
         flat: dict[str, L] = {}

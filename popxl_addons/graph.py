@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .module import Module
 
 AUTODIFF_TWICE_MSG = (
-    "autodiff has already been applied to {graph}: it adds outputs to the forward graph, so a "
+    "Autodiff has already been applied to {graph}: it adds outputs to the forward graph, so a "
     "second gradient graph would see the first one's outputs. Pass force=True to do it anyway."
 )
 
@@ -131,7 +131,9 @@ class GraphWithNamedArgs:
             force: allow differentiating the same graph a second time.
         """
         if method not in ("auto", "build_grad", "autodiff"):
-            raise ValueError(f"method must be 'auto', 'build_grad' or 'autodiff', got {method!r}.")
+            raise ValueError(
+                f"`method` should be one of 'auto', 'build_grad' or 'autodiff'. Not: {method!r}"
+            )
         if self.autodiff_applied and not force:
             raise RuntimeError(AUTODIFF_TWICE_MSG.format(graph=self.graph.id))
         module = self.from_module
@@ -141,8 +143,9 @@ class GraphWithNamedArgs:
         if use_build_grad:
             if module is None:
                 raise ValueError(
-                    "method='build_grad' needs the graph's from_module to be specified (the "
-                    "module whose build_grad makes the gradient graph)."
+                    "method='build_grad' needs `build_grad` overridden in a module and "
+                    "`from_module` is specified when this GraphWithNamedArgs was made "
+                    "(Module.create_graph sets it); this graph has no from_module."
                 )
             grad = module.create_grad_graph(self, grads_provided, grads_required)
         else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import popxl
@@ -32,9 +32,12 @@ from .variable_factory import (
     add_variable_input,
 )
 
-CACHE_WITH_GRAD_MSG = "You cannot use graph caching if you have implemented build_grad."
+CACHE_WITH_GRAD_MSG = (
+    "You cannot use graph caching if you have implemented `build_grad`: a cached graph would be "
+    "shared between modules whose gradient graphs hold different aux state. Use cache=False."
+)
 INLINE_GRAD_MSG = (
-    "{cls}.build_grad has been implemented, but the module is being called inline, so its "
+    "{cls}: `build_grad` has been implemented, but the module is being called inline, so its "
     "custom gradient would be ignored. Use create_graph or call_module to outline it, or "
     "construct it with grad_inlining_error='warning' or 'none'."
 )
@@ -42,13 +45,23 @@ SUPER_INIT_MSG = (
     "{cls}.{key} is a Module, but {cls}.__init__ has not called super().__init__() yet. Call "
     "it before assigning submodules: their variables are registered in the parent."
 )
-AUX_READ_IN_BUILD_MSG = "aux can only be written in build and read in build_grad (key '{key}')."
-BUILD_GRAD_VARIADIC_MSG = (
-    "{cls}.build_grad takes *args or **kwargs, but it needs one fixed positional parameter per "
-    "gradient in grads_provided (e.g. def build_grad(self, dy)), because each becomes a named "
-    "input of the gradient graph."
+AUX_READ_IN_BUILD_MSG = (
+    "aux['{key}']: you can only get items within the `build_graph` method (`build_grad`, called "
+    "via `create_grad_graph` or `autodiff`); in `build` aux is write-only."
 )
-VAR_GRAD_OUTSIDE_MSG = "var_grad can only be set within the build_graph method (build_grad)."
+AUX_WRITE_IN_GRAD_MSG = (
+    "aux['{key}']: aux is read-only in `build_grad`; set items in `build`, where the forward "
+    "values exist."
+)
+BUILD_GRAD_VARIADIC_MSG = (
+    "{cls}: the `build_grad` method signature must only have a fixed number of positional "
+    "parameters as inputs. Not a positional parameter: {name}. Each parameter becomes a named "
+    "input of the gradient graph, one per tensor in grads_provided: def build_grad(self, dy)."
+)
+VAR_GRAD_OUTSIDE_MSG = (
+    "You can only use `var_grad` within the `build_graph` method (`build_grad`, called via "
+    "`create_grad_graph` or `autodiff`)."
+)
 
 _BUILDING: list[Module] = []
 
@@ -84,7 +97,7 @@ class _Aux:
 
     def __setitem__(self, key: str, value: Any) -> None:
         if self.grad_mode:
-            raise RuntimeError(AUX_READ_IN_BUILD_MSG.format(key=key))
+            raise RuntimeError(AUX_WRITE_IN_GRAD_MSG.format(key=key))
         self.store[key] = value
 
     def __getitem__(self, key: str) -> Any:
@@ -121,20 +134,26 @@ class _VarGrads:
         if not self.active:
             raise RuntimeError(VAR_GRAD_OUTSIDE_MSG)
         if not isinstance(value, popxl.Tensor):
-            raise TypeError(f"Not a tensor: var_grad['{key}'] = {value!r}")
+            raise TypeError(f"Not a tensor: var_grad['{key}'] = {value!r}; assign a popxl.Tensor.")
         variables = self.args.to_dict()
         if key not in variables:
-            raise KeyError(f"Not a variable: '{key}'. Variables: {list(variables)}")
+            raise KeyError(f"Not a variable: '{key}'. Possible inputs: {list(variables)}")
         var = variables[key]
         if value.shape != var.shape or value.meta_shape != var.meta_shape:
             raise ValueError(
-                f"var_grad['{key}'] has shape {value.shape} (meta-shape {value.meta_shape}) but the "
-                f"variable has {var.shape} (meta-shape {var.meta_shape})."
+                f"Shape or meta-shape of Tensor does not match variable. var_grad['{key}'] has shape "
+                f"{value.shape} (meta-shape {value.meta_shape}); the variable has {var.shape} "
+                f"(meta-shape {var.meta_shape})."
             )
         self.grads[key] = value
 
     def __getitem__(self, key: str) -> popxl.Tensor:
+        if not self.active:
+            raise RuntimeError(VAR_GRAD_OUTSIDE_MSG)
         return self.grads[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.grads
 
 
 class _CalledGraphsGradInfoRefs:
@@ -182,7 +201,8 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         object.__setattr__(self, "_submodules", {})
         if grad_inlining_error not in ("error", "warning", "none"):
             raise ValueError(
-                f"grad_inlining_error must be 'error', 'warning' or 'none', got {grad_inlining_error!r}."
+                "grad_inlining_error should be one of 'error', 'warning', 'none'. "
+                f"Not: {grad_inlining_error!r}"
             )
         if cache and self.implements_grad_graph:
             raise ValueError(CACHE_WITH_GRAD_MSG)
@@ -474,6 +494,31 @@ class _CallModule:
         return outputs[: self.n_outputs_pre_autodiff]
 
 
+def _add_forward_output(graph: popxl.Graph, t: popxl.Tensor) -> None:
+    """Make an aux tensor an output of the forward graph, as the original does for every aux
+    tensor (inputs such as ``x`` included), so call sites can pass it to the gradient graph."""
+    if t not in graph._inputs:
+        add_graph_output(graph, t)
+        return
+    if t in graph._outputs:
+        return
+    # add_graph_output leaves graph inputs out; pass the input through as a new output.
+    sites = graph.ir._call_sites_of(graph)
+    for site in sites:
+        if site.opdef.key != "call":
+            raise NotImplementedError(
+                f"{t.id} must become a new output of {graph.id}, but the graph is used by a "
+                f"{site.type} op, whose outputs cannot grow. Build the gradient graph before "
+                "repeating or branching to the forward graph."
+            )
+    graph._outputs.append(t)
+    for site in sites:
+        parent = site.graph
+        name = f"aux_output__t{graph.ir._next_dedup()}"
+        tid = f"{parent.id}/{name}" if parent.id else name
+        site.outputs = (*site.outputs, popxl.Tensor._create(parent, tid, t._spec, site))
+
+
 def _check_unique(label: str, tensors: list[popxl.Tensor]) -> None:
     if len(set(tensors)) != len(tensors):
         raise ValueError(f"{label} contains duplicate tensors: {tensors}")
@@ -482,8 +527,9 @@ def _check_unique(label: str, tensors: list[popxl.Tensor]) -> None:
 def _check_fixed_parameters(module: Module) -> None:
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     params = inspect.signature(module.build_grad).parameters.values()
-    if any(p.kind in variadic for p in params):
-        raise TypeError(BUILD_GRAD_VARIADIC_MSG.format(cls=type(module).__name__))
+    for p in params:
+        if p.kind in variadic:
+            raise TypeError(BUILD_GRAD_VARIADIC_MSG.format(cls=type(module).__name__, name=p))
 
 
 def _build_grad_graph(
@@ -499,10 +545,16 @@ def _build_grad_graph(
     _check_unique("grads_required", required)
     for t in provided:
         if t not in graph.outputs:
-            raise ValueError(f"grads_provided must be outputs of {graph.id}; {t} is not.")
+            raise ValueError(
+                "A Tensor specified in `grads_provided` is not a output of `fwd_graph` "
+                f"({graph.id}) or not a Tensor: {t}. Pass outputs of the forward graph."
+            )
     for t in required:
         if t not in graph.inputs:
-            raise ValueError(f"grads_required must be inputs of {graph.id}; {t} is not.")
+            raise ValueError(
+                "A Tensor specified in `grads_required` is not a input of `fwd_graph` "
+                f"({graph.id}) or not a Tensor: {t}. Pass inputs of the forward graph."
+            )
     _check_fixed_parameters(module)
     variables = {t: key for key, t in fwd.args.to_dict().items()}
     aux = fwd.aux if isinstance(fwd.aux, _Aux) else _Aux()
@@ -523,8 +575,9 @@ def _build_grad_graph(
     returned = list(grad_graph.outputs)
     if len(returned) > len(plain_required):
         raise ValueError(
-            f"Too many outputs from build_grad: {len(returned)} returned, but only "
-            f"{len(plain_required)} non-variable forward inputs need gradients."
+            f"Too many outputs in the grad graph: build_grad returned {len(returned)}, but "
+            f"`grads_required` has {len(plain_required)} non-variable inputs. If you do not want "
+            "all gradients, specify `grads_required` when calling autodiff."
         )
     if len(returned) < len(plain_required):
         raise ValueError(
@@ -533,7 +586,11 @@ def _build_grad_graph(
         )
     missing = [variables[t] for t in var_required if variables[t] not in module.var_grad.grads]
     if missing:
-        raise ValueError(f"Not all variable gradients have been specified: missing {missing}")
+        raise ValueError(
+            "Not all variable gradients have been specified in self.var_grad. If you do not want "
+            "all gradients, specify `grads_required` when calling autodiff. Variables missing "
+            f"gradients: {missing}"
+        )
     for i, (out, fwd_in) in enumerate(zip(returned, plain_required)):
         if out.shape != fwd_in.shape or out.meta_shape != fwd_in.meta_shape:
             raise ValueError(
@@ -543,8 +600,9 @@ def _build_grad_graph(
     with grad_graph:
         for t in var_required:
             popxl.graph_output(module.var_grad.grads[variables[t]])
-    for key in aux.reads:
-        add_graph_output(graph, aux.store[key])
+    for value in aux.store.values():
+        if isinstance(value, popxl.Tensor):
+            _add_forward_output(graph, value)
     fwd_tensors = [aux.store[key] for key in aux.reads]
     expected_in = [(t, ExpectedConnectionType.FwdGrad) for t in provided]
     expected_in += [(t, ExpectedConnectionType.Fwd) for t in fwd_tensors]
@@ -555,4 +613,48 @@ def _build_grad_graph(
     return GraphWithNamedArgs.from_grad_graph(info)
 
 
-__all__ = ["Module", "NameScopeMeta", "BoundGraph", "GraphWithNamedArgs", "DotTree"]
+def create_grad_graph_info(
+    ir: popxl.Ir,
+    fwd_graph: popxl.Graph,
+    grad_graph: popxl.Graph,
+    grad_input_to_fwd_output: Mapping[popxl.Tensor, popxl.Tensor],
+    grad_output_to_fwd_input: Mapping[popxl.Tensor, popxl.Tensor],
+    fwd_tensors: Iterable[popxl.Tensor],
+) -> GradGraphInfo:
+    """The ``GradGraphInfo`` of a gradient graph written by hand.
+
+    Args:
+        ir: the IR both graphs belong to.
+        fwd_graph: the forward graph.
+        grad_graph: the gradient graph.
+        grad_input_to_fwd_output: each gradient-graph input, in input order, and the forward
+            output it corresponds to.
+        grad_output_to_fwd_input: each gradient-graph output, in output order, and the
+            forward input it is the gradient of.
+        fwd_tensors: the forward outputs whose *values* (not gradients) feed the gradient
+            graph ("aux" activations): their inputs are ``Fwd`` connections, the others
+            ``FwdGrad``.
+
+    Raises:
+        ValueError: a graph of another IR.
+    """
+    for g in (fwd_graph, grad_graph):
+        if g.ir is not ir:
+            raise ValueError(f"{g.id} belongs to another IR than {ir}; pass graphs of `ir`.")
+    activations = set(fwd_tensors)
+    expected_in = [
+        (t, ExpectedConnectionType.Fwd if t in activations else ExpectedConnectionType.FwdGrad)
+        for t in grad_input_to_fwd_output.values()
+    ]
+    expected_out = list(grad_output_to_fwd_input.values())
+    return make_grad_graph_info(grad_graph, fwd_graph, expected_in, expected_out)
+
+
+__all__ = [
+    "Module",
+    "NameScopeMeta",
+    "BoundGraph",
+    "GraphWithNamedArgs",
+    "DotTree",
+    "create_grad_graph_info",
+]

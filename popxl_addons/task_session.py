@@ -51,6 +51,7 @@ from .utils import timer
 logger = logging.getLogger("popxl_addons")
 
 ReportMissing = Literal["none", "warn", "error"]
+ReportMissingMethods = ReportMissing  # the original's name
 MODEL_DIR = "model"
 DATALOADER_FILE = "dataloader.bin"
 SESSION_FILE = "session_info.json"
@@ -326,6 +327,49 @@ class TaskSession(popxl.Session):
             loaded.keys(), self.session_state.keys(), report_missing, "Session info keys"
         )
         self.session_state = loaded
+
+
+def initialise_memmap_dir_from_checkpoint(
+    checkpoint_dir: str | os.PathLike, memmap_dir: str | os.PathLike, prefix: str | None = None
+) -> list[str]:
+    """Fill ``memmap_dir`` with the variables of a checkpoint, so that factories initialised
+    with ``init(prefix, memmap_dir=memmap_dir)`` map the checkpoint's values.
+
+    Raw ``model/*.npy`` files (the original's checkpoints of memory-mapped variables) are
+    copied as they are. Each ``model/<key>.npz`` (``save_checkpoint`` here) becomes
+    ``<prefix>.<key>.npy`` (``<key>.npy`` without a prefix): the file name
+    ``VariableFactory.create_tensor`` memory-maps for the variable named ``<prefix>.<key>``.
+    ``prefix`` is this function's addition; the original took only the two directories.
+
+    Returns:
+        The paths written, sorted.
+
+    Raises:
+        FileNotFoundError: ``checkpoint_dir`` has no ``model`` directory.
+    """
+    model_dir = os.path.join(os.fspath(checkpoint_dir), MODEL_DIR)
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(
+            f"{model_dir} does not exist: checkpoint_dir must be a directory written by "
+            "TaskSession.save_checkpoint."
+        )
+    target = os.fspath(memmap_dir)
+    os.makedirs(target, exist_ok=True)
+    written = []
+    for name in sorted(os.listdir(model_dir)):
+        src = os.path.join(model_dir, name)
+        if name.endswith(".npy"):
+            dst = os.path.join(target, name)
+            shutil.copyfile(src, dst)
+        elif name.endswith(".npz"):
+            key = name[: -len(".npz")]
+            dst = os.path.join(target, f"{prefix}.{key}.npy" if prefix else f"{key}.npy")
+            with np.load(src, allow_pickle=False) as npz:
+                np.save(dst, npz[key] if key in npz.files else npz[npz.files[0]])
+        else:
+            continue
+        written.append(dst)
+    return written
 
 
 __all__ = ["TaskSession", "write_variables_pb"]

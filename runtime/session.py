@@ -27,12 +27,15 @@ from typing import Any
 import jax
 import numpy as np
 
+from popxl import _log
+from popxl._dot import checkpoint
+from popxl._popart_compat import SessionCompat
 from popxl.ir import Ir
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 
-from . import remote_state, stream_io
-from .device import select_device
+from . import executable_cache, remote_state, stream_io
+from .device import DeviceInfo, check_compatible, ipus_needed, select_device
 from .program import (
     Program,
     abstract_inputs,
@@ -68,13 +71,15 @@ NO_OPS_MSG = (
 _COMPILED: set[tuple[str, Any]] = set()
 
 
-class Session:
+class Session(SessionCompat):
     """Compile an IR and run it.
 
     Args:
         ir: the program. The session takes ownership: its replication factor is fixed.
         device_desc: ``"cpu"``, ``"ipu_model"`` or ``"ipu_hw"``. All run through JAX on the
             default backend (a GPU when JAX has one); set ``JAX_PLATFORMS=cpu`` to pin the CPU.
+            Or a device object (``popxl.utils._to_device_info``): the session runs on it, and
+            if it is already attached, copies the weights to it at once.
         weights_to_host_on_exit: copy variables back to the host when the outermost
             ``with session:`` block ends.
 
@@ -89,7 +94,12 @@ class Session:
     array(4, dtype=int32)
     """
 
-    def __init__(self, ir: Ir, device_desc: str = "cpu", weights_to_host_on_exit: bool = True):
+    def __init__(
+        self, ir: Ir, device_desc: str | DeviceInfo = "cpu", weights_to_host_on_exit: bool = True
+    ):
+        given = device_desc if isinstance(device_desc, DeviceInfo) else None
+        if given is not None:
+            device_desc = given.type
         if not isinstance(device_desc, str) or device_desc not in DEVICE_TYPES:
             raise ValueError(
                 f"Incorrect device type provided: {device_desc}, must be one of: "
@@ -118,7 +128,14 @@ class Session:
         self._state: tuple | None = None
         self._host_stale = False
         self._enter_stack: list[bool] = []
+        self._ipus = ipus_needed(ir.instance_replication_factor, _ipus_per_replica(ir))
+        self._device_info = given or DeviceInfo(device_desc, self._ipus)
+        self._executable: Any = None
         self._compile()
+        checkpoint(ir, "FINAL")  # PopART's DOT checkpoint of the prepared IR
+        if self._device_info.isAttached:  # PopXL set up an attached device at once
+            self._attach()
+            self.weights_from_host()
 
     # Properties -----------------------------------------------------------------------
 
@@ -128,7 +145,7 @@ class Session:
 
     @property
     def is_attached(self) -> bool:
-        return self._state is not None
+        return self._state is not None and self._device_info.isAttached
 
     def expected_inputs(self) -> set[HostToDeviceStream]:
         """The host-to-device streams a run needs data for."""
@@ -140,19 +157,31 @@ class Session:
         return jax.enable_x64(True) if self._program.uses_x64 else contextlib.nullcontext()
 
     def _compile(self) -> None:
+        cache = executable_cache.directory(self.ir_._session_options)
+        if cache is not None:
+            engine_options = self.ir_._session_options.engineOptions
+            wanted = executable_cache.executable_hash(
+                self._program.key, engine_options, f"{self.device_desc}:{self._device}"
+            )
+            self._executable = executable_cache.load_or_compile(cache, wanted, self._compiled)
+            return
         key = (self._program.key, str(self._device))
         if key in _COMPILED:
             return
+        _log.debug("Starting compilation")
+        self._compiled()
+        _COMPILED.add(key)
+
+    def _compiled(self) -> Any:
         # The state must carry the device placement runs use, or the first run compiles again.
         state = tuple(
             jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._sharding)
             for a in abstract_state(self._program)
         )
         with self._x64():
-            self._program.step.lower(
+            return self._program.step.lower(
                 *self._program.split(state), abstract_inputs(self._program)
             ).compile()
-        _COMPILED.add(key)
 
     # Attach / detach --------------------------------------------------------------------
 
@@ -180,10 +209,20 @@ class Session:
             self._detach()
 
     def _attach(self) -> None:
+        check_compatible(self.device_desc, self._ipus, self._device_info)
+        self._device_info.attach()
         self._state = ()
+        # Device-to-host transfers write straight into the host copies (no separate buffer).
+        for var in self.ir_._variables:
+            _log.trace(f"Reusing TensorData for d2hWeightBuffer of tensor {var.id}", "devicex")
 
     def _detach(self) -> None:
+        self._device_info.detach()
         self._state = None
+
+    def _set_device(self, device: DeviceInfo) -> None:
+        """Run on ``device`` from the next attach on (it must match what was compiled for)."""
+        self._device_info = device
 
     def _require_attached(self) -> None:
         if self._state is None:
@@ -244,12 +283,14 @@ class Session:
         """Copy every variable's host value to the device (remote variables into their
         buffer slots)."""
         self._require_attached()
+        _log.debug("Writing weights from host, ", "devicex")
         variables = self._program.variables
         buffers = [b.copy() for b in self._buffers_host]
         self._write_remote(buffers, self._remote_vars)
         with self._x64():
             hosts = [self._device_layout(v, self._host[v]) for v in variables]
             self._state = tuple(jax.device_put([*hosts, *buffers], self._sharding))
+        _log.debug("Writing weights from host complete.", "devicex")
 
     def _buffer_index(self, var: Variable) -> int:
         assert var._remote_buffer is not None, f"{var.id} is not a remote variable"
@@ -270,6 +311,7 @@ class Session:
         """Copy every variable's device value to the host."""
         self._require_attached()
         assert self._state is not None
+        _log.debug("Writing weights to host", "devicex")
         values = jax.device_get(self._state)
         n_vars = len(self._program.variables)
         for var, value in zip(self._program.variables, values[:n_vars]):
@@ -283,6 +325,7 @@ class Session:
             host.flags.writeable = False
             self._set_host(var, host)
         self._host_stale = False
+        _log.debug("Writing weights to host complete.", "devicex")
 
     def _set_host(self, var: Variable, value: np.ndarray) -> None:
         current = self._host[var]
@@ -349,7 +392,8 @@ class Session:
             inputs, program.h2d, self._nht, program.replicas, downcast
         )
         with self._x64():
-            new, (buffers, counts) = program.step(*program.split(self._state), arrays)
+            step = self._executable or program.step
+            new, (buffers, counts) = step(*program.split(self._state), arrays)
         self._state = program.merge(self._state, new)
         self._host_stale = True
         return buffers, counts
@@ -482,6 +526,12 @@ class Session:
         copy = np.array(arr)
         copy.flags.writeable = False
         return copy
+
+
+def _ipus_per_replica(ir: Ir) -> int:
+    """One more than the highest IPU any op is placed on."""
+    placed = [op.ipu for g in ir._graphs.values() for op in g._ops if op.ipu is not None]
+    return max(placed, default=0) + 1
 
 
 def _has_read_only_memmap(ir: Ir) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from .. import dtypes
-from .._op import core_error, define
+from .._op import AMP_HINT, core_error, define
 from ..tensor import Tensor
 from ._base import jax, jnp, normalize_axis, record, same_dtype, spec
 
@@ -68,7 +68,8 @@ def matmul(
 
     Args:
         lhs, rhs: inputs of the same dtype.
-        available_memory_proportion: an IPU tiling hint; no effect here.
+        available_memory_proportion: an IPU tiling hint, recorded on the op
+            (``op.hints``); XLA plans memory itself, so it has no effect on the result.
         output_type: dtype of the result (default: the inputs' dtype).
         partials_type: accumulation type, ``float32`` (default) or ``float16``.
 
@@ -79,7 +80,10 @@ def matmul(
     if partials_type is not None and partials_type not in (dtypes.float16, dtypes.float32):
         raise ValueError(f"partials_type must be float16 or float32, got {partials_type}.")
     attrs = {"output_type": output_type, "partials_type": partials_type}
-    return record(MATMUL, {"lhs": lhs, "rhs": rhs}, attrs, ["matmul_out"])[0]
+    out = record(MATMUL, {"lhs": lhs, "rhs": rhs}, attrs, ["matmul_out"])[0]
+    if available_memory_proportion is not None and out._producer is not None:
+        out._producer.hints[AMP_HINT] = float(available_memory_proportion)
+    return out
 
 
 # softmax ---------------------------------------------------------------------------------

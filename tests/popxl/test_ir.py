@@ -391,6 +391,7 @@ def test_dot_checkpoint_writes_a_file(tmp_path, monkeypatch):
     ir.dot_checkpoint("check", tmp_path)
     text = (tmp_path / "check.dot").read_text()
     assert text.startswith("digraph") and '"op:100" [shape=box, label="Add.100"]' in text
-    monkeypatch.setenv("POPART_DOT_CHECKS", "other")
+    assert ir._pb_ir.getSessionOptions().dotChecks == {"ALL"}  # turned on by the first call
+    ir._pb_ir.getSessionOptions().dotChecks = {"other"}
     ir.dot_checkpoint("skipped")
     assert not (tmp_path / "skipped.dot").exists()

@@ -506,7 +506,7 @@ def test_call_module_object_keeps_factories_graph_and_output_count():
     cm = captured["cm"]
     assert cm.n_outputs_pre_autodiff == 1
     assert cm.var_factories.keys_flat() == ["w"]
-    assert len(cm.graph.graph.outputs) == 1  # aux tensors read by build_grad are forward inputs
+    assert len(cm.graph.graph.outputs) == 3  # y, then the aux tensors x and w (forward inputs)
 
 
 # Custom gradients --------------------------------------------------------------------------
@@ -586,8 +586,75 @@ def test_build_grad_graph_info_connections():
     ]  # grads_provided, then aux reads in first-read order
     assert info.outputs == (x, w)
     assert [t.name for t in grad.graph.inputs] == ["dy", "x", "w"]
-    assert fwd.graph.outputs == (y,)  # aux tensors that are forward inputs are not added as outputs
+    # Every aux tensor becomes a forward output, as in the original (inputs pass through), so
+    # the gradient graph has one input per forward output.
+    assert fwd.graph.outputs == (y, x, w)
+    assert len(grad.graph.inputs) == len(fwd.graph.outputs)
     assert fwd.autodiff_applied
+
+
+def test_aux_outputs_reach_existing_call_sites_and_hold_the_inputs_values():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        facts, fwd = Scale().create_graph(popxl.TensorSpec((3,), F32))
+        info = fwd.bind(facts.init()).call_with_info(popxl.variable(X, name="x"))
+        fwd.autodiff()
+        assert len(info.outputs) == 3
+        streams = _stores(*info.outputs)
+    (y, x_out, w_out), _ = _run(ir, streams)
+    np.testing.assert_allclose(y, X * W)
+    np.testing.assert_array_equal(x_out, X)
+    np.testing.assert_array_equal(w_out, W)
+
+
+def test_var_grad_supports_in_and_is_closed_outside_build_grad():
+    seen = {}
+
+    class Probe(Scale):
+        def build_grad(self, dy):
+            self.var_grad["w"] = dy * self.aux["x"]
+            seen["in"] = ("w" in self.var_grad, "b" in self.var_grad)
+            seen["w"] = self.var_grad["w"]
+            return dy * self.aux["w"]
+
+    module = Probe()
+    fwd = _fwd_graph(module)
+    with fwd.graph.ir.main_graph:
+        fwd.autodiff()
+        with pytest.raises(RuntimeError, match="You can only use `var_grad` within the"):
+            _ = module.var_grad["w"]
+    assert seen["in"] == (True, False) and isinstance(seen["w"], popxl.Tensor)
+
+
+def test_create_grad_graph_info_marks_activations_as_fwd():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        spec = popxl.TensorSpec((3,), F32)
+        fwd = ir.create_graph(lambda a: a * a, spec)
+        (y,) = fwd.outputs
+        (x,) = fwd.inputs
+        with fwd:
+            popxl.graph_output(x)
+        grad = ir.create_graph(lambda dy, a: dy * a * 2.0, spec, spec)
+        dy_in, a_in = grad.inputs
+        info = addons.create_grad_graph_info(
+            ir, fwd, grad, {dy_in: y, a_in: x}, {grad.outputs[0]: x}, [x]
+        )
+        Fwd = popxl.transforms.ExpectedConnectionType.Fwd
+        FwdGrad = popxl.transforms.ExpectedConnectionType.FwdGrad
+        assert [(c.fwd_tensor, c.connection_type) for c in info.expected_inputs] == [
+            (y, FwdGrad),
+            (x, Fwd),
+        ]
+        assert info.outputs == (x,) and info.graph is grad and info.forward_graph is fwd
+        call = ops.call_with_info(fwd, popxl.variable(X, name="x"))
+        (dx,) = ops.call(grad, popxl.constant(DY), inputs_dict=info.inputs_dict(call))
+        streams = _stores(dx)
+    (dx_value,), _ = _run(ir, streams)
+    np.testing.assert_allclose(dx_value, DY * X * 2.0)
+    other = popxl.Ir()
+    with pytest.raises(ValueError, match="belongs to another IR"):
+        addons.create_grad_graph_info(other, fwd, grad, {}, {}, [])
 
 
 def test_build_grad_with_a_variable_listed_before_the_input_maps_outputs_correctly():
@@ -804,7 +871,12 @@ def test_var_grad_outside_build_grad_raises():
             self.var_grad["w"] = x
             return x
 
-    with popxl.Ir().main_graph, pytest.raises(RuntimeError, match="within the build_graph method"):
+    with (
+        popxl.Ir().main_graph,
+        pytest.raises(
+            RuntimeError, match="You can only use `var_grad` within the `build_graph` method"
+        ),
+    ):
         Early().create_graph(popxl.TensorSpec((3,), F32))
 
 
@@ -814,7 +886,13 @@ def test_aux_cannot_be_read_in_build():
             self.aux["x"] = x
             return self.aux["x"]
 
-    with popxl.Ir().main_graph, pytest.raises(RuntimeError, match="aux"):
+    with (
+        popxl.Ir().main_graph,
+        pytest.raises(
+            RuntimeError,
+            match=r"aux\['x'\]: you can only get items within the `build_graph` method",
+        ),
+    ):
         Reader().create_graph(popxl.TensorSpec((3,), F32))
 
 
@@ -873,13 +951,16 @@ def test_implements_grad_graph():
 
 def test_cache_with_build_grad_is_rejected():
     with pytest.raises(
-        ValueError, match="You cannot use graph caching if you have implemented build_grad."
+        ValueError, match="You cannot use graph caching if you have implemented `build_grad`"
     ):
         Scale(cache=True)
 
 
 def test_invalid_grad_inlining_error_is_rejected():
-    with pytest.raises(ValueError, match="grad_inlining_error"):
+    with pytest.raises(
+        ValueError,
+        match="grad_inlining_error should be one of 'error', 'warning', 'none'. Not: 'loud'",
+    ):
         Linear.__mro__[1].__init__(Linear.__new__(Linear), grad_inlining_error="loud")
 
 
@@ -893,12 +974,18 @@ class InlineParent(addons.Module):
 
 
 def test_inlining_a_module_with_build_grad_raises_by_default():
-    with popxl.Ir().main_graph, pytest.raises(Exception, match="build_grad has been implemented"):
+    with (
+        popxl.Ir().main_graph,
+        pytest.raises(Exception, match="Scale: `build_grad` has been implemented"),
+    ):
         InlineParent("error").create_graph(popxl.TensorSpec((3,), F32))
 
 
 def test_inlining_a_module_with_build_grad_warns_in_warning_mode():
-    with popxl.Ir().main_graph, pytest.warns(UserWarning, match="build_grad has been implemented"):
+    with (
+        popxl.Ir().main_graph,
+        pytest.warns(UserWarning, match="Scale: `build_grad` has been implemented"),
+    ):
         InlineParent("warning").create_graph(popxl.TensorSpec((3,), F32))
 
 

@@ -1,4 +1,4 @@
-"""Stream-creating host IO helpers."""
+"""Stream-creating host IO helpers: ``popxl_addons.ops.streams`` (also ``addons.host_load``)."""
 
 from __future__ import annotations
 
