@@ -106,7 +106,7 @@ class LinearFP8(Module):
             y = y + b
         return y
 
-    def build_grad(self, dLdy: popxl.Tensor) -> popxl.Tensor:  # noqa: N803
+    def build_grad(self, dLdy: popxl.Tensor) -> popxl.Tensor:  # type: ignore[override]  # noqa: N803
         """The backward pass with float8 matmuls: ``dx``, and ``var_grad`` for the weight
         and the bias."""
         dy_log2scale, dy_fp8 = self._cast(dLdy, self.grad_fp8_type, GRAD_MARGIN)

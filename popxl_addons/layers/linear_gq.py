@@ -80,8 +80,12 @@ class LinearGQ(Module):
             partial(np.zeros, (kept, groups, self.group_size // 4)),
             popxl.uint16,
         )
-        scale = variable("weight_decompression_scale", partial(np.zeros, (kept, groups, 1)), x.dtype)
-        offset = variable("weight_decompression_bias", partial(np.zeros, (kept, groups, 1)), x.dtype)
+        scale = variable(
+            "weight_decompression_scale", partial(np.zeros, (kept, groups, 1)), x.dtype
+        )
+        offset = variable(
+            "weight_decompression_bias", partial(np.zeros, (kept, groups, 1)), x.dtype
+        )
         y = x @ group_quantize_decompress(packed, scale, offset, self.dim)
         if self.bias:
             b = variable("bias", partial(np.zeros, y.shape[-1]), x.dtype)

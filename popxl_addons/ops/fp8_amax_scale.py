@@ -23,6 +23,10 @@ def fp8_amax_scale(src: popxl.Tensor, dtype: popxl.dtype = popxl.float8_143) -> 
     """``clip(floor(log2(max_value(dtype) / max(|src|))), -31, 31)`` as an int32 scalar:
     the largest power-of-two scale that keeps ``src`` within the float8 range.
 
+    Deliberate fix: the ratio is computed in float32. The original divided in ``src``'s
+    dtype, so for float16 inputs below ``max_value / 65504`` (about 0.9 for float8_152) the
+    ratio overflowed to infinity and the scale saturated at 31, overflowing the cast.
+
     Args:
         src: float16 or float32 tensor.
         dtype: ``popxl.float8_143`` (default) or ``popxl.float8_152``.
@@ -32,8 +36,8 @@ def fp8_amax_scale(src: popxl.Tensor, dtype: popxl.dtype = popxl.float8_143) -> 
         ValueError: ``dtype`` is not a float8 type.
     """
     largest = _check_formats(src, dtype)
-    amax = ops.max(ops.abs(src))
-    log2_max = ops.log2(popxl.constant(largest, src.dtype) / amax)
+    amax = ops.cast(ops.max(ops.abs(src)), popxl.float32)
+    log2_max = ops.log2(popxl.constant(largest, popxl.float32) / amax)
     return ops.clip(ops.cast(ops.floor(log2_max), popxl.int32), -31, 31)
 
 

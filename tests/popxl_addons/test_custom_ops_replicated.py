@@ -58,7 +58,9 @@ def run_with_grad(
         graph = ir.create_graph(build, *tensors)
         info = popxl.transforms.autodiff(graph, grads_required=[graph.inputs[k] for k in diff])
         call = ops.call_with_info(graph, *tensors)
-        cot_stream = popxl.h2d_stream(cot.shape[lead:], popxl.dtypes.dtype.as_dtype(cot.dtype), "cot")
+        cot_stream = popxl.h2d_stream(
+            cot.shape[lead:], popxl.dtypes.dtype.as_dtype(cot.dtype), "cot"
+        )
         grads = ops.call(
             info.graph, ops.host_load(cot_stream, "cot"), inputs_dict=info.inputs_dict(call)
         )
@@ -87,9 +89,10 @@ TP_CASES = {
 }
 
 
+@pytest.mark.usefixtures("mode")
 @pytest.mark.parametrize("name", TP_CASES)
 @pytest.mark.parametrize("group_size", [R, 2])
-def test_all_reduce_tp_pairs(mode: str, name: str, group_size: int) -> None:
+def test_all_reduce_tp_pairs(name: str, group_size: int) -> None:
     fn, fwd_reduces, bwd_reduces = TP_CASES[name]
     x, cot = _data(R, 2, 3), _data(R, 2, 3, seed=1)
 
@@ -128,8 +131,9 @@ def _strided_groups(stride: int, size: int, replicas: int) -> list[list[int]]:
     return [[f + k * stride for k in range(size)] for f in firsts]
 
 
+@pytest.mark.usefixtures("mode")
 @pytest.mark.parametrize("stride,size", [(2, 2), (1, 4), (4, 2)])
-def test_strided_collectives(mode: str, stride: int, size: int) -> None:
+def test_strided_collectives(stride: int, size: int) -> None:
     replicas = 8 if stride * size > R else R
     x = _data(replicas, 2, 3)
 
@@ -154,7 +158,8 @@ def test_strided_collectives(mode: str, stride: int, size: int) -> None:
             np.testing.assert_allclose(scattered[r], padded[rank * chunk : (rank + 1) * chunk])
 
 
-def test_strided_all_reduce_gradients_swap_flags(mode: str) -> None:
+@pytest.mark.usefixtures("mode")
+def test_strided_all_reduce_gradients_swap_flags() -> None:
     x, cot = _data(R, 3), _data(R, 3, seed=2)
 
     def build(t: popxl.Tensor) -> popxl.Tensor:
@@ -168,7 +173,8 @@ def test_strided_all_reduce_gradients_swap_flags(mode: str) -> None:
     assert "ReplicatedAllReduceStrided." in schedule
 
 
-def test_all_reduce_strided_graph_reduces_each_named_tensor(mode: str) -> None:
+@pytest.mark.usefixtures("mode")
+def test_all_reduce_strided_graph_reduces_each_named_tensor() -> None:
     from popxl_addons import NamedTensors
 
     a, b = _data(R, 2), _data(R, 3, seed=1)
@@ -193,8 +199,9 @@ def _cross_entropy(logits: Any, labels: np.ndarray) -> Any:
     return -jnp.take_along_axis(log_p, jnp.asarray(labels)[:, None], axis=-1)[:, 0]
 
 
+@pytest.mark.usefixtures("mode")
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-def test_cross_entropy_sharded(mode: str, reduction: str) -> None:
+def test_cross_entropy_sharded(reduction: str) -> None:
     n, classes = 6, 12
     shard = classes // R
     full = _data(n, classes) * 3
@@ -219,7 +226,8 @@ def test_cross_entropy_sharded(mode: str, reduction: str) -> None:
     assert "CrossEntropyShardedGrad." in schedule
 
 
-def test_cross_entropy_sharded_ignore_index_over_two_groups(mode: str) -> None:
+@pytest.mark.usefixtures("mode")
+def test_cross_entropy_sharded_ignore_index_over_two_groups() -> None:
     n, classes, tp = 5, 8, 2
     shard = classes // tp
     full = [_data(n, classes, seed=s) for s in (0, 1)]  # one problem per group
@@ -266,7 +274,8 @@ def _layer_norm(x: Any, w: Any, b: Any, eps: float = 1e-5) -> Any:
     return (x - mean) / jnp.sqrt(var + eps) * w + b
 
 
-def test_layer_norm_distributed(mode: str) -> None:
+@pytest.mark.usefixtures("mode")
+def test_layer_norm_distributed() -> None:
     n, hidden = 5, 16
     shard = hidden // R
     x, w, b = _data(n, hidden) * 2 + 1, _data(hidden, seed=1), _data(hidden, seed=2)
@@ -302,7 +311,9 @@ def test_layer_norm_distributed_on_one_replica_is_layer_norm() -> None:
         cot,
         diff=(0, 1, 2),
     )
-    want, pullback = jax.vjp(lambda *a: _layer_norm(*a, eps=1e-3), *(jnp.asarray(v) for v in (x, w, b)))
+    want, pullback = jax.vjp(
+        lambda *a: _layer_norm(*a, eps=1e-3), *(jnp.asarray(v) for v in (x, w, b))
+    )
     np.testing.assert_allclose(y, np.asarray(want), rtol=1e-4, atol=1e-5)
     for got, ref in zip(grads, pullback(jnp.asarray(cot))):
         np.testing.assert_allclose(got, np.asarray(ref), rtol=1e-4, atol=1e-5)

@@ -37,6 +37,14 @@ def test_top_level_names_are_the_functions_of_their_modules():
     assert addons.print_tensor is print_tensor and addons.print_tensor is not ops.print_tensor
 
 
+def test_every_name_in_all_resolves():
+    missing = [name for name in addons.__all__ if not hasattr(addons, name)]
+    assert missing == []
+    assert {"GIT_COMMIT", "TaskSession", "write_variables_pb", "fp8_amax_scale"} <= set(
+        addons.__all__
+    )
+
+
 def test_import_loads_no_layers_patterns_testing_utils_or_runtime():
     code = (
         "import sys, popxl_addons as a; "

@@ -5,12 +5,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from ..replication_helpers import mode  # noqa: F401  (the `mode` fixture)
 from .tp_block_model import Config, build_tp_block, full_weights, jax_loss, unshard_grads
 
 
-def test_tp_block_matches_plain_jax(mode: str) -> None:
+@pytest.mark.usefixtures("mode")
+def test_tp_block_matches_plain_jax() -> None:
     cfg = Config()
     weights = full_weights(cfg)
     rng = np.random.default_rng(1)
@@ -27,7 +29,9 @@ def test_tp_block_matches_plain_jax(mode: str) -> None:
     np.testing.assert_allclose(loss, np.full(cfg.tp, float(ref_loss)), rtol=1e-5)
     # Gradients of replicated tensors are identical on every replica.
     for name in ("x", "ln1_w", "out_b", "ff2_b", "lnf_b"):
-        np.testing.assert_allclose(grads[name], np.stack([grads[name][0]] * cfg.tp), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            grads[name], np.stack([grads[name][0]] * cfg.tp), rtol=1e-6, atol=1e-7
+        )
     whole = unshard_grads(cfg, grads)
     assert set(whole) == set(weights) | {"x"}
     np.testing.assert_allclose(whole.pop("x"), np.asarray(ref_x), rtol=1e-4, atol=1e-6)

@@ -79,9 +79,7 @@ def full_weights(cfg: Config, seed: int = 0) -> dict[str, np.ndarray]:
     for name, dims in WEIGHT_SHAPES.items():
         shape = tuple(sizes[d] for d in dims)
         value = rng.standard_normal(shape) * (0.1 if name.endswith("_b") else 0.2)
-        weights[name] = (value + (1.0 if name in ("ln1_w", "lnf_w") else 0.0)).astype(
-            np.float32
-        )
+        weights[name] = (value + (1.0 if name in ("ln1_w", "lnf_w") else 0.0)).astype(np.float32)
     # The sharded layer norm starts from its layer's initial values.
     weights["ln2_w"] = np.ones(cfg.hidden, np.float32)
     weights["ln2_b"] = np.zeros(cfg.hidden, np.float32)
@@ -91,11 +89,14 @@ def full_weights(cfg: Config, seed: int = 0) -> dict[str, np.ndarray]:
 def _qkv_columns(cfg: Config, rank: int) -> np.ndarray:
     """The QKV columns of the heads of tensor-parallel ``rank``: its q, then k, then v."""
     width = cfg.hidden // cfg.tp
-    return np.concatenate([part * cfg.hidden + np.arange(rank * width, (rank + 1) * width) for part in range(3)])
+    return np.concatenate(
+        [part * cfg.hidden + np.arange(rank * width, (rank + 1) * width) for part in range(3)]
+    )
 
 
 def shard_weights(cfg: Config, w: dict[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
     """Per-rank pieces of the sharded weights (replicated weights are not listed)."""
+
     def cols(a: np.ndarray, n: int) -> list[np.ndarray]:
         return np.split(a, n, axis=-1)
 
@@ -144,7 +145,10 @@ class Attention(ShardedModule):
         )
         q = rotary_pos_embed(q, sin, cos, cfg.rotary_dim)
         k = rotary_pos_embed(k, sin, cos, cfg.rotary_dim)
-        q, k, v = (ops.transpose(t.reshape((cfg.seq, local_heads, cfg.head_dim)), (1, 0, 2)) for t in (q, k, v))
+        q, k, v = (
+            ops.transpose(t.reshape((cfg.seq, local_heads, cfg.head_dim)), (1, 0, 2))
+            for t in (q, k, v)
+        )
         scores = (q @ ops.transpose(k, (0, 2, 1))) * (1.0 / np.sqrt(cfg.head_dim))
         mask = np.triu(np.full((cfg.seq, cfg.seq), -1e4, np.float32), 1)
         probs = ops.softmax(scores + popxl.constant(mask), axis=-1)
@@ -179,7 +183,9 @@ class Head(ShardedModule):
             popxl.int32,
             replica_grouping=self.tp_group.transpose(),
         )
-        return cross_entropy_sharded_loss(logits, labels - first_class, replica_grouping=self.tp_group)
+        return cross_entropy_sharded_loss(
+            logits, labels - first_class, replica_grouping=self.tp_group
+        )
 
 
 class Block(ShardedModule):
@@ -253,7 +259,9 @@ class TPBlock:
         return out[self.loss], {name: out[s] for name, s in self.grads.items()}
 
 
-def build_tp_block(cfg: Config, weights: dict[str, np.ndarray], x: np.ndarray, labels: np.ndarray) -> TPBlock:
+def build_tp_block(
+    cfg: Config, weights: dict[str, np.ndarray], x: np.ndarray, labels: np.ndarray
+) -> TPBlock:
     """The block on ``cfg.tp`` replicas (one tensor-parallel group), ready to run."""
     ir = popxl.Ir(replication=cfg.tp)
     tp_group = ir.replica_grouping(group_size=cfg.tp)
@@ -266,7 +274,9 @@ def build_tp_block(cfg: Config, weights: dict[str, np.ndarray], x: np.ndarray, l
         dgraph = addons.autodiff(graph, grads_required=floats)
         variables = facts.init()
         fwd = graph.bind(variables).call_with_info(xt, lt)
-        grads = dgraph.call(popxl.constant(np.float32(1)), args=dgraph.grad_graph_info.inputs_dict(fwd))
+        grads = dgraph.call(
+            popxl.constant(np.float32(1)), args=dgraph.grad_graph_info.inputs_dict(fwd)
+        )
         names = {t: n for n, t in graph.args.to_dict().items()}
         streams = {}
         for t, g in zip(floats, grads):

@@ -21,13 +21,17 @@ MSG = "CrossEntropyShardedWROp::setup {}"
 
 def _check(logits: list, indices: list) -> None:
     if len(logits[0].shape) != 2:
-        raise core_error(MSG.format("all logits must be of rank 2. e.g. (n_samples, sub_n_classes)"))
+        raise core_error(
+            MSG.format("all logits must be of rank 2. e.g. (n_samples, sub_n_classes)")
+        )
     samples = logits[0].shape[0]
     for t in logits:
         if t.dtype != logits[0].dtype:
             raise core_error(MSG.format("not all logits inputs have the same datatype."))
         if len(t.shape) != 2:
-            raise core_error(MSG.format("all logits must be of rank 2. e.g. (n_samples, sub_n_classes)"))
+            raise core_error(
+                MSG.format("all logits must be of rank 2. e.g. (n_samples, sub_n_classes)")
+            )
         if t.shape[0] != samples:
             raise core_error(MSG.format("all logits must have the same number of samples."))
     for t in indices:
@@ -108,10 +112,10 @@ def cross_entropy_sharded_wr_loss(
     n = len(logits)
     inputs = {f"logits_{i}": t for i, t in enumerate(logits)}
     inputs.update({f"indices_{i}": t for i, t in enumerate(indices)})
-    names = ["cross_entropy_sharded_out"] + [f"cross_entropy_sharded_soft_max_out_{i}" for i in range(n)]
-    return record(
-        CROSS_ENTROPY_SHARDED_WR, inputs, {"shards": n}, names, check_placement=False
-    )[0]
+    names = ["cross_entropy_sharded_out"] + [
+        f"cross_entropy_sharded_soft_max_out_{i}" for i in range(n)
+    ]
+    return record(CROSS_ENTROPY_SHARDED_WR, inputs, {"shards": n}, names, check_placement=False)[0]
 
 
 __all__ = ["cross_entropy_sharded_wr_loss"]

@@ -36,9 +36,7 @@ def grad_reduce_square_add(
     scale = 1 / (loss_scaling * loss_scaling)
     if not isinstance(scale, popxl.Tensor):
         scale = popxl.constant(scale, popxl.float32)
-    return record(
-        GRAD_REDUCE_SQUARE_ADD, {"t": t, "loss_scaling": scale}, {}, ["grad_reduced"]
-    )[0]
+    return record(GRAD_REDUCE_SQUARE_ADD, {"t": t, "loss_scaling": scale}, {}, ["grad_reduced"])[0]
 
 
 __all__ = ["grad_reduce_square_add"]

@@ -22,9 +22,7 @@ def _infer(x: Any, w: Any, b: Any, **_: Any) -> list:
     return [TensorSpec(x.shape, x.dtype), TensorSpec(rows, x.dtype), TensorSpec(rows, x.dtype)]
 
 
-def distributed_layer_norm(
-    x: Any, w: Any, b: Any, epsilon: float, groups: Any, impl: str
-) -> tuple:
+def distributed_layer_norm(x: Any, w: Any, b: Any, epsilon: float, groups: Any, impl: str) -> tuple:
     """(y, mean, inverse standard deviation) of this replica's hidden slice."""
     hidden = x.shape[1] * group_size(groups)
 

@@ -49,7 +49,9 @@ def replicated_all_gather_strided(t: Tensor, group: ReplicaGrouping | None = Non
         ValueError: ``t`` has a meta-shape whose size differs from the gathered size.
     """
     groups = groups_of(group)
-    out = record(ALL_GATHER_STRIDED, {"t": t}, {"groups": groups}, ["replicated_all_gather_strided_out"])[0]
+    out = record(
+        ALL_GATHER_STRIDED, {"t": t}, {"groups": groups}, ["replicated_all_gather_strided_out"]
+    )[0]
     if t.meta_shape:
         if math.prod(t.meta_shape) != out.shape[0]:
             raise ValueError(

@@ -65,7 +65,9 @@ def replicated_reduce_scatter_strided(
         "groups": groups_of(group),
         "rts": bool(configure_output_for_replicated_tensor_sharding),
     }
-    return record(REDUCE_SCATTER_STRIDED, {"t": t}, attrs, ["replicated_reduce_scatter_strided_out"])[0]
+    return record(
+        REDUCE_SCATTER_STRIDED, {"t": t}, attrs, ["replicated_reduce_scatter_strided_out"]
+    )[0]
 
 
 __all__ = ["replicated_reduce_scatter_strided"]

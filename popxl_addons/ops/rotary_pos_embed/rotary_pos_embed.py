@@ -105,7 +105,10 @@ def rotary_pos_embed(
     if cos.rank == 2:
         cos = cos.reshape((1, *cos.shape))
     return record(
-        ROTARY_POS_EMBED, {"t": t, "sin": sin, "cos": cos}, {"rotary_dim": int(rotary_dim)}, ["t_rotated"]
+        ROTARY_POS_EMBED,
+        {"t": t, "sin": sin, "cos": cos},
+        {"rotary_dim": int(rotary_dim)},
+        ["t_rotated"],
     )[0]
 
 
