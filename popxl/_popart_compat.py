@@ -197,13 +197,13 @@ class PbTensorInfo:
 
 class SessionCompat:
     """PopXL's private ``Session`` methods that published code calls (a mixin of
-    ``popxl.Session``). The session provides ``ir`` and ``_nht``."""
+    ``popxl.Session``). The session provides ``ir_`` and ``_nht``."""
 
-    ir: Ir
+    ir_: Ir
     _nht: int
 
     def _extra_input_dims(self) -> tuple[int, ...]:
-        replicas = self.ir.instance_replication_factor
+        replicas = self.ir_.instance_replication_factor
         return ((self._nht,) if self._nht > 1 else ()) + ((replicas,) if replicas > 1 else ())
 
     def _full_input_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:

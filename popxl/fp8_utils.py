@@ -52,7 +52,30 @@ def host_pow2scale_cast_to_fp8(
 ) -> np.ndarray:
     """Cast float data to float8 after multiplying by ``2**log2_scale``.
 
-    Values beyond the format's range become NaN (``nan_on_overflow``) or saturate.
+    Rounds to nearest even. Scaled values beyond the format's largest value (240 for
+    float8_143, 57344 for float8_152) become NaN with ``nan_on_overflow``, else saturate to
+    it; NaN and infinite inputs always become NaN (the byte ``0x80``), as PopART did.
+
+    Args:
+        src: float16/32/64 data (NumPy arrays, torch tensors, scalars, lists).
+        dtype: ``popxl.float8_143`` (default) or ``popxl.float8_152``.
+        log2_scale: int in ``[-32, 32)``.
+        nan_on_overflow: NaN rather than saturation for out-of-range values.
+
+    Returns:
+        An array of the float8 ``ml_dtypes`` type of ``dtype`` (``dtype.as_numpy()``).
+
+    Raises:
+        TypeError: non-float data or a non-float8 ``dtype``.
+        ValueError: ``log2_scale`` out of range.
+
+    >>> import numpy as np, popxl
+    >>> from popxl.fp8_utils import host_pow2scale_cast_to_fp8
+    >>> x = np.array([0.75, 250.0, np.inf], np.float32)
+    >>> host_pow2scale_cast_to_fp8(x, popxl.float8_143, 0, False).view(np.uint8)
+    array([ 60, 127, 128], dtype=uint8)
+    >>> host_pow2scale_cast_to_fp8(x, popxl.float8_143, 0, True).view(np.uint8)
+    array([ 60, 128, 128], dtype=uint8)
     """
     dt = _check_fp8_dtype(dtype)
     arr = np.asarray(src)
@@ -65,10 +88,13 @@ def host_pow2scale_cast_to_fp8(
         raise ValueError(f"log2_scale must be in [-32, 32), got {log2_scale}.")
     scaled = arr.astype(np.float64) * (2.0 ** int(log2_scale))
     limit = _float8_max(dt)
-    if nan_on_overflow:
-        scaled = np.where(np.abs(scaled) > limit, np.nan, scaled)
-    else:
-        scaled = np.clip(scaled, -limit, limit)
+    with np.errstate(invalid="ignore"):
+        if nan_on_overflow:
+            scaled = np.where(np.abs(scaled) > limit, np.nan, scaled)
+        else:
+            # PopART saturates finite values only: infinities (e.g. float16 data that
+            # overflowed already) still become NaN, the formats having no infinity.
+            scaled = np.where(np.isinf(scaled), np.nan, np.clip(scaled, -limit, limit))
     return scaled.astype(np.float32).astype(dt.as_numpy())
 
 

@@ -43,7 +43,11 @@ class Ir:
     """A PopXL program: the main graph, the subgraphs it calls, and how it runs.
 
     Args:
-        replication: the number of replicas the program runs on (default 1).
+        replication: the number of replicas the program runs on (default 1), or
+            ``"popdist"`` for an instance started by ``poprun``: the replication factor is
+            then the global one (all instances' replicas) and the session options
+            ``globalReplicationFactor``, ``globalReplicaOffset`` and
+            ``enableDistributedReplicatedGraphs`` place this instance's replicas among them.
 
     >>> import popxl
     >>> ir = popxl.Ir()
@@ -54,11 +58,6 @@ class Ir:
     _ids = itertools.count()
 
     def __init__(self, replication: int | str = 1) -> None:
-        if replication == "popdist":
-            raise NotImplementedError(
-                "Ir(replication='popdist') configures multi-process PopDist runs, which this "
-                "runtime does not provide. Use Ir(replication=R) to run R replicas in one process."
-            )
         self._id = next(Ir._ids)
         self._graphs: dict[str, Graph] = {}
         self._op_ids = itertools.count(100)
@@ -73,7 +72,18 @@ class Ir:
         self._session_ref: Callable[[], Any] = lambda: None
         self._session_options = SessionOptions()
         self._main = Graph._create(self, "")
-        self.replication_factor = cast(int, replication)  # the setter validates it
+        self._use_popdist = replication == "popdist"
+        if self._use_popdist:
+            self._configure_popdist()
+        else:
+            self.replication_factor = cast(int, replication)  # the setter validates it
+
+    def _configure_popdist(self) -> None:
+        """Take the replication from ``poprun``'s environment (see ``popdist``)."""
+        import popdist.popart
+
+        opts = self._session_options
+        popdist.popart.configureSessionOptions(opts)
 
     @property
     def _pb_ir(self) -> PbIr:
@@ -160,13 +170,19 @@ class Ir:
             )
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"The replication factor must be a positive int, got {value!r}.")
+        if self._use_popdist:
+            raise RuntimeError(
+                f"The replication factor of {self!r} comes from poprun (Ir(replication="
+                "'popdist')); change it with `poprun --num-replicas` instead."
+            )
         opts = self._session_options
         opts.enableReplicatedGraphs = value > 1
         opts.replicatedGraphCount = value
 
     @property
     def instance_replication_factor(self) -> int:
-        """Replicas run by this process: the session options' ``replicatedGraphCount``."""
+        """Replicas run by this process: the session options' ``replicatedGraphCount``
+        (this instance's share under popdist)."""
         return self._session_options.instance_replication_factor()
 
     @property

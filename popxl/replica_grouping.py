@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from .ir import Ir
@@ -42,6 +43,62 @@ def _constant_stride(assignment: list[int]) -> int | None:
     if _const_assignment(len(assignment), stride, size) == assignment:
         return stride
     return None
+
+
+RETRIEVAL_MODES = ("one_per_group", "all_replicas")
+BAD_RETRIEVAL_MSG = (
+    "Invalid retrieval_mode: {mode}. Use 'one_per_group' (the first replica of each group) "
+    "or 'all_replicas'."
+)
+
+
+@dataclass(frozen=True)
+class VariableSettings:
+    """PopART's ``VariableSettings``: a grouping plus how a grouped variable is read back.
+
+    Returned by ``ReplicaGrouping._to_variable_settings``; code written for PopXL asks it
+    for the replica groups of a variable with ``groups(replication_factor)``.
+
+    Attributes:
+        stride: distance between consecutive members of a group (None for a grouping
+            without a constant stride, whose groups are then given by ``assignment``).
+        group_size: replicas per group.
+        retrieval_mode: ``"one_per_group"`` or ``"all_replicas"``.
+        assignment: the group of each replica, for the grouping this was made from.
+    """
+
+    stride: int | None
+    group_size: int
+    retrieval_mode: str
+    assignment: tuple[int, ...]
+
+    def groups(self, replication_factor: int) -> list[list[int]]:
+        """The replicas of each group, in increasing order, for ``replication_factor``.
+
+        Raises:
+            ValueError: the stride and group size do not split ``replication_factor``
+                replicas into equal groups (or, for a grouping without a constant stride,
+                ``replication_factor`` is not the one it was made for).
+        """
+        replicas = int(replication_factor)
+        if self.stride is None:
+            if replicas != len(self.assignment):
+                raise ValueError(
+                    f"This grouping was made for {len(self.assignment)} replicas and has no "
+                    f"constant stride, so it has no groups for {replicas} replicas."
+                )
+            return _members(list(self.assignment))
+        assignment = _const_assignment(replicas, self.stride, self.group_size)
+        if assignment is None or replicas % self.group_size:
+            raise ValueError(
+                f"stride={self.stride} and group_size={self.group_size} do not split "
+                f"{replicas} replicas into equal groups."
+            )
+        return _members(assignment)
+
+    def group_count(self, replication_factor: int) -> int:
+        """How many groups ``replication_factor`` replicas form."""
+        return len(self.groups(replication_factor))
 
 
 class ReplicaGrouping:
@@ -193,6 +250,22 @@ class ReplicaGrouping:
             return None
         return [device_map.index(g) for g in range(self.num_groups)]
 
+    def _to_variable_settings(
+        self, retrieval_mode: Literal["one_per_group", "all_replicas"] | None = None
+    ) -> VariableSettings:
+        """This grouping as PopART's ``VariableSettings`` (see :class:`VariableSettings`).
+
+        Args:
+            retrieval_mode: ``"one_per_group"`` (the default) or ``"all_replicas"``.
+
+        Raises:
+            ValueError: any other ``retrieval_mode``.
+        """
+        mode = "one_per_group" if retrieval_mode is None else retrieval_mode
+        if mode not in RETRIEVAL_MODES:
+            raise ValueError(BAD_RETRIEVAL_MSG.format(mode=retrieval_mode))
+        return VariableSettings(self._stride, self.group_size, mode, tuple(self._assignment))
+
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, ReplicaGrouping):
             raise TypeError(f"Cannot compare a ReplicaGrouping with {type(other).__name__}.")
@@ -210,4 +283,4 @@ class ReplicaGrouping:
         return f"ReplicaGrouping(assignment={self._assignment})"
 
 
-__all__ = ["ReplicaGrouping"]
+__all__ = ["ReplicaGrouping", "VariableSettings"]

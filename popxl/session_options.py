@@ -150,8 +150,9 @@ class SessionOptions(_Options):
     # Numerics ------------------------------------------------------------------------------
     enableStochasticRounding: bool = Field(
         False,
-        description="Round stochastically (unbiased, seeded) when float32 values are cast "
-        "to float16 or bfloat16 on the device, as the IPU's stochastic rounding did.",
+        description="Round stochastically (unbiased, deterministic) when `ops.cast` turns "
+        "float32 into float16, as the IPU's hardware rounding did "
+        "(runtime/stochastic_rounding.py).",
     )
     partialsTypeMatMuls: str = Field(
         "",

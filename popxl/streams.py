@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import context
+from . import dtypes as _dtypes
 from .tensor import Tensor
 from .tensor_spec import TensorSpec
 
@@ -74,7 +76,26 @@ class DeviceToHostStream(Stream):
     _is_h2d = False
 
 
+BAD_DTYPE_MSG = (
+    "{fn}: dtype must be a popxl dtype (e.g. popxl.float32), got {got!r} of type {kind}.{hint}"
+)
+
+
+def _check_dtype(fn: str, dtype: Any) -> None:
+    if isinstance(dtype, _dtypes.dtype):
+        return
+    hint = ""
+    if isinstance(dtype, str):
+        known = _dtypes.dtype._by_name.get(dtype)
+        close = difflib.get_close_matches(dtype, list(_dtypes.dtype._by_name), n=1)
+        name = known.name if known is not None else (close[0] if close else None)
+        if name is not None:
+            hint = f" Did you mean popxl.{name}?"
+    raise TypeError(BAD_DTYPE_MSG.format(fn=fn, got=dtype, kind=type(dtype).__name__, hint=hint))
+
+
 def _stream(cls: type[Stream], shape: Iterable[int], dtype: DType, name: str | None) -> Stream:
+    _check_dtype("h2d_stream" if cls._is_h2d else "d2h_stream", dtype)
     main = context.get_main_graph()
     spec = TensorSpec(tuple(shape), dtype)
     with main:
@@ -83,12 +104,20 @@ def _stream(cls: type[Stream], shape: Iterable[int], dtype: DType, name: str | N
 
 
 def h2d_stream(shape: Iterable[int], dtype: DType, name: str | None = None) -> HostToDeviceStream:
-    """A host-to-device stream of tensors of ``shape`` and ``dtype`` (name default ``h2d_stream``)."""
+    """A host-to-device stream of tensors of ``shape`` and ``dtype`` (name default ``h2d_stream``).
+
+    Raises:
+        TypeError: ``dtype`` is not a ``popxl.dtype`` (a string such as ``"float32"`` too).
+    """
     return _stream(HostToDeviceStream, shape, dtype, name or "h2d_stream")  # type: ignore[return-value]
 
 
 def d2h_stream(shape: Iterable[int], dtype: DType, name: str | None = None) -> DeviceToHostStream:
-    """A device-to-host stream of tensors of ``shape`` and ``dtype`` (name default ``d2h_stream``)."""
+    """A device-to-host stream of tensors of ``shape`` and ``dtype`` (name default ``d2h_stream``).
+
+    Raises:
+        TypeError: ``dtype`` is not a ``popxl.dtype`` (a string such as ``"float32"`` too).
+    """
     return _stream(DeviceToHostStream, shape, dtype, name or "d2h_stream")  # type: ignore[return-value]
 
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 import numpy as np
 
 from . import context
-from ._popart_compat import PbTensor
 from . import dtypes as _dtypes
+from ._popart_compat import PbTensor
 from .errors import UndefinedValue
 from .tensor_spec import TensorSpec
 from .typing_ import NewAliasAnnotation
@@ -422,11 +423,8 @@ class Constant(Tensor):
 
 
 def _host_array(data: Any, dtype: DType | None, downcast: bool, **fp8: Any) -> np.ndarray:
-    if dtype is None and np.asarray(data).dtype in (
-        _dtypes.np_dtype_float8_143,
-        _dtypes.np_dtype_float8_152,
-    ):
-        raise TypeError("Float8 host data needs an explicit `dtype` (float8_143 or float8_152).")
+    # Float8 host data (as made by ``host_pow2scale_cast_to_fp8``) names its format, so
+    # with no ``dtype`` the tensor takes that format, as in PopXL.
     copy = not isinstance(data, np.memmap)
     return to_numpy(data, dtype, downcast, copy=copy, **fp8)
 
@@ -444,6 +442,8 @@ def variable(
     retrieval_mode: str | None = None,
     log2_scale: int | None = None,
     nan_on_overflow: bool | None = None,
+    *,
+    grouping: ReplicaGrouping | None = None,
 ) -> Variable:
     """Create a variable in the main graph, initialised with ``data``.
 
@@ -456,11 +456,20 @@ def variable(
         replica_grouping: which replicas share a value (default: all replicas one group).
         retrieval_mode: ``"one_per_group"`` (default) or ``"all_replicas"``.
         log2_scale, nan_on_overflow: float8 host conversion options.
+        grouping: another name for ``replica_grouping``, the one the PopXL user guide's
+            distributed example passes (keyword only; give one of the two).
 
     Raises:
-        ValueError: outside the main graph, a bad retrieval mode, or group data of the wrong
-            leading size.
+        ValueError: outside the main graph, a bad retrieval mode, group data of the wrong
+            leading size, or both ``grouping`` and ``replica_grouping``.
     """
+    if grouping is not None:
+        if replica_grouping is not None:
+            raise ValueError(
+                "Pass the replica grouping once: `replica_grouping=` or its other name "
+                "`grouping=`, not both."
+            )
+        replica_grouping = grouping
     graph = context.get_current_graph()
     if graph is not graph.ir.main_graph:
         raise ValueError(VARIABLE_OUTSIDE_MAIN_MSG.format(graph=graph))
@@ -496,7 +505,20 @@ def _per_group_shape(
     return arr.shape[1:]
 
 
+MEMMAP_NON_CONST_MSG = (
+    "In creation of variable {name}, you have passed np.memmap data and a non-const replica "
+    "grouping, which requires us to make a copy of your np.memmap data. Your variable will "
+    "be treated as NOT an np.memmap: weights_to_host will not write to the file. Use a "
+    "grouping with a constant stride (ir.replica_grouping(stride, group_size)) to keep it "
+    "memory-mapped."
+)
+
+
 def _init_variable(var: Variable, arr: np.ndarray, grouping: ReplicaGrouping, mode: str) -> None:
+    if isinstance(arr, np.memmap) and not grouping.is_const:
+        # PopXL logged this through PopART's logger, on stderr.
+        sys.stderr.write(f"Warning: {MEMMAP_NON_CONST_MSG.format(name=var.id)}\n")
+        arr = np.array(arr)
     var._host_data = arr
     var._replica_grouping = grouping
     var._retrieval_mode = mode

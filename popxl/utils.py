@@ -92,18 +92,37 @@ def to_numpy(
     return arr.copy() if copy else arr
 
 
+MEMMAP_DTYPE_MSG = (
+    "When passing a memory-mapped NumPy array, the `dtype` parameter must be None or the same "
+    "as the array's dtype; the array has {have} but {want} was requested. Memory-mapped data "
+    "is used in place and never converted: create the np.memmap with dtype {want_np}, or "
+    "leave `dtype` out."
+)
+MEMMAP_LAYOUT_MSG = (
+    "When passing a memory-mapped NumPy array, it must already be in C-ordered and aligned "
+    "form, because it is used in place. Create the np.memmap with order='C' (the default)."
+)
+MEMMAP_DOWNCAST_MSG = (
+    "When passing a memory-mapped NumPy array, the dtype {dtype} is not supported, as it "
+    "requires downcasting the array into a new array with a dtype supported by PopXL "
+    "(the array has {have}). Create the np.memmap with {narrow}, or pass downcast=False to "
+    "use the 64-bit data in place."
+)
+
+
 def _checked_memmap(x: np.memmap, dtype: DType | None, downcast: bool) -> np.ndarray:
-    if not (x.flags.c_contiguous and x.flags.aligned):
-        raise ValueError("A np.memmap passed without copying must be C-contiguous and aligned.")
+    """A memmap usable in place, checked in PopXL's order (dtype, layout, downcasting)."""
     if dtype is not None and x.dtype != dtype.as_numpy():
         raise ValueError(
-            f"The np.memmap has dtype {x.dtype} but {dtype} was requested; memmaps are "
-            "used in place and cannot be converted. Create the memmap with the right dtype."
+            MEMMAP_DTYPE_MSG.format(have=x.dtype, want=dtype, want_np=dtype.as_numpy())
         )
-    if downcast and dtype is None and x.dtype in downcast_np_dtypes:
+    if not (x.flags.c_contiguous and x.flags.aligned):
+        raise ValueError(MEMMAP_LAYOUT_MSG)
+    if downcast and x.dtype in downcast_np_dtypes:
         raise ValueError(
-            f"The np.memmap has 64-bit dtype {x.dtype}, which would need downcasting; "
-            "memmaps are used in place. Create it with a 32-bit dtype or pass downcast=False."
+            MEMMAP_DOWNCAST_MSG.format(
+                dtype=dtype, have=x.dtype, narrow=downcast_np_dtypes[x.dtype]
+            )
         )
     return x
 

@@ -82,11 +82,16 @@ from .route_tensor import route_tensor_into_graph as route_tensor_into_graph
 from .seed_variable import seed_variable as seed_variable
 from .streams import InputStreams as InputStreams
 from .streams import OutputStreams as OutputStreams
+from .transforms import RemoteHandle as RemoteHandle
 from .transforms import add_recompute_inputs as add_recompute_inputs
 from .transforms import autodiff as autodiff
 from .transforms import autodiff_with_accumulation as autodiff_with_accumulation
+from .transforms import batch_serial_buffer as batch_serial_buffer
+from .transforms import batch_serialise as batch_serialise
+from .transforms import batch_serialise_fwd_and_grad as batch_serialise_fwd_and_grad
 from .transforms import disable_fc_pass as disable_fc_pass
 from .transforms import enable_fc_pass as enable_fc_pass
+from .transforms import pipelined_execution as pipelined_execution
 from .transforms import recompute_graph as recompute_graph
 from .transforms import (
     set_available_memory_proportion_by_ipu as set_available_memory_proportion_by_ipu,
@@ -126,6 +131,8 @@ __all__ = [
     "ops", "transforms", "DotTree", "BoundGraph", "GraphWithNamedArgs", "GraphCache", "function",
     "Module", "NameScopeMeta", "NamedReplicaGrouping", "NamedTensorData", "NamedTensors",
     "InputStreams", "OutputStreams", "autodiff", "autodiff_with_accumulation", "recompute_graph",
+    "pipelined_execution", "batch_serialise", "batch_serialise_fwd_and_grad",
+    "batch_serial_buffer", "RemoteHandle",
     "OrderedDict", "WeightsDict", "timer", "NamedVariableFactories", "VariableFactory",
     "add_replica_sharded_variable_input", "add_variable_input",
     "array_munging", "shard", "unshard_arrays", "unshard", "repeat", "repeat_axis", "split2D",

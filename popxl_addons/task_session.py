@@ -15,8 +15,9 @@ two renames still keeps the old data under the hidden name.
 
 Differences from the original:
 
-* Only one process writes (there is no popdist); every variable is saved as ``.npz``, also
-  memory-mapped ones (the original copied their raw ``.npy`` file, which ``load_checkpoint``
+* Under popdist, instance 0 writes (all instances read the global state first) and the
+  others return once the checkpoint is complete, or raise its error.
+* Every variable is saved as ``.npz``, also memory-mapped ones (the original copied their raw ``.npy`` file, which ``load_checkpoint``
   then ignored); ``skip_memmap`` is accepted and unused, as in the original.
 * Old checkpoints are deleted after the new one is complete, not before.
 * ``wandb://`` paths and the ``wandb_histogram`` / ``wandb_variable_histograms`` helpers are
@@ -242,16 +243,23 @@ class TaskSession(popxl.Session):
         with timer("Reading the session state"):
             state = self.get_named_tensors_data().to_dict()
         dataloader = self.dataloader
-        with timer(f"Saving checkpoint {target}"), _atomic_dir(target) as tmp:
-            os.makedirs(os.path.join(tmp, MODEL_DIR))
-            for key, value in state.items():
-                arrays: dict[str, Any] = {key: np.asarray(value)}
-                np.savez(os.path.join(tmp, MODEL_DIR, f"{key}.npz"), **arrays)
-            if dataloader is not None:
-                dataloader.save(os.path.join(tmp, DATALOADER_FILE))
-            with open(os.path.join(tmp, SESSION_FILE), "w") as f:
-                json.dump(self.session_state, f)
-        self._remember_checkpoint(target)
+
+        def write() -> None:
+            with timer(f"Saving checkpoint {target}"), _atomic_dir(target) as tmp:
+                os.makedirs(os.path.join(tmp, MODEL_DIR))
+                for key, value in state.items():
+                    arrays: dict[str, Any] = {key: np.asarray(value)}
+                    np.savez(os.path.join(tmp, MODEL_DIR, f"{key}.npz"), **arrays)
+                if dataloader is not None:
+                    dataloader.save(os.path.join(tmp, DATALOADER_FILE))
+                with open(os.path.join(tmp, SESSION_FILE), "w") as f:
+                    json.dump(self.session_state, f)
+            self._remember_checkpoint(target)
+
+        # Under popdist every instance holds the same global state: instance 0 writes it.
+        from runtime.distributed import on_first_instance
+
+        on_first_instance(self.ir, write, f"save checkpoint {target}")
 
     def _remember_checkpoint(self, path: str) -> None:
         if path in self._checkpoints:

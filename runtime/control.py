@@ -31,6 +31,8 @@ def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
     initial = [env.read(t) for t in op.inputs]
     n_out = len(graph._outputs)
     by_ref = sorted(op.modified_inputs)
+    placement = ctx.placement
+    homes = placement.input_homes(env, op.inputs) if placement is not None else None
 
     def body(_step: int, carry: tuple) -> tuple:
         carried, ref_values, fx = carry
@@ -40,11 +42,20 @@ def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
             if index >= n_out:
                 current[index] = value
         ctx.fx = fx
+        if homes is not None:  # the carry keeps the homes of the loop's inputs
+            current = list(placement.adopt(current, homes))
         outs, finals, _ = lower_graph(ctx, graph, current)
-        return tuple(outs), tuple(finals[i] for i in by_ref), ctx.fx
+        finals = [finals[i] for i in by_ref]
+        if homes is not None:
+            outs = placement.settle(outs, homes[:n_out])
+            finals = placement.settle(finals, [homes[i] for i in by_ref])
+        return tuple(outs), tuple(finals), ctx.fx
 
     start = (tuple(initial[:n_out]), tuple(initial[i] for i in by_ref), ctx.fx)
     carried, ref_values, ctx.fx = lax.fori_loop(0, count, body, start) if count else start
+    if homes is not None:
+        carried = placement.adopt(carried, homes[:n_out])
+        ref_values = placement.adopt(ref_values, [homes[i] for i in by_ref])
     for index, value in zip(by_ref, ref_values):
         env.write(op.inputs[index], value)
     for t, value in zip(op.outputs, carried):
@@ -63,6 +74,8 @@ def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
         def run(fx):  # noqa: ANN001, ANN202
             ctx.fx = fx
             outs, _, _ = lower_graph(ctx, graph, values)
+            if ctx.placement is not None:  # both branches must agree where outputs live
+                outs = ctx.placement.settle(outs, [None] * len(outs))
             return tuple(outs), ctx.fx
 
         return run

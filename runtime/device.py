@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 
@@ -98,3 +99,28 @@ def check_compatible(compiled_for: str, ipus: int, device: DeviceInfo) -> None:
             f"pass a {compiled_for} device with {ipus} IPU(s) (popxl.utils._to_device_info("
             f"{compiled_for!r}, {ipus})), or create a new Session for this device."
         )
+
+
+NO_IO_TILES_MSG = (
+    "No IO tile graph for index {ipu}: op {op} is placed on IO tiles (`popxl.io_tiles()`), "
+    "but the session options reserve none. Reserve some before creating the Session, e.g. "
+    "`ir._pb_ir.getSessionOptions().numIOTiles = 32` (an even number, at least 32)."
+)
+
+
+def check_io_tiles(ir: Any, tiles_per_ipu: int) -> None:
+    """PopART's rules for ``numIOTiles``: 0, or an even number >= 32 below the tiles per IPU;
+    ops may sit on IO tiles only when some are reserved."""
+    num = ir._session_options.numIOTiles
+    if num > 0 and (num < 32 or num % 2):
+        raise ValueError(
+            f"{num} is an invalid number of IO tiles. Number of IO tiles must be an even "
+            "number and >= 32."
+        )
+    if num >= tiles_per_ipu:
+        raise ValueError(f"Tiles per IPU {tiles_per_ipu} should exceed number of IO tiles {num}.")
+    if num == 0:
+        for graph in ir._graphs.values():
+            for op in graph._ops:
+                if op.tile_set == "io":
+                    raise ValueError(NO_IO_TILES_MSG.format(ipu=op.ipu or 0, op=op))

@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import pickle
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ def executable_hash(program_key: str, engine_options: Mapping[str, str], device:
     """The hash naming a compiled step."""
     h = hashlib.blake2b(digest_size=16)
     parts = (program_key, sorted(engine_options.items()), device, jax.__version__)
-    h.update(repr((*parts, jax.default_backend(), jax.config.jax_enable_x64)).encode())
+    h.update(repr((*parts, jax.default_backend())).encode())
     return h.hexdigest()
 
 
@@ -104,10 +104,12 @@ def _find(folder: Path, wanted: str) -> tuple[Path, bytes | None] | None:
     return None
 
 
-def _load(path: Path, preloaded: bytes | None) -> Any | None:
+def _load(path: Path, preloaded: bytes | None, devices: Sequence[Any]) -> Any | None:
     try:
         payload, in_tree, out_tree = pickle.loads(_payload(path, preloaded))
-        return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+        return serialize_executable.deserialize_and_load(
+            payload, in_tree, out_tree, execution_devices=list(devices)
+        )
     except Exception as err:  # noqa: BLE001 (a stale or foreign file must not stop the session)
         _log.log(_log.WARN, f"Could not load cached executable {path} ({err}); compiling.")
         return None
@@ -127,12 +129,15 @@ def _save(folder: Path, wanted: str, compiled: Any) -> None:
     _log.debug(f"Saved serialized PopART executable {path}")
 
 
-def load_or_compile(folder: Path, wanted: str, compile_step: Callable[[], Any]) -> Any:
-    """The executable with hash ``wanted``: loaded from ``folder`` or compiled and saved."""
+def load_or_compile(
+    folder: Path, wanted: str, compile_step: Callable[[], Any], devices: Sequence[Any]
+) -> Any:
+    """The executable with hash ``wanted``: loaded from ``folder`` (to run on ``devices``, in
+    the order the compiled step used them) or compiled and saved."""
     found = _find(folder, wanted)
     if found is not None:
         _log.debug(f"Loading serialized PopART executable {wanted}")
-        loaded = _load(*found)
+        loaded = _load(*found, devices)
         if loaded is not None:
             return loaded
     _log.debug("Starting compilation")

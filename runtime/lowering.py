@@ -116,6 +116,10 @@ class LoweringContext:
     # How collectives compute reductions: "native" (psum & co.) or "gather" (fast under vmap).
     collective_impl: str = "native"
     print_fn: Callable[[str, Array], None] | None = None
+    # The session options' enableStochasticRounding (see stochastic_rounding.py).
+    stochastic_rounding: bool = False
+    # A ``runtime.placement.Placement`` when virtual IPUs are placed on several devices.
+    placement: Any = None
 
 
 def _checked(value: Array, t: Tensor) -> Array:
@@ -132,6 +136,14 @@ def _checked(value: Array, t: Tensor) -> Array:
 
 
 def lower_op(ctx: LoweringContext, env: Env, op: Op) -> None:
+    if ctx.placement is not None:
+        ctx.placement.lower(ctx, env, op)
+    else:
+        plain_lower_op(ctx, env, op)
+
+
+def plain_lower_op(ctx: LoweringContext, env: Env, op: Op) -> None:
+    """Lower ``op`` on the current device (placement, if any, is the caller's business)."""
     opdef = op.opdef
     if opdef.special is not None:
         SPECIAL[opdef.special](ctx, env, op)
@@ -139,6 +151,12 @@ def lower_op(ctx: LoweringContext, env: Env, op: Op) -> None:
     if opdef.view_inverse is not None:
         env.view(op.outputs[0], opdef, op.inputs, op.attrs)
         return
+    if ctx.stochastic_rounding and opdef.key == "cast":
+        from . import stochastic_rounding  # noqa: PLC0415 (it imports this module)
+
+        if stochastic_rounding.applies(op):
+            stochastic_rounding.lower_cast(env, op)
+            return
     if opdef.key in LINEAR_ACCUMULATES and ctx.collective_impl == "gather":
         if _deferred_accumulate(ctx, env, op):
             return

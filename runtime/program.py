@@ -32,8 +32,9 @@ from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 from popxl.transforms._storage import roots, written_inputs
 
-from . import control, host_io, remote, vjp  # noqa: F401  (register special lowerings)
+from . import checks, control, distributed, host_io, remote, vjp  # noqa: F401  (register lowerings)
 from .lowering import LoweringContext, lower_graph
+from .placement import IPU_AXIS, ipu_mesh, ipus_used, placed_step, placement_ipus
 from .replica_sums import is_batched
 
 REPLICA_AXIS = "replica"
@@ -66,6 +67,14 @@ class Program:
     batched: tuple[bool, ...] = ()
     # Per state entry: whether the program writes it (only those are donated and returned).
     written: tuple[bool, ...] = ()
+    # Run-time value checks (``runtime.checks``); their reports follow the store counts.
+    checks: tuple[str, ...] = ()
+    # Devices the virtual IPUs are placed on (0: one device), and per state entry the IPU
+    # whose slot holds its value (None: every slot).
+    ipus: int = 0
+    homes: tuple[int | None, ...] = ()
+    # Replicas run by this process; fewer than ``replicas`` when instances share them.
+    local_replicas: int = 0
 
     def split(self, state: tuple) -> tuple[tuple, tuple]:
         """(written entries, read-only entries) of a full state tuple."""
@@ -78,6 +87,13 @@ class Program:
         """``state`` with its written entries replaced by ``new_written``."""
         values = iter(new_written)
         return tuple(next(values) if w else v for v, w in zip(state, self.written))
+
+    def store_counts(self, scalars: tuple) -> tuple:
+        """The store counts of the d2h streams from a step's per-replica scalars, after
+        raising the error of a failed run-time check (``runtime.checks``)."""
+        n = len(self.d2h)
+        checks.raise_if_failed(self.checks, scalars[n:])
+        return scalars[:n]
 
 
 def reachable_graphs(ir: Ir) -> list[Graph]:
@@ -117,6 +133,7 @@ def structural_key(
     variables: Sequence[Variable],
     buffers: Sequence[RemoteBuffer] = (),
     mode: str = "none",
+    run_checks: tuple[str, ...] = (),
 ) -> str:
     """A digest of everything that determines the compiled step."""
     h = hashlib.blake2b(digest_size=20)
@@ -130,6 +147,7 @@ def structural_key(
         h.update(repr(items).encode())
 
     feed("R", ir.replication_factor, "nht", ir.num_host_transfers, "mode", mode)
+    feed("stochastic rounding", ir._session_options.enableStochasticRounding)
     for b in buffers:
         feed("buffer", b.remote_buffer_id, b.entries, b.tensor_shape, b.tensor_dtype.name)
     for v in variables:
@@ -154,6 +172,7 @@ def structural_key(
             )
             feed([(num(t), t.shape, t.dtype.name) for t in op.outputs])
         feed("outs", [num(t) for t in g._outputs])
+    feed("checks", run_checks)
     return h.hexdigest()
 
 
@@ -173,7 +192,7 @@ def replication_mode(replicas: int) -> str:
     choice = os.environ.get("POPXL_REPLICATION", "auto")
     if choice not in ("auto", "vmap", "shard_map"):
         raise ValueError(f"POPXL_REPLICATION must be auto, vmap or shard_map, got {choice!r}.")
-    enough = len(jax.devices()) >= replicas
+    enough = len(jax.local_devices()) >= replicas
     if choice == "shard_map" and not enough:
         raise ValueError(
             f"POPXL_REPLICATION=shard_map needs {replicas} devices, JAX has {len(jax.devices())}. "
@@ -198,6 +217,8 @@ def _make_step(
     h2d: list[HostToDeviceStream],
     d2h: list[DeviceToHostStream],
     mode: str,
+    run_checks: tuple[str, ...],
+    local_replicas: int,
 ) -> Any:
     replicas = ir.replication_factor
     nht = ir.num_host_transfers
@@ -205,12 +226,15 @@ def _make_step(
     schedule = main_schedule(ir)
     n_vars = len(variables)
 
-    def replica_step(state: tuple, inputs: tuple) -> tuple:
+    def replica_step(state: tuple, inputs: tuple, placement: Any = None) -> tuple:
         ctx = LoweringContext(
             replicas=replicas,
             axis_name=REPLICA_AXIS if replicas > 1 else None,
             collective_impl="gather" if mode == "vmap" else "native",
+            stochastic_rounding=ir._session_options.enableStochasticRounding,
+            placement=placement,
         )
+        checks.start(ctx, run_checks)
         for stream, buffer in zip(h2d, inputs):
             sid = stream.tensor_id
             ctx.h2d[sid] = buffer
@@ -236,19 +260,68 @@ def _make_step(
         new_buffers = [ctx.fx[remote.buffer_key(b.remote_buffer_id)] for b in buffers]
         outs = tuple(ctx.fx[host_io.buffer_key(s.tensor_id)] for s in d2h)
         counts = tuple(ctx.fx[host_io.count_key(s.tensor_id)] for s in d2h)
-        return (*new_vars, *new_buffers), (outs, counts)
+        new_state = (*new_vars, *new_buffers)
+        if run_checks:
+            new_state = checks.keep_on_failure(checks.any_failed(ctx, run_checks), state, new_state)
+        return new_state, (outs, counts + checks.reports(ctx, run_checks))
 
     n_state = n_vars + len(buffers)
     shapes = [(v.shape, v.dtype.as_numpy()) for v in variables]
     shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype.as_numpy()) for b in buffers]
     inputs = [(s.shape, s.dtype.as_numpy()) for s in h2d]
     written = written_state(ir, variables, buffers)
+    if mode.startswith("placed"):
+        ipus = int(mode.split(":")[1])
+        step, homes = _placed(replica_step, written, ipus, shapes, inputs, nht)
+        return step, (True,) * n_state, written, homes
     if mode == "vmap":
         candidates = [_may_be_shared(v) for v in variables] + [False] * len(buffers)
         batched = _probe_batched(replica_step, candidates, shapes, inputs, nht, replicas)
     else:
         batched = (mode == "shard_map",) * n_state
-    return _split_step(replica_step, batched, written, mode, replicas), batched, written
+    step = _split_step(replica_step, batched, written, mode, replicas, local_replicas)
+    return step, batched, written, ()
+
+
+def _placed(
+    replica_step: Any, written: tuple, ipus: int, shapes: list, inputs: list, nht: int
+) -> tuple[Any, tuple]:
+    """The jitted step placed on ``ipus`` devices, and the home of each state entry.
+
+    Homes are found by tracing (no compilation): a written entry lives where the program
+    last writes it; tracing again with those homes must give the same answer.
+    """
+    mutable = [i for i, w in enumerate(written) if w]
+    const = [i for i, w in enumerate(written) if not w]
+
+    def step(mut: tuple, fixed: tuple, ins: tuple, placement: Any) -> tuple:
+        state: list[Any] = [None] * len(written)
+        for i, v in zip(mutable, mut):
+            state[i] = v
+        for i, v in zip(const, fixed):
+            state[i] = v
+        new_state, outs = replica_step(tuple(state), ins, placement)
+        return tuple(new_state[i] for i in mutable), outs
+
+    abstract = [jax.ShapeDtypeStruct((ipus, *shape), dt) for shape, dt in shapes]
+    args = (
+        tuple(abstract[i] for i in mutable),
+        tuple(abstract[i] for i in const),
+        tuple(jax.ShapeDtypeStruct((nht, *shape), dt) for shape, dt in inputs),
+    )
+    homes: list[int | None] = [None] * len(written)
+    for _ in range(4):
+        probe: list = []
+        order = [homes[i] for i in mutable] + [homes[i] for i in const]
+        jax.eval_shape(placed_step(step, ipus, order, probe), *args)
+        found = list(homes)
+        for i, h in zip(mutable, probe):
+            found[i] = h
+        if found == homes:
+            break
+        homes = found
+    order = [homes[i] for i in mutable] + [homes[i] for i in const]
+    return jax.jit(placed_step(step, ipus, order), donate_argnums=(0,)), tuple(homes)
 
 
 def written_state(
@@ -274,7 +347,9 @@ def written_state(
     )
 
 
-def _split_step(replica_step: Any, batched: tuple, written: tuple, mode: str, replicas: int) -> Any:
+def _split_step(
+    replica_step: Any, batched: tuple, written: tuple, mode: str, replicas: int, local: int
+) -> Any:
     """The jitted ``step(written_state, constant_state, inputs)``: only state the program
     writes is donated and returned; read-only state (e.g. weights of an inference program)
     is passed in and left where it is."""
@@ -301,7 +376,7 @@ def _split_step(replica_step: Any, batched: tuple, written: tuple, mode: str, re
             axis_size=replicas,  # a program may have no variables and no inputs to map over
         )
     elif mode == "shard_map":
-        step = _shard_mapped(step, replicas)
+        step = _shard_mapped(step, replicas, local)
     return jax.jit(step, donate_argnums=(0,))
 
 
@@ -351,11 +426,17 @@ def _probe_batched(
         shared = still_shared
 
 
-def replica_mesh(replicas: int) -> Mesh:
-    return Mesh(np.array(jax.devices()[:replicas]), (REPLICA_AXIS,))
+def replica_mesh(replicas: int, local_replicas: int | None = None) -> Mesh:
+    """One device per replica: this process's devices, or every instance's
+    (``local_replicas`` each) when instances share the replicas."""
+    if local_replicas is None or local_replicas == replicas:
+        devices = jax.local_devices()[:replicas]
+    else:
+        devices = distributed.replica_devices(replicas, local_replicas)
+    return Mesh(np.array(devices), (REPLICA_AXIS,))
 
 
-def _shard_mapped(replica_step: Any, replicas: int) -> Any:
+def _shard_mapped(replica_step: Any, replicas: int, local: int) -> Any:
     """``replica_step`` run on one device per replica (each block has a leading axis of 1)."""
 
     def block_step(mut: tuple, fixed: tuple, inputs: tuple) -> tuple:
@@ -369,7 +450,7 @@ def _shard_mapped(replica_step: Any, replicas: int) -> Any:
 
     return jax.shard_map(
         block_step,
-        mesh=replica_mesh(replicas),
+        mesh=replica_mesh(replicas, local),
         in_specs=(P(REPLICA_AXIS), P(REPLICA_AXIS), P(None, REPLICA_AXIS)),
         out_specs=(P(REPLICA_AXIS), (P(None, REPLICA_AXIS), P(REPLICA_AXIS))),
         check_vma=False,
@@ -394,15 +475,27 @@ def build_program(ir: Ir) -> Program:
     buffers = list(ir._remote_buffers)
     h2d = [cast(HostToDeviceStream, s) for s in ir._streams if s._is_h2d and s._used]
     d2h = [cast(DeviceToHostStream, s) for s in ir._streams if not s._is_h2d and s._used]
-    mode = replication_mode(ir.replication_factor)
-    key = structural_key(ir, graphs, variables, buffers, mode)
+    local = ir.instance_replication_factor
+    run_checks = checks.program_checks(ir, graphs)
+    ipus = 0
+    if distributed.is_multi_process(ir):
+        mode = "shard_map"
+        key = structural_key(ir, graphs, variables, buffers, f"{mode}/{local}", run_checks)
+    else:
+        mode = replication_mode(ir.replication_factor)
+        ipus = placement_ipus(ipus_used(graphs), ir.replication_factor)
+        if ipus:
+            mode = f"placed:{ipus}"
+        key = structural_key(ir, graphs, variables, buffers, mode, run_checks)
     cached = _STEP_CACHE.get(key)
     if cached is None:
-        cached = _STEP_CACHE[key] = _make_step(ir, variables, buffers, h2d, d2h, mode)
+        cached = _STEP_CACHE[key] = _make_step(
+            ir, variables, buffers, h2d, d2h, mode, run_checks, local
+        )
         while len(_STEP_CACHE) > STEP_CACHE_SIZE:
             _STEP_CACHE.popitem(last=False)
     _STEP_CACHE.move_to_end(key)
-    step, batched, written = cached
+    step, batched, written, homes = cached
     return Program(
         ir,
         variables,
@@ -416,13 +509,21 @@ def build_program(ir: Ir) -> Program:
         key,
         batched,
         written,
+        run_checks,
+        ipus,
+        homes,
+        local,
     )
 
 
 def state_sharding(program: Program, device: jax.Device) -> jax.sharding.Sharding:
     """Where the state lives: one device, or split over the replica mesh."""
     if program.mode == "shard_map":
-        return NamedSharding(replica_mesh(program.replicas), P(REPLICA_AXIS))
+        return NamedSharding(
+            replica_mesh(program.replicas, program.local_replicas), P(REPLICA_AXIS)
+        )
+    if program.ipus:
+        return NamedSharding(ipu_mesh(program.ipus), P(IPU_AXIS))
     return jax.sharding.SingleDeviceSharding(device)
 
 
@@ -430,8 +531,9 @@ def abstract_state(program: Program) -> tuple:
     r = program.replicas
     shapes = [(v.shape, v.dtype) for v in program.variables]
     shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype) for b in program.buffers]
+    lead = (program.ipus,) if program.ipus else (r,)
     return tuple(
-        jax.ShapeDtypeStruct(((r,) if batched else ()) + shape, dt.as_numpy())
+        jax.ShapeDtypeStruct((lead if batched else ()) + shape, dt.as_numpy())
         for (shape, dt), batched in zip(shapes, program.batched)
     )
 

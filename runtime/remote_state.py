@@ -4,7 +4,10 @@ A remote buffer's device state is ``(entries, *tensor_shape)`` per replica (with
 replica axis when replicated). A remote variable occupies one slot. Its host value is laid
 out like any variable's (``(num_groups, *shape)`` when grouped). A replica-sharded variable's
 slot holds one flat shard: replica ``r`` of a group gets chunk ``rank(r) % shard_over`` of
-its group's value, flattened and zero-padded to ``shard_over`` equal chunks.
+its group's value, flattened and zero-padded to ``shard_over`` equal chunks. PopXL also
+accepts a replica-sharded variable in a buffer whose slots are larger than a shard (e.g. a
+``RemoteBuffer`` of the full shape): the shard then fills the start of the flattened slot
+and the rest is zero.
 """
 
 from __future__ import annotations
@@ -38,20 +41,32 @@ def slot_value(var: Variable, host: np.ndarray, replica: int, per_replica: bool)
     return _shard(var, full, replica) if var._replica_sharded else full
 
 
+def _fill_slot(
+    buffer: np.ndarray, index: tuple[int, ...], value: np.ndarray, sharded: bool
+) -> None:
+    slot_shape = buffer.shape[len(index) :]
+    if sharded and value.size != math.prod(slot_shape):
+        flat = np.zeros(math.prod(slot_shape), buffer.dtype)
+        flat[: value.size] = value.reshape(-1)
+        value = flat.reshape(slot_shape)
+    buffer[index] = value
+
+
 def write_slots(
     buffer: np.ndarray, var: Variable, host: np.ndarray, replicas: int, per_replica: bool
 ) -> None:
     """Write ``var``'s host value into its slot of every replica's copy of ``buffer``."""
-    offset = var._remote_offset
+    offset, sharded = var._remote_offset, var._replica_sharded
     if replicas == 1:
-        buffer[offset] = slot_value(var, host, 0, per_replica)
+        _fill_slot(buffer, (offset,), slot_value(var, host, 0, per_replica), sharded)
         return
     for r in range(replicas):
-        buffer[r, offset] = slot_value(var, host, r, per_replica)
+        _fill_slot(buffer, (r, offset), slot_value(var, host, r, per_replica), sharded)
 
 
 def _full_from_shards(var: Variable, buffer: np.ndarray, members: list[int]) -> np.ndarray:
-    shards = [buffer[m, var._remote_offset] for m in members[: var._shard_over]]
+    chunk = var.shape[0]
+    shards = [buffer[m, var._remote_offset].reshape(-1)[:chunk] for m in members[: var._shard_over]]
     full_shape = var.meta_shape
     return np.concatenate(shards)[: math.prod(full_shape)].reshape(full_shape)
 

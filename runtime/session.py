@@ -21,7 +21,7 @@ so device values of other variables that are newer than their host copies are ke
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -34,14 +34,17 @@ from popxl.ir import Ir
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 
-from . import executable_cache, remote_state, stream_io
-from .device import DeviceInfo, check_compatible, ipus_needed, select_device
+from . import distributed, executable_cache, remote_state, stream_io
+from .device import DeviceInfo, check_compatible, check_io_tiles, ipus_needed, select_device
+from .placement import ipus_used
 from .program import (
     Program,
     abstract_inputs,
     abstract_state,
     build_program,
     enable_persistent_cache,
+    reachable_graphs,
+    replica_mesh,
     state_sharding,
 )
 
@@ -108,6 +111,8 @@ class Session(SessionCompat):
         if not ir.main_graph._ops:
             raise RuntimeError(NO_OPS_MSG.format(ir=ir.id))
         enable_persistent_cache()
+        if distributed.is_multi_process(ir):
+            distributed.initialize()
         self.ir_ = ir
         self.device_desc = device_desc
         self._device = select_device(device_desc)
@@ -116,13 +121,20 @@ class Session(SessionCompat):
         self._program: Program = build_program(ir)
         self._sharding = state_sharding(self._program, self._device)
         self._batched = dict(zip(self._program.variables, self._program.batched))
+        # Replicas whose stream data this process handles (all, unless instances share them).
+        self._local_replicas = self._program.local_replicas
+        self._placement: distributed.Placement | None = None
+        if distributed.is_multi_process(ir):
+            distributed.check_same_program(self._program.key)
+            mesh = replica_mesh(self._program.replicas, self._local_replicas)
+            self._placement = distributed.Placement(mesh, self._local_replicas)
         # The step's stream layout is fixed now; later changes to the Ir's setting do not apply.
         self._nht = ir.num_host_transfers
         self._host: dict[Variable, np.ndarray] = {v: self._initial_host(v) for v in ir._variables}
         self._remote_vars = [v for v in ir._variables if v._remote_buffer is not None]
         # Remote buffers keep their contents while detached (streaming memory).
         self._buffers_host = [
-            np.zeros(a.shape, a.dtype)
+            np.zeros(a.shape[1:] if self._program.ipus else a.shape, a.dtype)
             for a in abstract_state(self._program)[len(self._program.variables) :]
         ]
         self._state: tuple | None = None
@@ -130,6 +142,7 @@ class Session(SessionCompat):
         self._enter_stack: list[bool] = []
         self._ipus = ipus_needed(ir.instance_replication_factor, _ipus_per_replica(ir))
         self._device_info = given or DeviceInfo(device_desc, self._ipus)
+        check_io_tiles(ir, self._device_info.tilesPerIPU)
         self._executable: Any = None
         self._compile()
         checkpoint(ir, "FINAL")  # PopART's DOT checkpoint of the prepared IR
@@ -161,9 +174,18 @@ class Session(SessionCompat):
         if cache is not None:
             engine_options = self.ir_._session_options.engineOptions
             wanted = executable_cache.executable_hash(
-                self._program.key, engine_options, f"{self.device_desc}:{self._device}"
+                self._program.key,
+                engine_options,
+                f"{self.device_desc}:{self._device}:x64={self._program.uses_x64}",
             )
-            self._executable = executable_cache.load_or_compile(cache, wanted, self._compiled)
+            devices = (
+                list(replica_mesh(self._program.replicas).devices.flat)
+                if self._program.mode == "shard_map"
+                else [self._device]
+            )
+            self._executable = executable_cache.load_or_compile(
+                cache, wanted, self._compiled, devices
+            )
             return
         key = (self._program.key, str(self._device))
         if key in _COMPILED:
@@ -178,10 +200,37 @@ class Session(SessionCompat):
             jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._sharding)
             for a in abstract_state(self._program)
         )
+        inputs = abstract_inputs(self._program)
+        if self._placement is not None:
+            inputs = tuple(
+                jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._placement.streams)
+                for a in inputs
+            )
         with self._x64():
-            return self._program.step.lower(
-                *self._program.split(state), abstract_inputs(self._program)
-            ).compile()
+            return self._program.step.lower(*self._program.split(state), inputs).compile()
+
+    def memory_report(self) -> Any:
+        """Bytes per virtual IPU: on-chip variables, remote buffers (streaming memory) and
+        the compiled step's peak from XLA's memory analysis (see ``runtime.memory``).
+
+        >>> import popxl, numpy as np
+        >>> ir = popxl.Ir()
+        >>> with ir.main_graph:
+        ...     w = popxl.variable(np.zeros((4, 8), np.float32))
+        ...     w += 1.0
+        >>> print(popxl.Session(ir, "ipu_model").memory_report()[0].variables)
+        128
+        """
+        from . import memory  # noqa: PLC0415
+
+        program = self._program
+        compiled = self._compiled()
+        graphs = reachable_graphs(program.ir)
+        ipus = max(program.ipus, ipus_used(graphs))
+        devices = program.ipus or 1
+        return memory.memory_report(
+            graphs, program.variables, program.buffers, ipus, devices, compiled
+        )
 
     # Attach / detach --------------------------------------------------------------------
 
@@ -256,7 +305,20 @@ class Session(SessionCompat):
         view.flags.writeable = False
         return view
 
+    def _placed(self, host: np.ndarray) -> np.ndarray:
+        """With placed virtual IPUs, one slot per device (see ``runtime.placement``)."""
+        ipus = self._program.ipus
+        return np.broadcast_to(host, (ipus, *np.shape(host))) if ipus else host
+
+    def _slot(self, index: int, value: Any) -> Any:
+        """The device slot of state entry ``index`` that holds its value."""
+        if not self._program.ipus:
+            return value
+        return value[self._program.homes[index] or 0]
+
     def _device_layout(self, var: Variable, host: np.ndarray) -> Any:
+        if self._program.ipus:
+            return self._placed(host)
         replicas = self._program.replicas
         if replicas > 1 and self._batched[var] and not self._per_replica(var):
             grouping = var.replica_grouping
@@ -289,7 +351,8 @@ class Session(SessionCompat):
         self._write_remote(buffers, self._remote_vars)
         with self._x64():
             hosts = [self._device_layout(v, self._host[v]) for v in variables]
-            self._state = tuple(jax.device_put([*hosts, *buffers], self._sharding))
+            buffers = [self._placed(b) for b in buffers]
+            self._state = tuple(self._put([*hosts, *buffers]))
         _log.debug("Writing weights from host complete.", "devicex")
 
     def _buffer_index(self, var: Variable) -> int:
@@ -312,7 +375,7 @@ class Session(SessionCompat):
         self._require_attached()
         assert self._state is not None
         _log.debug("Writing weights to host", "devicex")
-        values = jax.device_get(self._state)
+        values = [self._slot(i, v) for i, v in enumerate(self._get(self._state))]
         n_vars = len(self._program.variables)
         for var, value in zip(self._program.variables, values[:n_vars]):
             self._set_host(var, self._to_host(var, value))
@@ -326,6 +389,18 @@ class Session(SessionCompat):
             self._set_host(var, host)
         self._host_stale = False
         _log.debug("Writing weights to host complete.", "devicex")
+
+    def _put(self, hosts: list[Any]) -> list[Any]:
+        """Host arrays (global layout) → device state."""
+        if self._placement is not None:
+            return self._placement.put(hosts)
+        return list(jax.device_put(hosts, self._sharding))
+
+    def _get(self, values: Iterable[Any]) -> list[np.ndarray]:
+        """Device state → host arrays (global layout; a collective between instances)."""
+        if self._placement is not None:
+            return self._placement.get(list(values))
+        return list(jax.device_get(tuple(values)))
 
     def _set_host(self, var: Variable, value: np.ndarray) -> None:
         current = self._host[var]
@@ -358,8 +433,7 @@ class Session(SessionCompat):
         buffers, _ = self._execute(inputs, downcast_inputs)
         nht = self._nht
         return {
-            s: np.array(stream_io.host_layout(np.asarray(b), nht))
-            for s, b in zip(self._program.d2h, buffers)
+            s: np.array(stream_io.host_layout(b, nht)) for s, b in zip(self._program.d2h, buffers)
         }
 
     def run_with_outputs(
@@ -375,32 +449,58 @@ class Session(SessionCompat):
         """
         self._require_attached()
         outs = dict(outputs or {})
-        nht, replicas = self._nht, self._program.replicas
+        nht, replicas = self._nht, self._local_replicas
         stream_io.check_outputs(outs, self._program.d2h, nht, replicas)
         buffers, counts = self._execute(inputs, downcast_inputs)
         for stream, buffer, count in zip(self._program.d2h, buffers, counts):
-            stream_io.fill_output(
-                outs[stream], np.asarray(buffer), int(np.asarray(count).max()), nht
-            )
+            stream_io.fill_output(outs[stream], buffer, int(count.max()), nht)
 
-    def _execute(self, inputs: Any, downcast: bool) -> tuple[tuple, tuple]:
-        """One step: (device buffers of the d2h streams, store counts per stream)."""
+    def _execute(self, inputs: Any, downcast: bool) -> tuple[Sequence[Any], Sequence[Any]]:
+        """One step: (this instance's d2h stream buffers, store counts per stream)."""
         self._require_attached()
         assert self._state is not None
         program = self._program
         arrays = stream_io.prepare_inputs(
-            inputs, program.h2d, self._nht, program.replicas, downcast
+            inputs, program.h2d, self._nht, self._local_replicas, downcast
         )
+        placement = self._placement
+        if placement is not None:
+            if self._local_replicas == 1:  # the step keeps a replica axis of this one replica
+                arrays = tuple(a[:, None] for a in arrays)
+            arrays = placement.inputs(arrays)
         with self._x64():
             step = self._executable or program.step
             new, (buffers, counts) = step(*program.split(self._state), arrays)
         self._state = program.merge(self._state, new)
         self._host_stale = True
-        return buffers, counts
+        if placement is None:
+            return buffers, program.store_counts(counts)
+        local = [placement.local(b, axis=1) for b in buffers]
+        if self._local_replicas == 1:
+            local = [b[:, 0] for b in local]
+        return local, program.store_counts(tuple(placement.local(c, axis=0) for c in counts))
+
+    def _validate_run_inputs(self, inputs: Mapping[HostToDeviceStream, Any]) -> None:
+        """Check ``inputs`` as ``run`` would (stream set, dtypes, layout) without running.
+
+        Raises:
+            ValueError: missing/unexpected streams or badly shaped arrays.
+            TypeError: arrays of the wrong dtype.
+        """
+        stream_io.prepare_inputs(inputs, self._program.h2d, self._nht, self._local_replicas, True)
+
+    def _validate_run_outputs(self, outputs: Mapping[DeviceToHostStream, np.ndarray]) -> None:
+        """Check ``outputs`` as ``run_with_outputs`` would, without running.
+
+        Raises:
+            ValueError: missing/unexpected streams, badly shaped or read-only arrays.
+            TypeError: arrays that are not NumPy arrays of the stream's dtype.
+        """
+        stream_io.check_outputs(outputs, self._program.d2h, self._nht, self._local_replicas)
 
     def create_host_outputs(self) -> dict[DeviceToHostStream, np.ndarray]:
         """Empty arrays, in host layout, for every device-to-host stream."""
-        nht, replicas = self._nht, self._program.replicas
+        nht, replicas = self._nht, self._local_replicas
         return {
             s: np.empty(stream_io.output_shape(s, nht, replicas), s.dtype.as_numpy())
             for s in self._program.d2h
@@ -485,16 +585,17 @@ class Session(SessionCompat):
         on_chip = [v for v in written if v in index]
         remote = [v for v in written if v._remote_buffer is not None]
         with self._x64():
-            placed = jax.device_put(
-                [self._device_layout(v, self._host[v]) for v in on_chip], self._sharding
-            )
+            placed = self._put([self._device_layout(v, self._host[v]) for v in on_chip])
             for var, value in zip(on_chip, placed):
                 state[index[var]] = value
             if remote:
                 n_vars = len(self._program.variables)
-                buffers = [np.array(b) for b in jax.device_get(tuple(state[n_vars:]))]
+                buffers = [
+                    np.array(self._slot(n_vars + i, b))
+                    for i, b in enumerate(self._get(state[n_vars:]))
+                ]
                 self._write_remote(buffers, remote)
-                state[n_vars:] = jax.device_put(buffers, self._sharding)
+                state[n_vars:] = self._put([self._placed(b) for b in buffers])
         self._state = tuple(state)
 
     def _checked_write(self, var: Any, data: Any) -> np.ndarray:

@@ -23,6 +23,7 @@ from .elementwise import clamp as clamp
 from .elementwise import clip as clip
 from .elementwise import cos as cos
 from .elementwise import detach as detach
+from .elementwise import detach_ as detach_
 from .elementwise import div as div
 from .elementwise import equal as equal
 from .elementwise import exp as exp

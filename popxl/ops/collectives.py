@@ -291,7 +291,12 @@ def replicated_all_gather(
     ``axis``; ``meta_shape`` (for replica-sharded tensors) returns the full tensor of shape
     ``t.meta_shape``; ``auto`` is ``meta_shape`` when ``t`` has a meta-shape, else ``concat``.
     The gradient is ``replicated_slice`` (each replica keeps its own part; no reduction).
+
+    A ``ReplicaGrouping`` in ``axis``'s place (``replicated_all_gather(t, grouping)``, as the
+    PopXL user guide's distributed RTS example writes it) is taken as ``group``.
     """
+    if isinstance(axis, ReplicaGrouping) and group is None:
+        axis, group = 0, axis
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise ValueError(f"axis must be an int, got {axis!r}.")
     if output_shape not in ("new_axis", "concat", "meta_shape", "auto"):

@@ -142,7 +142,12 @@ def _pow2scaled(lower: Any) -> Any:
 
 CONV = define("conv", "Conv", _conv_infer, _lower_conv)
 CONV_POW2SCALED = define(
-    "conv_pow2scaled", "Conv", _conv_infer, _pow2scaled(_lower_conv), grad="none"
+    "conv_pow2scaled",
+    "Conv",
+    _conv_infer,
+    _pow2scaled(_lower_conv),
+    grad="none",
+    special="log2_scale_checked",  # runtime/checks.py: log2_scale (last input) in [-32, 32)
 )
 
 
@@ -321,6 +326,7 @@ CONV_TRANSPOSE_POW2SCALED = define(
     _conv_transpose_infer,
     _pow2scaled(_lower_conv_transpose),
     grad="none",
+    special="log2_scale_checked",
 )
 
 

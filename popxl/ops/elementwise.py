@@ -116,6 +116,7 @@ OPS["isnan"] = define("isnan", "IsNaN", _bool_like, lambda x: jnp.isnan(x), grad
 OPS["isinf"] = define("isinf", "IsInf", _bool_like, lambda x: jnp.isinf(x), grad="none")
 OPS["identity"] = define("identity", "Identity", _same_as_input, lambda x: x, grad_needs="none")
 OPS["detach"] = define("detach", "Detach", _same_as_input, lambda x: x, grad="none")
+OPS["detach_"] = define_inplace(OPS["detach"], "detach_", "DetachInplace")
 
 
 def _maximum_infer(*specs: Any) -> list:
@@ -332,6 +333,16 @@ rename = identity
 def detach(t: Tensor) -> Tensor:
     """A copy of ``t`` through which no gradient flows."""
     return _unary("detach", t)
+
+
+def detach_(t: Tensor) -> Tensor:
+    """In-place ``detach``: no copy; from here on ``t`` carries no gradient.
+
+    The returned handle shares ``t``'s storage. Uses of ``t`` (or of the handle) after this
+    op pass no gradient back to what ``t`` was computed from; uses before it still do.
+    See also ``torch.Tensor.detach_``.
+    """
+    return _unary("detach_", t, "detach_out")
 
 
 def add(lhs: Tensor, rhs: Tensor) -> Tensor:

@@ -2,9 +2,12 @@
 
 Float8 values carry a power-of-two scale held in an int32 scalar tensor ``log2_scale``:
 casting to float8 multiplies by ``2**log2_scale`` first, casting back and the matmul multiply
-their result by it. Scaling is exact (``ldexp``) and happens in float32. The original
-supports scales in ``[-32, 32)`` and only checks that at run time under a session option;
-here any int32 scale is applied as is. Float8 ops have no gradient (not for training).
+their result by it. Scaling is exact (``ldexp``) and happens in float32. Scales must lie in
+``[-32, 32)``: as in PopXL, a run whose scale leaves that range raises
+``popxl.errors.Error`` while the session option ``throwIfLog2ScaleTensorNotInRange`` is on
+(the default; see ``runtime/checks.py``); with it off the scale is applied as is. Float8
+ops have no gradient (not for training). Every op here takes ``log2_scale`` as its last
+input (the run-time check relies on it).
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ BAD_FROM_TARGET_MSG = (
     "pow2scale_cast_from_fp8: data_type must be popxl.float16 or popxl.float32, got {got}."
 )
 SCALE_SHAPE_MSG = (
-    "{op}: log2_scale must be a scalar (shape ()), got shape {got}. Reshape it, e.g. "
-    "ops.reshape(log2_scale, ())."
+    "Log2 scale argument must be a scalar tensor: {op} got log2_scale of shape {got}. "
+    "Reshape it, e.g. ops.reshape(log2_scale, ())."
 )
 SCALE_DTYPE_MSG = (
-    "{op}: log2_scale must have dtype int32, got {got}. Cast it with ops.cast(log2_scale, "
-    "popxl.int32)."
+    "Log2 scale tensor must be of type popxl.int32: {op} got log2_scale of dtype {got}. "
+    "Cast it with ops.cast(log2_scale, popxl.int32)."
 )
 
 
@@ -80,6 +83,7 @@ POW2SCALE_THEN_CAST = define(
     _cast_infer,
     _lower_pow2scale_then_cast,
     grad="none",
+    special="log2_scale_checked",
 )
 
 
@@ -128,6 +132,7 @@ CAST_THEN_POW2SCALE = define(
     _cast_infer,
     _lower_cast_then_pow2scale,
     grad="none",
+    special="log2_scale_checked",
 )
 
 
@@ -180,7 +185,12 @@ def _lower_matmul_pow2scaled(lhs: Any, rhs: Any, log2_scale: Any) -> Any:
 
 
 MATMUL_POW2SCALED = define(
-    "matmul_pow2scaled", "MatMul", _matmul_infer, _lower_matmul_pow2scaled, grad="none"
+    "matmul_pow2scaled",
+    "MatMul",
+    _matmul_infer,
+    _lower_matmul_pow2scaled,
+    grad="none",
+    special="log2_scale_checked",
 )
 
 

@@ -317,12 +317,12 @@ def _concat_inputs(ts: Iterable[Tensor], axis: int) -> tuple[dict, dict]:
     tensors = list(ts)
     if not tensors:
         raise ValueError("concat needs at least one tensor.")
-    for t in tensors[1:]:
-        if t.dtype is not tensors[0].dtype:
-            raise TypeError(
-                f"All inputs to concat must have the same dtype: {tensors[0].dtype.name} vs "
-                f"{t.dtype.name}. Cast them first."
-            )
+    types = [t.dtype for t in tensors]
+    if len(set(types)) > 1:
+        raise TypeError(
+            f"All inputs to a concat operation must have the same type: {types}. Cast them to "
+            "one dtype first (ops.cast; float8 data via ops.pow2scale_cast_from_fp8)."
+        )
     ax = normalize_axis(axis, tensors[0].rank)
     return {f"t{i}": t for i, t in enumerate(tensors)}, {"axis": ax}
 

@@ -8,6 +8,11 @@ from .available_memory_proportion import (
 from .available_memory_proportion import (
     set_graph_available_memory_proportion_by_ipu as set_graph_available_memory_proportion_by_ipu,
 )
+from .batch_serialisation import RemoteHandle as RemoteHandle
+from .batch_serialisation import batch_serial_buffer as batch_serial_buffer
+from .batch_serialisation import batch_serialise as batch_serialise
+from .batch_serialisation import batch_serialise_fwd_and_grad as batch_serialise_fwd_and_grad
+from .pipelining import pipelined_execution as pipelined_execution
 from .recomputation import add_recompute_inputs as add_recompute_inputs
 from .recomputation import recompute_graph as recompute_graph
 from .use_fc_pass import disable_fc_pass as disable_fc_pass
@@ -22,4 +27,9 @@ __all__ = [
     "set_graph_available_memory_proportion_by_ipu",
     "disable_fc_pass",
     "enable_fc_pass",
+    "pipelined_execution",
+    "batch_serialise",
+    "batch_serialise_fwd_and_grad",
+    "batch_serial_buffer",
+    "RemoteHandle",
 ]

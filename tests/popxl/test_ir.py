@@ -47,11 +47,6 @@ def test_settings_defaults_and_validation():
         popxl.Ir(replication=0)
 
 
-def test_popdist_replication_is_not_provided():
-    with pytest.raises(NotImplementedError, match="popdist"):
-        popxl.Ir(replication="popdist")
-
-
 def test_replication_factor_fixed_once_a_session_exists():
     ir = popxl.Ir()
     with ir.main_graph:

@@ -53,6 +53,8 @@ SIGNATURES = {
         ("data", _E), ("dtype", None), ("name", None), ("downcast", True),
         ("replica_grouping", None), ("retrieval_mode", None), ("log2_scale", None),
         ("nan_on_overflow", None),
+        # Keyword-only, beyond PopXL's signature: the user guide's distributed example uses it.
+        ("grouping", None),
     ],
     "constant": [
         ("data", _E), ("dtype", None), ("name", None), ("downcast", True),

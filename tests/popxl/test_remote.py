@@ -349,6 +349,26 @@ def test_remote_rts_variable_doc_example():
 
 
 @pytest.mark.usefixtures("mode")
+def test_remote_rts_variable_in_a_buffer_with_larger_slots():
+    """PopXL accepts a full-shape buffer for an RTS variable: each shard fills the start of
+    its replica's slot, the rest is zero, and the session reads the shards back."""
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        buffer = popxl.RemoteBuffer((4,), F32, 1)
+        x = popxl.remote_replica_sharded_variable(np.array([1, 2, 3, 4], np.float32), buffer, 0)
+        assert x.shape == (2,) and x.meta_shape == (4,)
+        slots = _store(ops.remote_load(buffer, 0))
+    with popxl.Session(ir) as session:
+        outputs = session.run()
+        np.testing.assert_array_equal(session.get_tensor_data(x), [1, 2, 3, 4])
+        session.write_variable_data(x, np.array([5, 6, 7, 8], np.float32))
+        outputs_after = session.run()
+        np.testing.assert_array_equal(session.get_tensor_data(x), [5, 6, 7, 8])
+    np.testing.assert_array_equal(outputs[slots], [[1, 2, 0, 0], [3, 4, 0, 0]])
+    np.testing.assert_array_equal(outputs_after[slots], [[5, 6, 0, 0], [7, 8, 0, 0]])
+
+
+@pytest.mark.usefixtures("mode")
 def test_rts_variable_doc_example():
     ir = popxl.Ir()
     ir.replication_factor = 2

@@ -122,3 +122,49 @@ def test_from_assignments_validation(assignment):
     ir = popxl.Ir(replication=8)
     with pytest.raises(ValueError):
         ir.replica_grouping_from_assignments(assignment)
+
+
+# PopART's VariableSettings view (ReplicaGrouping._to_variable_settings) ------------------------
+
+
+@pytest.mark.parametrize(
+    "replicas, stride, group_size, groups",
+    [
+        (2, 1, 2, [[0, 1]]),
+        (4, 2, 2, [[0, 2], [1, 3]]),
+        (4, 1, 2, [[0, 1], [2, 3]]),
+        (2, 1, 1, [[0], [1]]),
+        (8, 2, 4, [[0, 2, 4, 6], [1, 3, 5, 7]]),
+    ],
+)
+def test_variable_settings_groups(replicas, stride, group_size, groups):
+    rg = popxl.Ir(replication=replicas).replica_grouping(stride=stride, group_size=group_size)
+    for mode in ("one_per_group", "all_replicas", None):
+        settings = rg._to_variable_settings(mode)
+        assert settings.groups(replicas) == groups == rg.members
+        assert settings.group_count(replicas) == len(groups)
+    assert rg._to_variable_settings().retrieval_mode == "one_per_group"
+    assert rg._to_variable_settings("all_replicas").retrieval_mode == "all_replicas"
+
+
+def test_variable_settings_groups_for_another_replica_count():
+    settings = (
+        popxl.Ir(replication=4).replica_grouping(stride=2, group_size=2)._to_variable_settings()
+    )
+    assert settings.groups(8) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    with pytest.raises(ValueError, match="stride=2 and group_size=2 do not split 3 replicas"):
+        settings.groups(3)
+
+
+def test_variable_settings_of_a_grouping_without_constant_stride():
+    rg = popxl.Ir(replication=4).replica_grouping_from_assignments([0, 1, 1, 0])
+    settings = rg._to_variable_settings("all_replicas")
+    assert settings.groups(4) == [[0, 3], [1, 2]]
+    with pytest.raises(ValueError, match="made for 4 replicas and has no constant stride"):
+        settings.groups(8)
+
+
+def test_variable_settings_rejects_an_unknown_retrieval_mode():
+    rg = popxl.Ir(replication=2).replica_grouping()
+    with pytest.raises(ValueError, match="Invalid retrieval_mode: first. Use 'one_per_group'"):
+        rg._to_variable_settings("first")

@@ -1,5 +1,6 @@
 """Host streams: handles in the main graph, names, equality and string form."""
 
+import numpy as np
 import pytest
 
 import popxl
@@ -38,3 +39,35 @@ def test_streams_created_in_a_subgraph_live_in_main():
     assert h.tensor_id == "scope/x"
     assert ir.main_graph.get_tensor("scope/x").shape == (2,)
     assert g.tensors == ()
+
+
+@pytest.mark.parametrize(
+    "make, dtype, message",
+    [
+        (
+            popxl.h2d_stream,
+            "float32x",
+            "h2d_stream: dtype must be a popxl dtype (e.g. popxl.float32), got 'float32x' of "
+            "type str. Did you mean popxl.float32?",
+        ),
+        (
+            popxl.d2h_stream,
+            "int32",
+            "d2h_stream: dtype must be a popxl dtype (e.g. popxl.float32), got 'int32' of type "
+            "str. Did you mean popxl.int32?",
+        ),
+        (
+            popxl.h2d_stream,
+            np.float32,
+            "h2d_stream: dtype must be a popxl dtype (e.g. popxl.float32), got <class "
+            "'numpy.float32'> of type type.",
+        ),
+    ],
+)
+def test_stream_dtype_must_be_a_popxl_dtype(make, dtype, message):
+    ir = popxl.Ir()
+    with ir.main_graph:
+        with pytest.raises(TypeError) as info:
+            make((2,), dtype)
+        assert str(info.value) == message
+        assert not ir._streams

@@ -65,12 +65,70 @@ def test_float8_only_arguments():
 def test_memmap(tmp_path):
     mm = np.memmap(tmp_path / "a.bin", dtype=np.float32, mode="w+", shape=(4,))
     assert to_numpy(mm, copy=False) is mm
-    with pytest.raises(ValueError):
-        to_numpy(mm, popxl.float16, copy=False)
+    assert to_numpy(mm, popxl.float32, copy=False) is mm
     mm64 = np.memmap(tmp_path / "b.bin", dtype=np.float64, mode="w+", shape=(4,))
-    with pytest.raises(ValueError):
-        to_numpy(mm64, copy=False)
     assert to_numpy(mm64, copy=False, downcast=False) is mm64
+
+
+def test_memmap_of_another_dtype_is_rejected(tmp_path):
+    mm = np.memmap(tmp_path / "a.bin", dtype=np.float32, mode="w+", shape=(4,))
+    message = (
+        "When passing a memory-mapped NumPy array, the `dtype` parameter must be None or the "
+        "same as the array's dtype; the array has float32 but popxl.dtypes.float16 was "
+        "requested. Memory-mapped data is used in place and never converted: create the "
+        "np.memmap with dtype float16, or leave `dtype` out."
+    )
+    with pytest.raises(ValueError) as info:
+        to_numpy(mm, popxl.float16, copy=False)
+    assert str(info.value) == message
+
+
+def test_fortran_ordered_memmap_is_rejected(tmp_path):
+    mm = np.memmap(tmp_path / "a.bin", dtype=np.float32, mode="w+", shape=(2, 3), order="F")
+    with pytest.raises(ValueError) as info:
+        to_numpy(mm, copy=False)
+    assert str(info.value).startswith(
+        "When passing a memory-mapped NumPy array, it must already be in C-ordered and aligned "
+        "form, because it is used in place. Create the np.memmap with order='C'"
+    )
+
+
+@pytest.mark.parametrize("dtype", [None, popxl.float64])
+def test_64_bit_memmap_needing_downcast_is_rejected(tmp_path, dtype):
+    mm64 = np.memmap(tmp_path / "b.bin", dtype=np.float64, mode="w+", shape=(4,))
+    with pytest.raises(ValueError) as info:
+        to_numpy(mm64, dtype, copy=False)
+    assert str(info.value) == (
+        f"When passing a memory-mapped NumPy array, the dtype {dtype} is not supported, as it "
+        "requires downcasting the array into a new array with a dtype supported by PopXL (the "
+        "array has float64). Create the np.memmap with float32, or pass downcast=False to use "
+        "the 64-bit data in place."
+    )
+
+
+def test_memmap_with_a_non_constant_grouping_is_copied_with_a_warning(tmp_path, capfd):
+    ir = popxl.Ir(replication=4)
+    rg = ir.replica_grouping_from_assignments([0, 1, 1, 0])
+    mm = np.memmap(tmp_path / "w.bin", dtype=np.float32, mode="w+", shape=(2, 3))
+    mm[...] = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with ir.main_graph:
+        capfd.readouterr()
+        w = popxl.variable(mm, name="w", replica_grouping=rg)
+        err = capfd.readouterr().err
+    assert err.count("you have passed np.memmap data and a non-const replica grouping") == 1
+    assert "In creation of variable w," in err
+    assert not isinstance(w._host_data, np.memmap)
+    mm[...] = -1.0
+    np.testing.assert_array_equal(w._host_data, np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+def test_memmap_with_a_constant_grouping_stays_in_place(tmp_path, capfd):
+    ir = popxl.Ir(replication=4)
+    mm = np.memmap(tmp_path / "w.bin", dtype=np.float32, mode="w+", shape=(2, 3))
+    with ir.main_graph:
+        w = popxl.variable(mm, name="w", replica_grouping=ir.replica_grouping(2, 2))
+    assert w._host_data is mm
+    assert capfd.readouterr().err == ""
 
 
 def test_torch_input():

@@ -567,6 +567,7 @@ def test_inline_load_remote_and_store_remote(use_io_tiles):
     """``store_remote`` stores the keys it shares with the buffers (extra keys are
     ignored); ``load_remote`` reads an entry given as an int or a tensor."""
     ir = popxl.Ir(replication=2)
+    ir._pb_ir.getSessionOptions().numIOTiles = 32  # ops on IO tiles need some
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     s = np.array([1.0, -2.0, 3.0, -4.0], np.float32)
     with ir.main_graph, popxl.in_sequence():
@@ -633,6 +634,7 @@ def test_gather_replica_sharded_tensor(replicas):
     unsharded tensor is returned as is."""
     data = np.arange(12, dtype=np.float32).reshape(replicas, 12 // replicas)
     ir = popxl.Ir(replication=replicas)
+    ir._pb_ir.getSessionOptions().numIOTiles = 32  # ops on IO tiles need some
     with ir.main_graph, popxl.in_sequence():
         full = popxl.variable(np.arange(8, dtype=np.float32).reshape(4, 2) - 3.0, name="full")
         assert gather_replica_sharded_tensor(full) is full
@@ -662,6 +664,7 @@ def test_all_gather_replica_sharded_graph():
     """Sorted names, one named input per tensor, gathered outputs in the same order, per-key
     groups (``const_rg`` of the given grouping), unsharded inputs passed through."""
     ir = popxl.Ir(replication=4)
+    ir._pb_ir.getSessionOptions().numIOTiles = 32  # ops on IO tiles need some
     w = np.arange(8, dtype=np.float32).reshape(2, 4)
     b = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
     u = np.array([7.0, 8.0, 9.0], np.float32)
@@ -754,6 +757,7 @@ def test_reduce_replica_sharded_graph(replicas, use_io_tiles, rng):
     shapes = {"d": (2, 4), "a": (4, 2), "c": (3,), "b": (8,)}
     data = {k: rng.normal(size=(replicas, *s)).astype(np.float32) for k, s in shapes.items()}
     ir = popxl.Ir(replication=replicas)
+    ir._pb_ir.getSessionOptions().numIOTiles = 32  # ops on IO tiles need some
     with ir.main_graph, popxl.in_sequence():
         everyone, pairs = ir.replica_grouping(), ir.replica_grouping(1, 2)
         streams = {k: popxl.h2d_stream(s, F32, k) for k, s in shapes.items()}

@@ -598,3 +598,46 @@ def test_all_replicas_retrieval_reads_every_replica(replication, group_size):
     np.testing.assert_array_equal(session.get_tensor_data(w), per_replica + x)
     with session:
         np.testing.assert_array_equal(session.run({x_h2d: x})[w_d2h], per_replica + x)
+
+
+# Validation without running (Session._validate_run_inputs / _validate_run_outputs) ------------
+
+
+@pytest.mark.parametrize(
+    "nht, replication, shape, good",
+    [
+        (2, 1, (2, 4), True),
+        (2, 2, (2, 2, 4), True),
+        (2, 2, (2, 4), False),
+        (32, 4, (32, 4, 4), True),
+        (32, 4, (31, 4, 4), False),
+    ],
+)
+def test_validate_run_io_needs_no_attach(nht, replication, shape, good):
+    session, x_h2d, y_d2h = _repeat_io(
+        nht=nht, repeat_count=nht, shape=(4,), replication=replication
+    )
+    inputs = {x_h2d: np.zeros(shape, np.float32)}
+    outputs = {y_d2h: np.zeros(shape, np.float32)}
+    assert not session.is_attached
+    if good:
+        assert session._validate_run_inputs(inputs) is None
+        assert session._validate_run_outputs(outputs) is None
+    else:
+        with pytest.raises(ValueError, match="input stream x"):
+            session._validate_run_inputs(inputs)
+        with pytest.raises(ValueError, match="output stream y"):
+            session._validate_run_outputs(outputs)
+    assert not session.is_attached
+
+
+def test_validate_run_io_checks_the_stream_sets_and_dtypes():
+    session, x_h2d, y_d2h = _single_io()
+    with pytest.raises(ValueError, match=r"Unexpected/Missing \."):
+        session._validate_run_inputs({})
+    with pytest.raises(ValueError, match=r"Unexpected/Missing \."):
+        session._validate_run_outputs({})
+    with pytest.raises(TypeError, match="has dtype int32, but the stream carries float32"):
+        session._validate_run_inputs({x_h2d: np.zeros(2, np.int32)})
+    with pytest.raises(TypeError, match="has dtype int32, but the stream carries float32"):
+        session._validate_run_outputs({y_d2h: np.zeros(2, np.int32)})

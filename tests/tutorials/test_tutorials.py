@@ -48,3 +48,14 @@ def test_remote_rts_tutorial_trains_and_demos(capsys):
     assert "out: 2.0 then 2.3333335" in printed
     assert "assignment [0, 1, 0, 1, 2, 3, 2, 3]" in printed
     assert accuracy >= 85.0
+
+
+def test_poptorch_style_tutorial_trains_and_prints_its_program(capsys):
+    args = ["--digits", "--switch-loss", "0.5", "--lr", "0.002"]
+    accuracy = load_tutorial("7_poptorch_style").main(args)
+    printed = capsys.readouterr().out
+    assert "The program trainingModel built (main graph):" in printed
+    assert "Loop." in printed and "HostStore." in printed
+    assert "lr now 0.0002" in printed  # the momentum loss fell below 0.5: setOptimizer
+    assert f"Accuracy on test set: {accuracy:0.2f}%" in printed
+    assert accuracy >= 90.0

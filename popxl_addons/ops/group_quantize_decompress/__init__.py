@@ -1,6 +1,8 @@
 """4-bit group-quantised tensors (FlexGen): decompression op and NumPy codecs."""
 
-from .group_quantize_decompress import group_quantize_compress_numpy as group_quantize_compress_numpy
+from .group_quantize_decompress import (
+    group_quantize_compress_numpy as group_quantize_compress_numpy,
+)
 from .group_quantize_decompress import group_quantize_decompress as group_quantize_decompress
 from .group_quantize_decompress import (
     group_quantize_decompress_numpy as group_quantize_decompress_numpy,

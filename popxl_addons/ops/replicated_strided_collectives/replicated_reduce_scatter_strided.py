@@ -9,7 +9,14 @@ from popxl import ReplicaGrouping, Tensor
 from popxl.ops.collectives import CollectiveOps
 from popxl.tensor_spec import TensorSpec
 
-from .._native import check_reduction, group_size, groups_of, record, reduce_scatter_flat, replica_op
+from .._native import (
+    check_reduction,
+    group_size,
+    groups_of,
+    record,
+    reduce_scatter_flat,
+    replica_op,
+)
 
 
 def _scatter_infer(t: Any, *, groups: Any, rts: bool, **_: Any) -> list:

@@ -147,6 +147,7 @@ CASES = [
     ),
     OpCase("identity", ops.identity, [X], lambda a: a),
     OpCase("detach", ops.detach, [X], lambda a: a, grad=False),
+    OpCase("detach_", lambda a: (ops.detach_(a), a), [X], lambda a: (a, a), grad=False),
     OpCase(
         "maximum",
         lambda a, b, c: ops.maximum(a, b, c),

@@ -44,9 +44,14 @@ def test_cast_to_fp8_input_must_be_float16_or_float32():
 def test_log2_scale_must_be_an_int32_scalar(fn, make_input, data_type):
     with popxl.Ir().main_graph:
         x = make_input()
-        with pytest.raises(ValueError, match=r"log2_scale must be a scalar .* got shape \(1,\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"^Log2 scale argument must be a scalar tensor: .* got log2_scale of shape \(1,\)",
+        ):
             fn(x, _scale(shape=(1,)), data_type)
-        with pytest.raises(TypeError, match="log2_scale must have dtype int32, got int8"):
+        with pytest.raises(
+            TypeError, match="^Log2 scale tensor must be of type popxl.int32: .* of dtype int8"
+        ):
             fn(x, _scale(dtype=popxl.int8), data_type)
         with pytest.raises(TypeError, match="`log2_scale` is not a Tensor"):
             fn(x, 2, data_type)
@@ -95,9 +100,11 @@ def test_matmul_pow2scaled_operands_must_be_float8(lhs_dtype, rhs_dtype, bad):
 def test_matmul_pow2scaled_log2_scale_checks():
     with popxl.Ir().main_graph:
         lhs, rhs = _fp8((2, 3)), _fp8((3, 4))
-        with pytest.raises(ValueError, match="log2_scale must be a scalar"):
+        with pytest.raises(ValueError, match="^Log2 scale argument must be a scalar tensor: "):
             ops.matmul_pow2scaled(lhs, rhs, _scale(shape=(2,)))
-        with pytest.raises(TypeError, match="log2_scale must have dtype int32, got float32"):
+        with pytest.raises(
+            TypeError, match="^Log2 scale tensor must be of type popxl.int32: .* of dtype float32"
+        ):
             ops.matmul_pow2scaled(lhs, rhs, _scale(dtype=popxl.float32))
 
 

@@ -155,6 +155,19 @@ def test_unused_input_gets_zero_gradient_and_detach_blocks():
     np.testing.assert_allclose(grads[1], np.zeros(3))
 
 
+def test_detach_inplace_blocks_only_later_uses():
+    def build(x):
+        y = x * 2.0
+        before = y * 5.0  # read before detach_: gradient flows (10 per element)
+        handle = ops.detach_(y)
+        return y * 3.0 + handle * 7.0 + before + x  # later reads: no gradient
+
+    x = _rand(3)
+    outs, grads = _run_grads(build, [x], [np.ones(3, np.float32)])
+    np.testing.assert_allclose(outs[0], x * 2 * 3 + x * 2 * 7 + x * 10 + x, rtol=1e-6)
+    np.testing.assert_allclose(grads[0], np.full(3, 11.0))
+
+
 def test_expected_connections_for_custom_grads():
     ir = popxl.Ir()
     with ir.main_graph:

@@ -1,0 +1,90 @@
+"""PopTorch's user model on the explicit IR.
+
+This is PopTorch's API (``Options``, ``DataLoader``, ``trainingModel``, ``inferenceModel``,
+``optim``, ``identity_loss``, its errors and enums) over popxl_addons ``Module``s, not over
+``torch.nn.Module``s: a model is a ``popxl_addons.Module`` whose ``build`` returns its
+outputs (and, for training, its loss). The wrappers build one ordinary ``popxl.Ir``
+(streams, ``repeat`` over device iterations, gradient accumulation, replica reductions,
+the optimiser step) that the executor runs and that you can print and inspect:
+``model.print_schedule()``, ``model.ir``.
+
+PyTorch is not needed; torch tensors and ``torch.utils.data`` datasets are accepted when it
+is installed.
+"""
+
+from __future__ import annotations
+
+from . import enums as enums
+from . import optim as optim
+from ._program import identity_loss as identity_loss
+from .data import AsynchronousDataAccessor as AsynchronousDataAccessor
+from .data import DataLoader as DataLoader
+from .enums import AutoStage as AutoStage
+from .enums import CommGroupType as CommGroupType
+from .enums import ConnectionType as ConnectionType
+from .enums import DataLoaderMode as DataLoaderMode
+from .enums import HalfFloatCastingBehavior as HalfFloatCastingBehavior
+from .enums import Liveness as Liveness
+from .enums import MeanReductionStrategy as MeanReductionStrategy
+from .enums import OutputMode as OutputMode
+from .enums import ReductionType as ReductionType
+from .enums import SharingStrategy as SharingStrategy
+from .enums import SyncPattern as SyncPattern
+from .enums import VariableRetrievalMode as VariableRetrievalMode
+from .errors import Error as Error
+from .errors import RecoverableError as RecoverableError
+from .errors import UnrecoverableError as UnrecoverableError
+from .executor import PoplarExecutor as PoplarExecutor
+from .executor import inferenceModel as inferenceModel
+from .executor import load as load
+from .executor import trainingModel as trainingModel
+from .options import Options as Options
+from .options import TensorLocationSettings as TensorLocationSettings
+from .strategies import ParallelPhasedExecution as ParallelPhasedExecution
+from .strategies import Phase as Phase
+from .strategies import PipelinedExecution as PipelinedExecution
+from .strategies import SerialPhasedExecution as SerialPhasedExecution
+from .strategies import ShardedExecution as ShardedExecution
+from .strategies import Stage as Stage
+
+
+def isRunningOnIpu() -> bool:  # noqa: N802 (PopTorch's name)
+    """False: a ``build`` runs while the program is being built, never on the device."""
+    return False
+
+
+__all__ = [
+    "AsynchronousDataAccessor",
+    "AutoStage",
+    "CommGroupType",
+    "ConnectionType",
+    "DataLoader",
+    "DataLoaderMode",
+    "Error",
+    "HalfFloatCastingBehavior",
+    "Liveness",
+    "MeanReductionStrategy",
+    "Options",
+    "OutputMode",
+    "ParallelPhasedExecution",
+    "Phase",
+    "PipelinedExecution",
+    "PoplarExecutor",
+    "RecoverableError",
+    "ReductionType",
+    "SerialPhasedExecution",
+    "ShardedExecution",
+    "SharingStrategy",
+    "Stage",
+    "SyncPattern",
+    "TensorLocationSettings",
+    "UnrecoverableError",
+    "VariableRetrievalMode",
+    "enums",
+    "identity_loss",
+    "inferenceModel",
+    "isRunningOnIpu",
+    "load",
+    "optim",
+    "trainingModel",
+]

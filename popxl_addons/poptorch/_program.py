@@ -1,0 +1,429 @@
+"""Build the one explicit popxl program a PopTorch-style model runs per host call.
+
+Per call the program runs ``deviceIterations`` device iterations; each one runs
+``gradientAccumulation`` micro-batches (training), then reduces the gradients over
+replicas and updates the weights::
+
+    repeat(deviceIterations):            # outer loop (output modes Final/EveryN nest it)
+        repeat(gradientAccumulation):    # micro-batches
+            x = host_load(...)           # one host transfer per micro-batch
+            outputs, loss = forward(x)
+            accum += d(loss * loss_scaling)/dw
+            (store / keep / sum the outputs: the output mode)
+        g = all_reduce(accum) / (GA * R if Mean) / loss_scaling, clipped to max_grad_norm
+        w = optimizer(w, g); accum = 0
+
+The loops are built flat in the main graph and moved into ``repeat`` subgraphs by
+``popxl_addons.transforms.repeat_graph``, so what ``print_schedule`` shows is the program
+that runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import popxl
+import popxl_addons as addons
+from popxl import ops
+from popxl_addons.transforms.repeat_graph import repeat_graph
+
+from ._storage import flush, place, read, write
+from .enums import CommGroupType, OutputMode, ReductionType
+from .optim import Optimizer, group_of_each
+from .options import Options, TensorLocationSettings, _TensorLocationOptions, resolved_output_mode
+
+LOSS_MISSING_MSG = (
+    "trainingModel needs a loss: {cls}.build must return it, marked with "
+    "poptorch.identity_loss(x, reduction='mean') or as its last output (a scalar). It "
+    "returned {n} output(s)."
+)
+LOSS_SHAPE_MSG = (
+    "The loss must be a scalar, but {cls}.build's loss has shape {shape}. Reduce it with "
+    "poptorch.identity_loss(x, reduction='mean') or 'sum'."
+)
+INFERENCE_GA_MSG = (
+    "Options.Training.gradientAccumulation is {ga}, but gradient accumulation only applies "
+    "to trainingModel. Use gradientAccumulation(1) for inferenceModel (or deviceIterations "
+    "to run several batches per call)."
+)
+EVERY_N_MSG = (
+    "OutputMode.EveryN with output_return_period {n} needs deviceIterations to be a multiple "
+    "of {n}, but deviceIterations is {di}."
+)
+INPUT_GROUP_MSG = (
+    "inputReplicaGrouping group size {k} must divide replicationFactor {r}: each group of "
+    "{k} replicas reads one slice of the batch."
+)
+NO_WEIGHTS_MSG = "trainingModel needs weights to train, but {cls} declares no variables."
+
+_LOSSES: contextvars.ContextVar[list[popxl.Tensor] | None] = contextvars.ContextVar(
+    "poptorch_losses", default=None
+)
+
+
+def identity_loss(x: popxl.Tensor, reduction: str) -> popxl.Tensor:
+    """Mark ``x`` as the loss a ``trainingModel`` minimises, reduced as asked.
+
+    Args:
+        x: the loss values.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` (``x`` must then be a scalar).
+
+    Returns:
+        The reduced loss (a scalar for "sum" and "mean").
+    """
+    reducers = {"sum": ops.sum, "mean": ops.mean, "none": lambda t: t}
+    if reduction not in reducers:
+        raise ValueError(
+            f"identity_loss reduction must be 'sum', 'mean' or 'none', got {reduction!r}."
+        )
+    loss = reducers[reduction](x)
+    marked = _LOSSES.get()
+    if marked is not None:
+        marked.append(loss)
+    return loss
+
+
+@contextlib.contextmanager
+def _collect_losses() -> Iterator[list[popxl.Tensor]]:
+    found: list[popxl.Tensor] = []
+    token = _LOSSES.set(found)
+    try:
+        yield found
+    finally:
+        _LOSSES.reset(token)
+
+
+@dataclass
+class Built:
+    """The built program and the handles the executor needs."""
+
+    ir: popxl.Ir
+    inputs: list[popxl.HostToDeviceStream]
+    outputs: list[popxl.DeviceToHostStream]
+    output_specs: list[popxl.TensorSpec]
+    stores_per_call: int
+    weights: dict[str, popxl.Variable]
+    state: dict[str, dict[str, popxl.Variable]] = field(default_factory=dict)
+    hyper: dict[tuple[int, str], popxl.Variable] = field(default_factory=dict)
+    constants: dict[tuple[int, str], float] = field(default_factory=dict)
+    groups: dict[str, int] = field(default_factory=dict)
+    step: popxl.Variable | None = None
+    loss_index: int | None = None
+    locations: _TensorLocationOptions = field(default_factory=_TensorLocationOptions)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How many of everything one host call runs."""
+
+    device_iterations: int
+    accumulation: int
+    replicas: int
+    mode: OutputMode
+    period: int
+    reduction: ReductionType
+
+    @classmethod
+    def of(cls, options: Options, training: bool) -> Layout:
+        ga = options.training.gradient_accumulation
+        if not training and ga > 1:
+            raise ValueError(INFERENCE_GA_MSG.format(ga=ga))
+        mode = resolved_output_mode(options, training)
+        di = options.device_iterations
+        period = {OutputMode.Final: di, OutputMode.EveryN: options.output_return_period}.get(
+            mode, 1
+        )
+        if di % period:
+            raise ValueError(EVERY_N_MSG.format(n=period, di=di))
+        r, k = options.replication_factor, options.input_group_size
+        if r % k:
+            raise ValueError(INPUT_GROUP_MSG.format(k=k, r=r))
+        return cls(di, ga if training else 1, r, mode, period, options.training.reduction_type)
+
+    @property
+    def stores_per_call(self) -> int:
+        if self.mode == OutputMode.All:
+            return self.device_iterations * self.accumulation
+        if self.mode == OutputMode.Sum:
+            return 1
+        return self.device_iterations // self.period
+
+
+def replica_grouping(ir: popxl.Ir, kind: CommGroupType, size: int) -> popxl.ReplicaGrouping:
+    """A popxl replica grouping from PopTorch's ``CommGroupType`` and group size."""
+    r = ir.replication_factor
+    if kind == CommGroupType.All:
+        return ir.replica_grouping()
+    if kind == CommGroupType.NoGrouping:
+        return ir.replica_grouping(group_size=1)
+    if kind == CommGroupType.Consecutive:
+        return ir.replica_grouping(stride=1, group_size=size)
+    return ir.replica_grouping(stride=r // size, group_size=size)
+
+
+def build(
+    module: addons.Module,
+    options: Options,
+    specs: Sequence[popxl.TensorSpec],
+    optimizer: Optimizer | None,
+    groupings: dict[str, tuple[CommGroupType, int]],
+) -> Built:
+    """Build the program of ``module`` for micro-batch input ``specs``."""
+    training = optimizer is not None
+    layout = Layout.of(options, training)
+    ir = popxl.Ir(replication=layout.replicas)
+    options.apply_to_session_options(ir._pb_ir.getSessionOptions(), training)
+    main = ir.main_graph
+    scope = options.model_name or ""
+    with main, popxl.name_scope(scope) if scope else contextlib.nullcontext():
+        inputs = [popxl.h2d_stream(s.shape, s.dtype, f"input{i}") for i, s in enumerate(specs)]
+        with _collect_losses() as losses:
+            facts, fwd = module.create_graph(*specs)
+        loss_index = _loss_index(module, fwd, losses) if training else None
+        for name, (kind, size) in groupings.items():
+            facts.to_dict()[name].replica_grouping = replica_grouping(ir, kind, size)
+        locations = options.tensor_locations
+        named = _init(facts, options.random_seed, locations.weight)
+        built = Built(ir, inputs, [], [], layout.stores_per_call, named, loss_index=loss_index)
+        built.locations = locations
+        _build_body(built, fwd, optimizer, layout)
+    ir.num_host_transfers = layout.device_iterations * layout.accumulation
+    return built
+
+
+def _init(
+    facts: Any, seed: int | None, settings: TensorLocationSettings
+) -> dict[str, popxl.Variable]:
+    """The module's weights (initial values seeded by ``seed`` if given)."""
+    saved = np.random.get_state()
+    if seed is not None:
+        np.random.seed(seed)
+    try:
+        return {
+            key: place(f.next_data(), f.dtype, key, f.replica_grouping, settings)
+            for key, f in sorted(facts.to_dict().items())
+        }
+    finally:
+        if seed is not None:
+            np.random.set_state(saved)
+
+
+def _loss_index(module: Any, fwd: Any, losses: list) -> int:
+    outs = list(fwd.graph.outputs)
+    cls = type(module).__name__
+    index = next((i for i, o in enumerate(outs) for m in losses if o is m), None)
+    if index is None:
+        if not outs:
+            raise ValueError(LOSS_MISSING_MSG.format(cls=cls, n=0))
+        index = len(outs) - 1
+    if outs[index].shape != ():
+        raise ValueError(LOSS_SHAPE_MSG.format(cls=cls, shape=outs[index].shape))
+    return index
+
+
+def _build_body(built: Built, fwd: Any, optimizer: Optimizer | None, layout: Layout) -> None:
+    main = built.ir.main_graph
+    specs = [popxl.TensorSpec(o.shape, o.dtype) for o in fwd.graph.outputs]
+    built.output_specs = specs
+    built.outputs = [popxl.d2h_stream(s.shape, s.dtype, f"output{i}") for i, s in enumerate(specs)]
+    keep = _output_holders(specs, layout.mode)
+    trainer = _Trainer(built, fwd, optimizer) if optimizer is not None else None
+    # Micro-batch: load, forward (and backward), handle the outputs.
+    xs = [ops.host_load(s, f"x{i}") for i, s in enumerate(built.inputs)]
+    on_chip = {k: read(v) for k, v in built.weights.items()}
+    info = fwd.bind(addons.NamedTensors.from_dict(on_chip)).call_with_info(*xs)
+    if trainer is not None:
+        trainer.backward(info)
+    _handle_outputs(built, info.outputs[: len(specs)], keep, layout.mode)
+    repeat_graph(main, layout.accumulation)
+    # One device iteration: reduce and update.
+    if trainer is not None:
+        trainer.optimizer_step(layout)
+    # Device iterations, with the stores each output mode needs.
+    if layout.mode == OutputMode.All:
+        repeat_graph(main, layout.device_iterations)
+        return
+    if layout.mode == OutputMode.Sum:
+        repeat_graph(main, layout.device_iterations)
+        _store(built, keep)
+        for k in keep:
+            ops.var_updates.accumulator_scale_(k, 0.0)
+        return
+    repeat_graph(main, layout.period)
+    _store(built, keep)
+    repeat_graph(main, layout.device_iterations // layout.period)
+
+
+def _output_holders(specs: list[popxl.TensorSpec], mode: OutputMode) -> list[popxl.Variable]:
+    if mode == OutputMode.All:
+        return []
+
+    def dtype(s):
+        return popxl.float32 if mode == OutputMode.Sum and s.dtype.is_floating_point else s.dtype  # noqa: E731
+
+    return [
+        popxl.variable(np.zeros(s.shape, dtype(s).as_numpy()), dtype(s), f"output{i}_held")
+        for i, s in enumerate(specs)
+    ]
+
+
+def _handle_outputs(
+    built: Built, outs: Sequence[popxl.Tensor], keep: list, mode: OutputMode
+) -> None:
+    for i, out in enumerate(outs):
+        if mode == OutputMode.All:
+            ops.host_store(built.outputs[i], out)
+        elif mode == OutputMode.Sum:
+            ops.var_updates.accumulate_(keep[i], out)
+        else:
+            ops.var_updates.copy_var_update_(keep[i], out)
+
+
+def _store(built: Built, keep: list) -> None:
+    for stream, held in zip(built.outputs, keep):
+        value = held if held.dtype == stream.dtype else ops.cast(held, stream.dtype)
+        ops.host_store(stream, value)
+
+
+class _Trainer:
+    """The training half of the program: gradients, accumulators, optimiser update."""
+
+    def __init__(self, built: Built, fwd: Any, optimizer: Optimizer) -> None:
+        self.built, self.fwd, self.opt = built, fwd, optimizer
+        names = list(built.weights)
+        if not names:
+            raise ValueError(NO_WEIGHTS_MSG.format(cls=type(fwd).__name__))
+        built.groups = group_of_each(optimizer, names)
+        loss = fwd.graph.outputs[built.loss_index]
+        self.bwd = addons.autodiff(fwd, grads_provided=[loss], grads_required=fwd.args.tensors)
+        self.keys = [_key_of(fwd, t) for t in fwd.args.tensors]
+        self.loss_dtype = loss.dtype
+        acc = optimizer.accum_type
+        where = built.locations.accumulator
+        self.accums = {
+            k: _zeros_like(built.weights[k], acc, f"accum.{k}", where) for k in self.keys
+        }
+        self._make_hyper()
+        self._make_state()
+
+    def _make_hyper(self) -> None:
+        opt, built = self.opt, self.built
+        for i in range(len(opt.param_groups)):
+            for attr, value in opt.attributes(i).items():
+                is_global = attr in opt.global_defaults
+                if is_global and i > 0:
+                    continue
+                key = (0 if is_global else i, attr)
+                if opt.variable_attrs.isConstant(attr):
+                    built.constants[key] = value
+                else:
+                    single = is_global or len(opt.param_groups) == 1
+                    name = f"optim.{attr}" if single else f"optim.group{i}.{attr}"
+                    built.hyper[key] = popxl.variable(np.float32(value), popxl.float32, name)
+        built.step = popxl.variable(np.float32(0.0), popxl.float32, "optim.step")
+
+    def _make_state(self) -> None:
+        built = self.built
+        for name in built.groups:
+            w = built.weights[name]
+            built.state[name] = {
+                slot: _zeros_like(
+                    w, self.opt.dtype_of(slot), f"optim.{name}.{slot}", built.locations.optimizer
+                )
+                for slot in self.opt.active_slots()
+            }
+
+    def hyper(self, group: int, attr: str) -> Any:
+        key = (0, attr) if attr in self.opt.global_defaults else (group, attr)
+        if key in self.built.hyper:
+            return self.built.hyper[key]
+        return self.built.constants[key]
+
+    def backward(self, info: Any) -> None:
+        scale = self.hyper(0, "loss_scaling")
+        if isinstance(scale, popxl.Tensor):
+            seed = ops.cast(scale, self.loss_dtype)
+        else:
+            seed = popxl.constant(np.asarray(scale, self.loss_dtype.as_numpy()), self.loss_dtype)
+        args = self.bwd.grad_graph_info.inputs_dict(info)
+        grads = self.bwd.call(seed, args=args)
+        for key, g in zip(self.keys, grads):
+            acc = read(self.accums[key])
+            ops.var_updates.accumulate_(acc, g)
+            flush(self.accums[key], acc)
+
+    def optimizer_step(self, layout: Layout) -> None:
+        built, opt = self.built, self.opt
+        mean = layout.reduction == ReductionType.Mean
+        grads, loaded = {}, {}
+        for name in built.groups:
+            acc = loaded[name] = read(self.accums[name])
+            group = self.accums[name].replica_grouping
+            if layout.replicas > 1 and group.group_size > 1:
+                ops.collectives.replicated_all_reduce_(acc, op="add", group=group)
+            g = acc if acc.dtype == popxl.float32 else ops.cast(acc, popxl.float32)
+            # Replicas sharing a weight value reduce their gradients together.
+            divisor = layout.accumulation * group.group_size if mean else 1
+            grads[name] = g * _inverse(self.hyper(0, "loss_scaling"), divisor)
+        grads = _clip(grads, self.hyper(0, "max_grad_norm"))
+        assert built.step is not None
+        ops.var_updates.accumulate_(built.step, popxl.constant(np.float32(1.0)))
+        for name, group_index in built.groups.items():
+            var = built.weights[name]
+            w = read(var)
+            w32 = w if w.dtype == popxl.float32 else ops.cast(w, popxl.float32)
+            h = {a: self.hyper(group_index, a) for a in opt.attributes(group_index)}
+            state = {slot: read(v) for slot, v in built.state[name].items()}
+            new = opt.update(w32, grads[name], state, h, built.step)
+            write(var, w, new)
+            for slot, v in built.state[name].items():
+                flush(v, state[slot])
+        for name, var in self.accums.items():
+            zeroed = loaded[name] if name in loaded else read(var)
+            ops.var_updates.accumulator_zero_(zeroed)
+            flush(var, zeroed)
+
+
+def _zeros_like(
+    w: popxl.Variable, dtype: popxl.dtype, name: str, settings: TensorLocationSettings
+) -> popxl.Variable:
+    """Zeros with ``w``'s shape and replica grouping (one value per group), placed as
+    ``settings`` say."""
+    group = w.replica_grouping
+    lead = (group.num_groups,) if group.num_groups > 1 else ()
+    data = np.zeros(lead + w.shape, dtype.as_numpy())
+    return place(data, dtype, name, group, settings)
+
+
+def _inverse(loss_scaling: Any, divisor: int) -> Any:
+    if isinstance(loss_scaling, popxl.Tensor):
+        return 1.0 / (loss_scaling * float(divisor))
+    return 1.0 / (float(loss_scaling) * divisor)
+
+
+def _clip(grads: dict[str, Any], max_norm: Any) -> dict[str, Any]:
+    if not isinstance(max_norm, popxl.Tensor) and max_norm == float("inf"):
+        return grads
+    total = None
+    for g in grads.values():
+        s = ops.sum(g * g)
+        total = s if total is None else total + s
+    assert total is not None
+    norm = ops.sqrt(total)
+    coef = max_norm / (norm + 1e-6)
+    one = popxl.constant(np.float32(1.0))
+    coef = ops.where(ops.greater(coef, one), one, coef)
+    return {k: g * coef for k, g in grads.items()}
+
+
+def _key_of(fwd: Any, t: popxl.Tensor) -> str:
+    for key, arg in fwd.args.to_dict().items():
+        if arg is t:
+            return key
+    raise KeyError(t.name)

@@ -1,0 +1,690 @@
+"""``trainingModel`` / ``inferenceModel`` and the ``PoplarExecutor`` they return.
+
+The executor builds the program (``_program.build``) on its first call, from the shapes of
+the combined batch it is given, runs it through a ``popxl.Session``, and converts between
+PopTorch's host layout (one combined batch per input, results concatenated along the batch
+axis) and the session's stream layout.
+
+Weights are shared between every executor of the same module, as PopTorch shares them
+through the wrapped ``torch.nn.Module``: a host copy (``state_dict()``) is the meeting
+point, and weights are copied from a training executor's device to the host only when
+another executor or the user needs them.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+import popxl
+import popxl_addons as addons
+
+from ._program import Built, build
+from .enums import CommGroupType, ConnectionType, VariableRetrievalMode
+from .errors import Error
+from .optim import (
+    CONSTANT_CHANGED_MSG,
+    GROUP_COUNT_MSG,
+    OPTIMIZERS,
+    OTHER_OPTIMIZER_MSG,
+    Optimizer,
+)
+from .options import Options
+
+BATCH_MSG = (
+    "Invalid batch dimension: in input {i}, the batch dimension ({n}) must be a multiple of "
+    "deviceIterations({di}) * replicationFactor({r}) / inputReplicaGrouping size({k}) * "
+    "gradientAccumulation({ga}) = {total}."
+)
+CHANGED_MSG = (
+    "The model was compiled for inputs {old} (micro-batch shapes and dtypes); this call "
+    "gives {new}. A compiled model has fixed shapes: keep the batch size constant or build "
+    "a new model."
+)
+NOT_COMPILED_MSG = "{what}: the model has not been compiled yet; call it (or compile) first."
+INFERENCE_OPTIMIZER_MSG = "setOptimizer only applies to a trainingModel."
+NEVER_MSG = (
+    "The model was created with connectionType(ConnectionType.Never): it can be compiled "
+    "and exported, but not run."
+)
+DETACHED_MSG = "The model is detached from its device; call attachToDevice() before running it."
+STRICT_MSG = "load_state_dict: missing keys {missing}, unexpected keys {unexpected}."
+OPTIMIZER_TYPE_MSG = (
+    "trainingModel needs a poptorch.optim optimizer (SGD, Adam, AdamW, RMSprop, LAMB), got {got}."
+)
+EXPORT_MISMATCH_MSG = (
+    "{path} holds an executable for a different program (its structure key differs). Build "
+    "the model with the same module, options and input shapes before loadExecutable."
+)
+GROUPING_MSG = "replicaGrouping must be called before the model is compiled."
+
+
+class _WeightStore:
+    """The host copy of a module's weights, shared by its executors."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] | None = None
+        self.version = 0
+        self.owner: weakref.ReferenceType[PoplarExecutor] | None = None
+
+    def pull(self) -> None:
+        """Bring the host copy up to date with the executor that changed it last."""
+        owner = self.owner() if self.owner is not None else None
+        if owner is not None:
+            owner.copyWeightsToHost()
+        self.owner = None
+
+
+_STORES: weakref.WeakKeyDictionary[Any, _WeightStore] = weakref.WeakKeyDictionary()
+
+
+def _store_of(module: Any) -> _WeightStore:
+    if module not in _STORES:
+        _STORES[module] = _WeightStore()
+    return _STORES[module]
+
+
+class _Keys(NamedTuple):
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+@dataclass
+class _Timing:
+    host_to_device: list[float] = field(default_factory=list)
+    compute: list[float] = field(default_factory=list)
+    device_to_host: list[float] = field(default_factory=list)
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach") and hasattr(x, "numpy"):
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x)
+    if arr.dtype == np.float64:
+        arr = arr.astype(np.float32)
+    elif arr.dtype == np.int64:
+        arr = arr.astype(np.int32)
+    return arr
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+class PoplarExecutor:
+    """A compiled model: call it with combined batches, read and write its weights.
+
+    Not created directly: use ``trainingModel`` or ``inferenceModel``.
+    """
+
+    def __init__(
+        self,
+        model: addons.Module,
+        options: Options | None,
+        training: bool,
+        optimizer: Optimizer | None = None,
+    ) -> None:
+        if training and not isinstance(optimizer, OPTIMIZERS):
+            raise TypeError(OPTIMIZER_TYPE_MSG.format(got=type(optimizer).__name__))
+        self._model = model
+        self._options = (options or Options()).clone()
+        self.training = training
+        self._optimizer = optimizer
+        self._store = _store_of(model)
+        self._built: Built | None = None
+        self._session: popxl.Session | None = None
+        self._specs: tuple[tuple[tuple[int, ...], str], ...] | None = None
+        self._uploaded = -1
+        self._groupings: dict[str, tuple[CommGroupType, int, VariableRetrievalMode]] = {}
+        self._timing = _Timing()
+        if optimizer is not None:
+            optimizer._link(self)
+
+    # ---- properties ---------------------------------------------------------------------
+
+    @property
+    def model(self) -> addons.Module:
+        """The wrapped module."""
+        return self._model
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    @property
+    def ir(self) -> popxl.Ir:
+        """The program this executor built (an ordinary ``popxl.Ir``)."""
+        return self._require_built("ir").ir
+
+    def _require_built(self, what: str) -> Built:
+        if self._built is None:
+            raise Error(NOT_COMPILED_MSG.format(what=what), "poptorch")
+        return self._built
+
+    # ---- compilation --------------------------------------------------------------------
+
+    def _micro_specs(self, arrays: list[np.ndarray]) -> list[popxl.TensorSpec]:
+        o = self._options
+        di, r, k = o.device_iterations, o.replication_factor, o.input_group_size
+        ga = o.training.gradient_accumulation if self.training else 1
+        per_call = di * ga * (r // k)
+        specs = []
+        for i, a in enumerate(arrays):
+            n = a.shape[0] if a.ndim else 0
+            if a.ndim == 0 or n % per_call:
+                raise ValueError(BATCH_MSG.format(i=i, n=n, di=di, r=r, k=k, ga=ga, total=per_call))
+            dtype = popxl.dtypes.dtype.as_dtype(a.dtype)
+            specs.append(popxl.TensorSpec((n // per_call, *a.shape[1:]), dtype))
+        return specs
+
+    def compile(self, *args: Any) -> None:
+        """Build and compile the program for inputs like ``args`` (if not done yet)."""
+        arrays = [_to_numpy(a) for a in args]
+        specs = self._micro_specs(arrays)
+        key = tuple((s.shape, s.dtype.name) for s in specs)
+        if self._built is not None:
+            if key != self._specs:
+                raise ValueError(CHANGED_MSG.format(old=self._specs, new=key))
+            return
+        groupings = {n: (g[0], g[1]) for n, g in self._groupings.items()}
+        self._built = build(self._model, self._options, specs, self._optimizer, groupings)
+        self._specs = key
+        device = "ipu_model" if self._options.use_ipu_model else "ipu_hw"
+        self._session = popxl.Session(self._built.ir, device)
+        self._adopt_weights()
+        if self._optimizer is not None and self._optimizer._pending_state:
+            self._load_optimizer_state(self._optimizer._pending_state)
+            self._optimizer._pending_state = None
+        if self._options.connection_type == ConnectionType.Always:
+            self.attachToDevice()
+
+    def isCompiled(self) -> bool:  # noqa: N802
+        """Whether the program is built and compiled (and not destroyed)."""
+        return self._session is not None
+
+    def _adopt_weights(self) -> None:
+        """First executor of a module: its initial weights become the host copy; later
+        ones upload the host copy before their first run."""
+        store = self._store
+        if store.arrays is None:
+            assert self._session is not None and self._built is not None
+            data = self._session.get_tensors_data(list(self._built.weights.values()))
+            store.arrays = {n: np.array(data[v]) for n, v in self._built.weights.items()}
+            store.version += 1
+            self._uploaded = store.version
+        else:
+            store.pull()
+            self.copyWeightsToDevice()
+
+    # ---- running ------------------------------------------------------------------------
+
+    def __call__(self, *args: Any) -> Any:
+        """Run ``deviceIterations`` iterations on the combined batch(es) ``args``.
+
+        Returns the outputs of the module's ``build`` (the loss included for training) in
+        PopTorch's layout: results of the returned micro-batches and replicas concatenated
+        along the batch axis (stacked for scalars); a single result keeps its shape.
+        """
+        start = time.perf_counter()
+        arrays = [_to_numpy(a) for a in args]
+        self.compile(*arrays)
+        built, session = self._built, self._session
+        assert built is not None and session is not None
+        if self._options.connection_type == ConnectionType.Never:
+            raise Error(NEVER_MSG, "poptorch")
+        if not session.is_attached:
+            if self._options.connection_type != ConnectionType.OnDemand:
+                raise Error(DETACHED_MSG, "poptorch")
+            self.attachToDevice()
+        self._sync_weights()
+        feeds = {s: self._stream_layout(a) for s, a in zip(built.inputs, arrays)}
+        loaded = time.perf_counter()
+        results = _run(session, feeds)
+        ran = time.perf_counter()
+        outs = [self._host_layout(results[s], s) for s in built.outputs]
+        if self.training:
+            self._store.owner = weakref.ref(self)
+        done = time.perf_counter()
+        self._record(loaded - start, ran - loaded, done - ran)
+        if any(_is_torch(a) for a in args):
+            import torch  # noqa: PLC0415 (only when the caller uses torch)
+
+            tensors = [torch.from_numpy(np.ascontiguousarray(o)) for o in outs]
+            return tensors[0] if len(tensors) == 1 else tuple(tensors)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _stream_layout(self, arr: np.ndarray) -> np.ndarray:
+        """Combined batch -> ``(host transfers, replicas, micro-batch...)``."""
+        o, built = self._options, self._require_built("run")
+        nht, r, k = built.ir.num_host_transfers, o.replication_factor, o.input_group_size
+        slices = r // k
+        x = arr.reshape(nht, slices, -1, *arr.shape[1:])
+        if k > 1:
+            replica = np.arange(r)
+            index = (
+                replica // k
+                if o.input_group_type == CommGroupType.Consecutive
+                else replica % slices
+            )
+            x = x[:, index]
+        if r == 1:
+            x = x[:, 0]
+        return x if nht > 1 else x[0]
+
+    def _host_layout(self, value: np.ndarray, stream: popxl.DeviceToHostStream) -> np.ndarray:
+        built = self._require_built("run")
+        nht, r = built.ir.num_host_transfers, self._options.replication_factor
+        x = np.asarray(value)
+        if nht == 1:
+            x = x[None]
+        if r == 1:
+            x = x[:, None]
+        x = x[: built.stores_per_call]
+        if x.shape[0] * x.shape[1] == 1:
+            return np.array(x[0, 0])
+        if stream.shape == ():
+            return x.reshape(-1)
+        return x.reshape(-1, *stream.shape[1:])
+
+    def _record(self, h2d: float, compute: float, d2h: float) -> None:
+        n = self._options.device_iterations
+        self._timing = _Timing([h2d / n] * n, [compute / n] * n, [d2h / n] * n)
+
+    @staticmethod
+    def _stats(values: list[float]) -> tuple[float, float, float]:
+        if not values:
+            return (0.0, 0.0, 0.0)
+        lo, hi = min(values), max(values)
+        return (lo, hi, min(max(sum(values) / len(values), lo), hi))
+
+    def getLatency(self) -> tuple[float, float, float]:  # noqa: N802
+        """(min, max, mean) seconds per device iteration of the last call, host to host.
+
+        One call is timed as a whole, so each iteration is its share of the call.
+        """
+        t = self._timing
+        return self._stats(
+            [a + b + c for a, b, c in zip(t.host_to_device, t.compute, t.device_to_host)]
+        )
+
+    def getHostIpuLatency(self) -> tuple[float, float, float]:  # noqa: N802
+        """Per-iteration share of the time spent preparing inputs."""
+        return self._stats(self._timing.host_to_device)
+
+    def getComputeLatency(self) -> tuple[float, float, float]:  # noqa: N802
+        """Per-iteration share of the time the compiled program ran."""
+        return self._stats(self._timing.compute)
+
+    def getIpuHostLatency(self) -> tuple[float, float, float]:  # noqa: N802
+        """Per-iteration share of the time spent arranging outputs."""
+        return self._stats(self._timing.device_to_host)
+
+    # ---- device -------------------------------------------------------------------------
+
+    def attachToDevice(self) -> None:  # noqa: N802
+        """Attach (upload the weights). The model must be compiled and detached."""
+        session = self._require_session("attachToDevice")
+        if session.is_attached:
+            raise Error("attachToDevice: the model is already attached.", "poptorch")
+        session.__enter__()
+
+    def detachFromDevice(self) -> None:  # noqa: N802
+        """Detach; the device's weights are kept in the session's host copy."""
+        session = self._require_session("detachFromDevice")
+        if not session.is_attached:
+            raise Error("detachFromDevice: the model is not attached.", "poptorch")
+        session.__exit__(None, None, None)
+
+    def isAttachedToDevice(self) -> bool:  # noqa: N802
+        return self._session is not None and self._session.is_attached
+
+    def _require_session(self, what: str) -> popxl.Session:
+        if self._session is None:
+            raise Error(NOT_COMPILED_MSG.format(what=what), "poptorch")
+        return self._session
+
+    def _owner_is_me(self) -> bool:
+        owner = self._store.owner
+        return owner is not None and owner() is self
+
+    def destroy(self) -> None:
+        """Release the device and the program (weights are copied to the host first)."""
+        if self._session is None:
+            return
+        if self._owner_is_me():
+            self.copyWeightsToHost()
+        if self._session.is_attached:
+            self._session.__exit__(None, None, None)
+        self._session, self._built, self._specs = None, None, None
+
+    # ---- weights ------------------------------------------------------------------------
+
+    def _sync_weights(self) -> None:
+        store = self._store
+        if not self._owner_is_me():
+            store.pull()
+            if self._uploaded != store.version:
+                self.copyWeightsToDevice()
+
+    def copyWeightsToDevice(self) -> None:  # noqa: N802
+        """Write the host copy of the weights to this model's device."""
+        built, session = self._require_built("copyWeightsToDevice"), self._session
+        assert session is not None and self._store.arrays is not None
+        arrays = self._store.arrays
+        session.write_variables_data({v: arrays[n] for n, v in built.weights.items()})
+        self._uploaded = self._store.version
+
+    def copyWeightsToHost(self) -> None:  # noqa: N802
+        """Update the host copy of the weights from this model's device."""
+        built, session = self._require_built("copyWeightsToHost"), self._session
+        assert session is not None
+        data = session.get_tensors_data(list(built.weights.values()))
+        self._store.arrays = {n: np.array(data[v]) for n, v in built.weights.items()}
+        self._store.version += 1
+        self._store.owner = None
+        self._uploaded = self._store.version
+
+    def copyWeightsToHostIfNeeded(self) -> bool:  # noqa: N802
+        """Copy the weights to the host if this model changed them; whether it did."""
+        if not self._owner_is_me():
+            return False
+        self.copyWeightsToHost()
+        return True
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The weights by name (``"fc1.weight"``...), copied from the device if needed."""
+        self._store.pull()
+        if self._store.arrays is None:
+            raise Error(NOT_COMPILED_MSG.format(what="state_dict"), "poptorch")
+        return {n: self._retrieved(n, a.copy()) for n, a in self._store.arrays.items()}
+
+    def _retrieved(self, name: str, value: np.ndarray) -> np.ndarray:
+        grouping = self._groupings.get(name)
+        if grouping is None or grouping[2] == VariableRetrievalMode.OnePerGroup:
+            return value
+        built = self._require_built("state_dict")
+        group = built.weights[name].replica_grouping
+        return value[np.asarray(group.assignment)]
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> _Keys:
+        """Replace weights by name; they reach the device before the next run."""
+        self._store.pull()
+        current = self._store.arrays
+        if current is None:
+            raise Error(NOT_COMPILED_MSG.format(what="load_state_dict"), "poptorch")
+        missing = sorted(set(current) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(current))
+        if strict and (missing or unexpected):
+            raise KeyError(STRICT_MSG.format(missing=missing, unexpected=unexpected))
+        for name in set(current) & set(state_dict):
+            value = _to_numpy(state_dict[name]).astype(current[name].dtype)
+            if value.shape != current[name].shape:
+                raise ValueError(
+                    f"load_state_dict: {name!r} has shape {value.shape}, the model's weight "
+                    f"has shape {current[name].shape}."
+                )
+            current[name] = value
+        self._store.version += 1
+        if self.isAttachedToDevice():
+            self.copyWeightsToDevice()
+        return _Keys(missing, unexpected)
+
+    def replicaGrouping(  # noqa: N802
+        self,
+        name: str,
+        comm_group_type: CommGroupType,
+        shards: int,
+        variable_retrieval_mode: VariableRetrievalMode = VariableRetrievalMode.OnePerGroup,
+    ) -> None:
+        """Give weight ``name`` one value per group of ``shards`` replicas arranged as
+        ``comm_group_type``; its initial value and ``state_dict`` entry then have a leading
+        axis of one value per group (or per replica with ``AllReplicas``)."""
+        if self._built is not None:
+            raise Error(GROUPING_MSG, "poptorch")
+        self._groupings[name] = (
+            CommGroupType(comm_group_type),
+            shards,
+            VariableRetrievalMode(variable_retrieval_mode),
+        )
+
+    # ---- optimiser ----------------------------------------------------------------------
+
+    def setOptimizer(self, optimizer: Optimizer) -> None:  # noqa: N802
+        """Use ``optimizer``'s hyper-parameters from the next call, without recompiling.
+
+        Raises:
+            ValueError: a different optimiser type or group count, or a change of an
+                attribute compiled as a constant.
+        """
+        if not self.training:
+            raise Error(INFERENCE_OPTIMIZER_MSG, "poptorch")
+        old = self._optimizer
+        assert old is not None
+        if type(optimizer) is not type(old):
+            raise ValueError(
+                OTHER_OPTIMIZER_MSG.format(new=type(optimizer).__name__, old=type(old).__name__)
+            )
+        built = self._built
+        if built is not None:
+            self._write_hyper(built, optimizer)
+        if optimizer is not old:
+            optimizer._link(self)
+            self._optimizer = optimizer
+
+    def _write_hyper(self, built: Built, optimizer: Optimizer) -> None:
+        old = self._optimizer
+        assert old is not None
+        if len(optimizer.param_groups) != len(old.param_groups):
+            raise ValueError(
+                GROUP_COUNT_MSG.format(new=len(optimizer.param_groups), old=len(old.param_groups))
+            )
+        writes = {}
+        for i in range(len(optimizer.param_groups)):
+            for attr, value in optimizer.attributes(i).items():
+                key = (0, attr) if attr in optimizer.global_defaults else (i, attr)
+                if key in built.hyper:
+                    writes[built.hyper[key]] = np.float32(value)
+                elif built.constants[key] != value:
+                    raise ValueError(
+                        CONSTANT_CHANGED_MSG.format(
+                            attr=attr,
+                            cls=type(optimizer).__name__,
+                            old=built.constants[key],
+                            new=value,
+                        )
+                    )
+        assert self._session is not None
+        self._session.write_variables_data(writes)
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        built = self._built
+        if built is None or self._session is None:
+            return {}
+        tensors = [v for slots in built.state.values() for v in slots.values()]
+        assert built.step is not None
+        data = self._session.get_tensors_data([*tensors, built.step])
+        state = {
+            n: {k: np.array(data[v]) for k, v in slots.items()} for n, slots in built.state.items()
+        }
+        return {"state": state, "step": int(data[built.step])}
+
+    def _load_optimizer_state(self, state_dict: Mapping[str, Any]) -> None:
+        built = self._built
+        if built is None or self._session is None:
+            return
+        writes: dict[popxl.Variable, Any] = {}
+        for name, slots in state_dict.get("state", {}).items():
+            for slot, value in slots.items():
+                writes[built.state[name][slot]] = np.asarray(value)
+        assert built.step is not None
+        writes[built.step] = np.float32(state_dict.get("step", 0))
+        self._session.write_variables_data(writes)
+        if self._optimizer is not None:
+            self._write_hyper(built, self._optimizer)
+
+    # ---- files --------------------------------------------------------------------------
+
+    def _checkpoint(self, export_model: bool) -> dict[str, Any]:
+        return {
+            "format": "popxl_addons.poptorch/1",
+            "training": self.training,
+            "options": self._options.model_dump_json(),
+            "specs": self._specs,
+            "weights": self.state_dict() if self._store.arrays is not None else None,
+            "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None,
+            "model": self._model if export_model else None,
+            "optimizer_object": self._optimizer if export_model else None,
+        }
+
+    def save(self, filename: str, export_model: bool = True, save_rng_state: bool = True) -> None:
+        """Checkpoint: options, input shapes, weights, optimiser state (and the module and
+        optimiser objects with ``export_model``) in one file ``poptorch.load`` reads."""
+        with open(filename, "wb") as f:
+            pickle.dump(self._checkpoint(export_model), f)
+
+    def compileAndExport(self, filename: str, *args: Any, export_model: bool = True) -> None:  # noqa: N802
+        """Compile for ``args`` and save the checkpoint plus the compiled executable
+        (serialised by JAX); ``loadExecutable`` or ``poptorch.load`` restore it without
+        compiling the step again."""
+        self.compile(*args)
+        data = self._checkpoint(export_model)
+        data["executable"] = _export_step(self._require_session("compileAndExport"))
+        with open(filename, "wb") as f:
+            pickle.dump(data, f)
+
+    def loadExecutable(self, filename: str) -> None:  # noqa: N802
+        """Run the step exported by ``compileAndExport`` instead of compiling one."""
+        with open(filename, "rb") as f:
+            data = pickle.load(f)  # noqa: S301 (files this module wrote)
+        if self._built is None:
+            self._compile_from_specs(data["specs"])
+        _import_step(self._require_session("loadExecutable"), data["executable"], filename)
+
+    def _compile_from_specs(self, specs: Any) -> None:
+        per_call = _per_call(self)
+        dummies = [
+            np.zeros(
+                (shape[0] * per_call, *shape[1:]), popxl.dtypes.dtype.from_name(dtype).as_numpy()
+            )
+            for shape, dtype in specs
+        ]
+        self.compile(*dummies)
+
+    # ---- inspection ---------------------------------------------------------------------
+
+    def print_schedule(self) -> str:
+        """The program's main graph and every subgraph, as ``Graph.print_schedule`` text."""
+        ir = self.ir
+        graphs = [ir.main_graph, *[g for g in ir._graphs.values() if g is not ir.main_graph]]
+        return "\n".join(g.print_schedule() for g in graphs)
+
+    def getTensorNames(self) -> list[str]:  # noqa: N802
+        """Every tensor name of the program."""
+        ir = self.ir
+        return [t.name for g in ir._graphs.values() for t in g.tensors]
+
+
+RUN_FAILED_MSG = (
+    "The device failed while running the model: {error}. The model's weights and optimiser "
+    "state are as they were before this call."
+)
+
+
+def _run(session: popxl.Session, feeds: dict) -> dict:
+    """``session.run``, with failures of the compiled program raised as ``poptorch.Error``
+    (the session keeps its state when a run fails)."""
+    import jax  # noqa: PLC0415 (the runtime is loaded by now)
+
+    try:
+        return session.run(feeds)
+    except jax.errors.JaxRuntimeError as error:
+        message = RUN_FAILED_MSG.format(error=error)
+        raise Error(message, "runtime", "PoplarExecutor.__call__") from error
+
+
+def _per_call(ex: PoplarExecutor) -> int:
+    o = ex.options
+    ga = o.training.gradient_accumulation if ex.training else 1
+    return o.device_iterations * ga * (o.replication_factor // o.input_group_size)
+
+
+def _export_step(session: popxl.Session) -> bytes:
+    """The session's compiled step, serialised (``jax.experimental.serialize_executable``)."""
+    import jax  # noqa: PLC0415 (only when exporting)
+    from jax.experimental.serialize_executable import serialize  # noqa: PLC0415
+
+    from runtime.program import abstract_inputs, abstract_state  # noqa: PLC0415
+
+    program = session._program
+    state = tuple(
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=session._sharding)
+        for a in abstract_state(program)
+    )
+    with session._x64():
+        compiled = program.step.lower(*program.split(state), abstract_inputs(program)).compile()
+    return pickle.dumps({"key": program.key, "step": serialize(compiled)})
+
+
+def _import_step(session: popxl.Session, blob: bytes, path: str) -> None:
+    """Make ``session`` run the serialised step instead of its own compilation."""
+    import dataclasses  # noqa: PLC0415
+
+    from jax.experimental.serialize_executable import deserialize_and_load  # noqa: PLC0415
+
+    data = pickle.loads(blob)  # noqa: S301 (files this module wrote)
+    program = session._program
+    if data["key"] != program.key:
+        raise Error(EXPORT_MISMATCH_MSG.format(path=path), "poptorch")
+    devices = list(session._sharding._device_assignment)
+    payload, in_tree, out_tree = data["step"]
+    step = deserialize_and_load(payload, in_tree, out_tree, execution_devices=devices)
+    session._program = dataclasses.replace(program, step=step)
+
+
+def trainingModel(  # noqa: N802
+    model: addons.Module, options: Options | None = None, optimizer: Optimizer | None = None
+) -> PoplarExecutor:
+    """Wrap ``model`` for training: each call runs forward, backward and the optimiser for
+    every micro-batch of the combined batch. ``optimizer`` defaults to ``SGD(lr=0.01)``."""
+    from .optim import SGD  # noqa: PLC0415
+
+    return PoplarExecutor(
+        model, options, True, optimizer if optimizer is not None else SGD(lr=0.01)
+    )
+
+
+def inferenceModel(model: addons.Module, options: Options | None = None) -> PoplarExecutor:  # noqa: N802
+    """Wrap ``model`` for inference: each call runs the forward pass on every batch."""
+    return PoplarExecutor(model, options, False)
+
+
+def load(filename: str, edit_opts_fn: Callable[[Options], None] | None = None) -> PoplarExecutor:
+    """Restore a model saved by ``save`` or ``compileAndExport`` (with ``export_model``)."""
+    with open(filename, "rb") as f:
+        data = pickle.load(f)  # noqa: S301 (files this module wrote)
+    if data.get("model") is None:
+        raise Error(
+            f"{filename} was saved with export_model=False: build the model with "
+            "trainingModel/inferenceModel and call loadExecutable instead.",
+            "poptorch",
+        )
+    options = Options.model_validate_json(data["options"])
+    if edit_opts_fn is not None:
+        edit_opts_fn(options)
+    optimizer = data["optimizer_object"]
+    ex = PoplarExecutor(data["model"], options, data["training"], optimizer)
+    if data["specs"] is not None:
+        ex._compile_from_specs(data["specs"])
+        if data["weights"] is not None:
+            ex.load_state_dict(data["weights"])
+        if data["optimizer"] is not None:
+            ex._load_optimizer_state(data["optimizer"])
+        if "executable" in data:
+            _import_step(ex._require_session("load"), data["executable"], filename)
+    return ex

@@ -1,0 +1,474 @@
+"""Pipelined execution: ``pipelined_execution(steps)`` and its stage context.
+
+Ops created inside ``pipelined_execution`` are tagged with a pipeline stage
+(``pipeline.stage(i)``). When the context closes they are moved out of the graph into one
+subgraph per stage and kind (host loads, compute, host stores; every ``ipu_copy`` goes
+into one shared copies graph) and the graph gains one call of a ``pipeline_graph`` that
+runs the classic schedule over ``steps`` micro-batches:
+
+* **fill** (ramp up): cycles ``1 .. S-1`` run stages ``0 .. i-1``;
+* **main**: a ``repeat`` of ``steps - (S-1)`` cycles running every stage;
+* **flush** (ramp down): cycles run stages ``i .. S-1``.
+
+In one cycle stage ``s`` works on micro-batch ``cycle - s``; tensors pass between stages
+through ``ipu_copy`` (copied at the end of the cycle, consumed in the next) or through a
+stash on the same IPU (``stash_and_restore_tensor``). Placed on several devices (see
+``runtime.placement``) the stages of one cycle run concurrently.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+
+import popxl
+from popxl import ops
+from popxl._op import Op
+from popxl.ops._base import add_op
+from popxl.ops.call import CallSiteInfo
+from popxl.transforms import GradGraphInfo
+
+from ..module import Module
+
+__all__ = ["pipelined_execution", "PipelineContext", "Stash", "Restore"]
+
+NO_STAGE_MSG = (
+    "Operation {op} was created inside pipelined_execution but outside a stage context. Wrap it "
+    "in `with pipeline.stage(i):`; every op of a pipeline belongs to exactly one stage."
+)
+TOO_FEW_STEPS_MSG = (
+    "Pipelining requires the steps at least 2x the number of stages in the pipeline. "
+    "steps={steps} stages={stages}"
+)
+STASH_SIZE_MSG = "Stash must be larger than 1. size={size}, t={t}"
+NO_FROM_STAGE_MSG = (
+    "If the tensor to be stash does not have a producer `from_stage` must be specified to "
+    "`stash_and_restore_tensor`"
+)
+NOT_IN_STAGE_MSG = "`stash_and_restore_tensor` must be called in a stage context."
+MISSING_STAGE_MSG = (
+    "Pipeline stages must be numbered 0 .. {n}, but stage(s) {missing} have no ops. Number the "
+    "stages consecutively from 0."
+)
+
+LOAD, COMPUTE, STORE, COPY = "loads", "stage", "stores", "copies"
+
+
+class PipelineContext:
+    """What ``pipelined_execution`` yields: stage annotation and stash/restore helpers."""
+
+    def __init__(self, graph: popxl.Graph, steps: int) -> None:
+        self.graph = graph
+        self.steps = steps
+        self._stage: int | None = None
+        self.ops: dict[int, list[Op]] = defaultdict(list)
+        self.pipeline: _Pipeline | None = None
+
+    def hook(self, op: Op) -> None:
+        if self._stage is None:
+            raise RuntimeError(NO_STAGE_MSG.format(op=op))
+        self.ops[self._stage].append(op)
+
+    @contextmanager
+    def stage(self, i: int) -> Iterator[None]:
+        """Put the ops created in this scope on pipeline stage ``i``."""
+        prev, self._stage = self._stage, i
+        try:
+            yield
+        finally:
+            self._stage = prev
+
+    def stage_of(self, op: Op) -> int | None:
+        for stage, stage_ops in self.ops.items():
+            if op in stage_ops:
+                return stage
+        return None
+
+    def _is_external_input(self, t: popxl.Tensor) -> bool:
+        return t._producer is None or self.stage_of(t._producer) is None
+
+    def stash_and_restore_tensor(
+        self, t: popxl.Tensor, from_stage: int | None = None
+    ) -> popxl.Tensor:
+        """Stash ``t`` on its producing stage and restore it on the current stage.
+
+        The stash holds ``to_stage - from_stage + 1`` micro-batches in a ring buffer, so the
+        current stage reads the value of its own micro-batch.
+
+        Raises:
+            RuntimeError: ``t`` has no producer and ``from_stage`` is not given, or the call
+                is outside a stage context.
+        """
+        if from_stage is None:
+            if t._producer is None:
+                raise RuntimeError(NO_FROM_STAGE_MSG)
+            from_stage = self.stage_of(t._producer)
+        to_stage = self._stage
+        if to_stage is None:
+            raise RuntimeError(NOT_IN_STAGE_MSG)
+        assert from_stage is not None
+        stash_size = to_stage - from_stage + 1
+        with self.stage(from_stage):
+            args, graph = Stash().create_graph(t, stash_size)
+            stash_args = args.init()
+            graph.bind(stash_args).call(t)
+        with self.stage(to_stage):
+            rargs, rgraph = Restore().create_graph(stash_args.stash)
+            (restored,) = rgraph.bind(rargs.init()).call(stash_args.stash)
+        return restored
+
+    def stash_and_restore_activations(
+        self, call_info: CallSiteInfo, grad_info: GradGraphInfo
+    ) -> dict[popxl.Tensor, popxl.Tensor]:
+        """The gradient graph's activations for ``call_info``, stashed from the forward's
+        stage when the current stage is a different one (inputs from outside the pipeline,
+        e.g. weights, are passed as they are)."""
+        activations = grad_info.inputs_dict(call_info)
+        from_stage = self.stage_of(call_info._op)
+        if self._stage == from_stage:
+            return activations
+        for sg_tensor, act in activations.items():
+            if not self._is_external_input(act):
+                activations[sg_tensor] = self.stash_and_restore_tensor(act, from_stage)
+        return activations
+
+    def print_schedule(self) -> str:
+        """The pipeline as built: one row per stage, one column per cycle (``.`` = idle),
+        the fill/main/flush phases, and the subgraphs each cycle calls."""
+        if self.pipeline is None:
+            raise RuntimeError("The pipeline is built when pipelined_execution's context closes.")
+        return self.pipeline.describe()
+
+
+@contextmanager
+def pipelined_execution(steps: int) -> Iterator[PipelineContext]:
+    """Run the ops created in this context as a pipeline over ``steps`` micro-batches.
+
+    Annotate every op with ``pipeline.stage(i)`` (and usually ``popxl.ipu(k)``); pass
+    tensors between stages with ``copy_to_ipu`` or ``stash_and_restore_*``.
+
+    >>> import numpy as np, popxl, popxl.ops as ops, popxl_addons as addons
+    >>> ir = popxl.Ir()
+    >>> with ir.main_graph:
+    ...     x_in, y_out = popxl.h2d_stream((), popxl.int32), popxl.d2h_stream((), popxl.int32)
+    ...     with addons.pipelined_execution(4) as p:
+    ...         with p.stage(0), popxl.ipu(0):
+    ...             x = (ops.host_load(x_in) + 1).copy_to_ipu(1)
+    ...         with p.stage(1), popxl.ipu(1):
+    ...             ops.host_store(y_out, x * 10)
+    >>> ir.num_host_transfers = 4
+    >>> with popxl.Session(ir, "ipu_model") as s:
+    ...     print(s.run({x_in: np.arange(4, dtype=np.int32)})[y_out])
+    [10 20 30 40]
+
+    Raises:
+        RuntimeError: an op created outside a stage context.
+        ValueError: ``steps`` is smaller than twice the number of stages.
+    """
+    graph = popxl.gcg()
+    pipeline = PipelineContext(graph, steps)
+    handle = graph.register_op_created_hook(pipeline.hook)
+    try:
+        yield pipeline
+    finally:
+        graph.remove_op_created_hook(handle)
+    pipeline.pipeline = _Pipeline(graph, steps, dict(pipeline.ops))
+    pipeline.pipeline.build()
+
+
+class Stash(Module):
+    """Write ``t`` into slot ``counter`` of a ring buffer of ``stash_size`` entries."""
+
+    @popxl.in_sequence()
+    def build(self, t: popxl.Tensor, stash_size: int) -> None:
+        counter = self.add_variable_input(
+            "counter", partial(np.zeros, (1,)), popxl.uint32, by_ref=True
+        )
+        shape = t.shape or (1,)
+        t = t.reshape((1, *shape))
+        if stash_size <= 1:
+            raise TypeError(STASH_SIZE_MSG.format(size=stash_size, t=t))
+        stash = self.add_variable_input(
+            "stash", partial(np.zeros, (stash_size, *shape)), t.dtype, by_ref=True
+        )
+        ops.dynamic_update_(stash, counter, t, axes=[0], sizes=[1], no_overlap=True)
+        ops.increment_mod_(counter, 1, stash_size)
+
+
+class Restore(Module):
+    """Read slot ``counter`` of a stash and advance the counter."""
+
+    @popxl.in_sequence()
+    def build(self, stash: popxl.TensorByRef) -> popxl.Tensor:
+        counter = self.add_variable_input(
+            "counter", partial(np.zeros, (1,)), popxl.uint32, by_ref=True
+        )
+        t = ops.dynamic_slice(stash, counter, axes=[0], sizes=[1], no_overlap=True)
+        ops.increment_mod_(counter, 1, stash.shape[0])
+        return t.reshape(t.shape[1:])
+
+
+# The transform --------------------------------------------------------------------------
+
+
+def _kind(op: Op) -> str:
+    key = op.opdef.key
+    if key == "host_load" or _feeds_only_host_load(op):
+        return LOAD
+    if key == "host_store":
+        return STORE
+    if key == "ipu_copy":
+        return COPY
+    return COMPUTE
+
+
+def _feeds_only_host_load(op: Op) -> bool:
+    """An ``init`` whose output only a ``host_load`` consumes belongs with the load."""
+    if op.opdef.key != "init" or len(op.outputs) != 1:
+        return False
+    consumers = op.outputs[0]._consumers
+    return len(consumers) == 1 and consumers[0].opdef.key == "host_load"
+
+
+@dataclass(eq=False)
+class _Piece:
+    """One subgraph of the pipeline: its original ops, what it reads and what it makes."""
+
+    name: str
+    stage: int | None
+    ops: list[Op] = field(default_factory=list)
+    reads: list[popxl.Tensor] = field(default_factory=list)  # original tensors, by order
+    modified: set[popxl.Tensor] = field(default_factory=set)
+    produces: list[popxl.Tensor] = field(default_factory=list)
+    graph: popxl.Graph | None = None
+    outputs: list[popxl.Tensor] = field(default_factory=list)  # produced and used elsewhere
+
+
+class _Pipeline:
+    """Moves the staged ops into subgraphs and writes the fill/main/flush schedule."""
+
+    def __init__(self, graph: popxl.Graph, steps: int, stage_ops: dict[int, list[Op]]) -> None:
+        self.graph = graph
+        self.ir = graph.ir
+        self.steps = steps
+        self.num_stages = max(stage_ops) + 1 if stage_ops else 0
+        missing = [s for s in range(self.num_stages) if not stage_ops.get(s)]
+        if missing:
+            raise ValueError(MISSING_STAGE_MSG.format(n=self.num_stages - 1, missing=missing))
+        if steps < 2 * self.num_stages:
+            raise ValueError(TOO_FEW_STEPS_MSG.format(steps=steps, stages=self.num_stages))
+        self.pieces: dict[tuple[str, int | None], _Piece] = {}
+        stage_of = {op: s for s, stage_list in stage_ops.items() for op in stage_list}
+        for op in graph._ops:
+            if op in stage_of:
+                self._piece_for(op, stage_of[op]).ops.append(op)
+        self.cycles: list[tuple[str, int, int]] = []
+
+    def _piece_for(self, op: Op, stage: int) -> _Piece:
+        kind = _kind(op)
+        key = (kind, None if kind == COPY else stage)
+        if key not in self.pieces:
+            name = "ipu_copies" if kind == COPY else f"{kind}_{stage}"
+            self.pieces[key] = _Piece(name, key[1])
+        return self.pieces[key]
+
+    def piece(self, kind: str, stage: int | None) -> _Piece | None:
+        return self.pieces.get((kind, stage))
+
+    def cycle_order(self, start: int, end: int, last: bool) -> list[_Piece]:
+        """The pieces one cycle calls: loads, compute, stores of stages ``start..end-1``,
+        then the copies (skipped in the last cycle)."""
+        order: list[_Piece] = []
+        for kind in (LOAD, COMPUTE, STORE):
+            for stage in range(start, end):
+                p = self.piece(kind, stage)
+                if p is not None:
+                    order.append(p)
+        copies = self.piece(COPY, None)
+        if copies is not None and not last:
+            order.append(copies)
+        return order
+
+    # Analysis ---------------------------------------------------------------------------
+
+    def analyse(self) -> None:
+        producer: dict[popxl.Tensor, _Piece] = {}
+        for p in self.pieces.values():
+            for op in p.ops:
+                for t in op.outputs:
+                    producer[t] = p
+                    p.produces.append(t)
+        for p in self.pieces.values():
+            made = set(p.produces)
+            seen: dict[popxl.Tensor, None] = {}
+            for op in p.ops:
+                for t in op.inputs:
+                    if t not in made:
+                        seen[t] = None
+                for i in op.modified_input_indices():
+                    if op.inputs[i] not in made:
+                        p.modified.add(op.inputs[i])
+            p.reads = list(seen)
+        self.producer = producer
+        used_elsewhere = {t for p in self.pieces.values() for t in p.reads if t in producer}
+        for p in self.pieces.values():
+            p.outputs = [t for t in p.produces if t in used_elsewhere]
+        self.externals = list(
+            dict.fromkeys(t for p in self.pieces.values() for t in p.reads if t not in producer)
+        )
+        self.modified_externals = {
+            t for p in self.pieces.values() for t in p.modified if t not in producer
+        }
+        main = self.cycle_order(0, self.num_stages, last=False)
+        position = {p: i for i, p in enumerate(main)}
+        # Values made by a piece and read by one that runs no later in the cycle cross
+        # from one cycle to the next: they are the main loop's carried values.
+        self.carried = list(
+            dict.fromkeys(
+                t
+                for p in main
+                for t in p.reads
+                if t in producer and position[producer[t]] >= position[p]
+            )
+        )
+
+    # Building ---------------------------------------------------------------------------
+
+    def build(self) -> None:
+        self.analyse()
+        self._remove_ops()
+        for p in self.pieces.values():
+            self._build_piece(p)
+        pipeline_graph = self.ir.create_empty_graph("pipeline_graph")
+        with pipeline_graph:
+            ins = [self._input_like(t, t in self.modified_externals) for t in self.externals]
+            self._write_schedule(dict(zip(self.externals, ins)))
+        self.pipeline_graph = pipeline_graph
+        with self.graph, popxl.in_sequence(False):
+            ops.call(pipeline_graph, *self.externals)
+
+    def _remove_ops(self) -> None:
+        moved = {op for p in self.pieces.values() for op in p.ops}
+        self.graph._ops = [op for op in self.graph._ops if op not in moved]
+        for op in moved:
+            for t in op.inputs:
+                if op in t._consumers:
+                    t._consumers.remove(op)
+            for g in op.called_graphs:
+                sites = self.ir._call_sites.get(g, [])
+                if op in sites:
+                    sites.remove(op)
+            for t in op.outputs:
+                self.graph._tensors.pop(t.id, None)
+
+    @staticmethod
+    def _input_like(t: popxl.Tensor, by_ref: bool) -> popxl.Tensor:
+        return popxl.graph_input(t.shape, t.dtype, t.name, by_ref=by_ref, meta_shape=t.meta_shape)
+
+    def _build_piece(self, p: _Piece) -> None:
+        graph = self.ir.create_empty_graph(p.name)
+        with graph:
+            env = {t: self._input_like(t, t in p.modified) for t in p.reads}
+            for op in p.ops:
+                clone = _clone_op(op, graph, tuple(env[t] for t in op.inputs))
+                env.update(zip(op.outputs, clone.outputs))
+            for t in p.outputs:
+                popxl.graph_output(env[t])
+        p.graph = graph
+
+    def _call_piece(self, p: _Piece, values: dict[popxl.Tensor, popxl.Tensor]) -> None:
+        assert p.graph is not None
+        args = [self._value(t, values) for t in p.reads]
+        outs = ops.call(p.graph, *args)
+        values.update(zip(p.outputs, outs))
+
+    def _value(self, t: popxl.Tensor, values: dict[popxl.Tensor, popxl.Tensor]) -> popxl.Tensor:
+        """The current value of ``t``; a zero placeholder before its stage first ran (fill)
+        or after the main loop (flush), where the result is never used."""
+        if t not in values:
+            producer = self.producer[t]
+            ipu = producer.ops[0].ipu if producer.ops else 0
+            with popxl.ipu(ipu):
+                values[t] = ops.init(t.shape, t.dtype, "dummy__" + t.name, "zero")
+        return values[t]
+
+    def _cycle(self, start: int, end: int, values: dict, last: bool = False) -> None:
+        for p in self.cycle_order(start, end, last):
+            self._call_piece(p, values)
+        self.cycles.append(("", start, end))
+
+    def _write_schedule(self, values: dict[popxl.Tensor, popxl.Tensor]) -> None:
+        n = self.num_stages
+        with popxl.in_sequence(True):
+            for i in range(1, n):
+                self._cycle(0, i, values)
+                self.cycles[-1] = ("fill", 0, i)
+            self._main_loop(values)
+            for i in range(1, n):
+                self._cycle(i, n, values, last=i == n - 1)
+                self.cycles[-1] = ("flush", i, n)
+
+    def _main_loop(self, values: dict[popxl.Tensor, popxl.Tensor]) -> None:
+        count = self.steps - (self.num_stages - 1)
+        carried = [self._value(t, values) for t in self.carried]
+        fixed = [values[t] for t in self.externals]
+        body = self.ir.create_empty_graph("main_cycle")
+        with body:
+            inner = {t: self._input_like(t, False) for t in self.carried}
+            for t in self.externals:
+                inner[t] = self._input_like(t, t in self.modified_externals)
+            self._cycle(0, self.num_stages, inner)
+            self.cycles[-1] = ("main", 0, self.num_stages)
+            for t in self.carried:
+                popxl.graph_output(inner[t])
+        with popxl.ipu(0):
+            outs = ops.repeat(body, count, *carried, *fixed)
+        for t in list(values):
+            if t not in self.externals:
+                del values[t]
+        values.update(zip(self.carried, outs))
+
+    def describe(self) -> str:
+        n = self.num_stages
+        count = self.steps - (n - 1)
+        lines = [
+            f"Pipeline: {n} stages over {self.steps} steps: {n - 1} fill, {count} main "
+            f"(one repeated cycle), {n - 1} flush cycles",
+            "cycle    phase  " + "".join(f"{'stage ' + str(s):>10}" for s in range(n)),
+        ]
+        cycle = 0
+        for phase, start, end in self.cycles:
+            if phase == "main":
+                label = f"{cycle}..{cycle + count - 1}"
+                cells = ["mb c" if s == 0 else f"mb c-{s}" for s in range(n)]
+                cycle += count
+            else:
+                label = str(cycle)
+                cells = [f"mb {cycle - s}" if start <= s < end else "." for s in range(n)]
+                cycle += 1
+            lines.append(f"{label:<9}{phase:<7}" + "".join(f"{c:>10}" for c in cells))
+        lines.append("")
+        lines.append(self.pipeline_graph.print_schedule())
+        for p in self.pieces.values():
+            assert p.graph is not None
+            lines.append(p.graph.print_schedule())
+        return "\n".join(lines)
+
+
+def _clone_op(op: Op, graph: popxl.Graph, inputs: tuple[popxl.Tensor, ...]) -> Op:
+    """``op`` recorded again in ``graph`` on ``inputs``, keeping its placement."""
+    specs = [t._spec for t in op.outputs]
+    names = [t.name for t in op.outputs]
+    clone = add_op(graph, op.opdef, inputs, dict(op.attrs), specs, names)
+    clone.ipu = op.ipu
+    clone.tile_set = op.tile_set
+    clone.scope = op.scope
+    clone.location = op.location
+    clone.execution_context = op.execution_context
+    clone.modified_inputs = set(op.modified_inputs)
+    return clone

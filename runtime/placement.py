@@ -1,0 +1,290 @@
+"""Placement of virtual IPUs on JAX devices.
+
+When a program uses ``N > 1`` virtual IPUs (``popxl.ipu(n)``, ``ipu_copy``) and JAX has at
+least ``N`` devices, the step runs under ``shard_map`` over a mesh axis ``"ipu"`` of ``N``
+devices: device ``k`` is virtual IPU ``k``.
+
+* **Compute.** An op placed on IPU ``k`` runs only on device ``k`` (``lax.cond`` on the
+  device's index; the other devices skip it). A ``call`` of a subgraph without effects
+  runs as one unit on the call site's IPU.
+* **Values.** Every value has a *home*: the device where it is valid (``None``: valid on
+  every device, e.g. host loads and values computed from them everywhere). An op on IPU
+  ``k`` that reads a value homed elsewhere first moves it to ``k`` with ``lax.ppermute``:
+  ``ipu_copy`` is exactly such a device-to-device transfer, and implicit transfers keep
+  programs that read across IPUs without a copy correct.
+* **State.** Each variable is stored with a leading axis of ``N`` (one slot per device);
+  the slot of the IPU that writes it is the real value (found by tracing the step), and
+  read-only variables are valid in every slot. Host stores, remote stores and branch
+  predicates are broadcast from their home so streams and remote buffers stay valid on
+  every device.
+
+Otherwise (one IPU, too few devices, replication, or ``POPXL_PLACEMENT=off``) the program
+runs on one device with identical results.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from popxl._op import Op
+from popxl.graph import Graph
+from popxl.tensor import Tensor
+
+from .lowering import Env, LoweringContext, apply_results, lower_graph, plain_lower_op
+
+IPU_AXIS = "ipu"
+Array = Any
+# Ops whose lowering touches state shared by all devices (streams, remote buffers).
+_SHARED_EFFECTS = ("host_load", "host_store", "remote_load", "remote_store")
+_BROADCAST_INPUTS = ("host_store", "remote_store", "remote_load")
+_CONTROL = ("call", "repeat", "conditional")
+
+
+def ipus_used(graphs: Iterable[Graph]) -> int:
+    """How many virtual IPUs the ops of ``graphs`` use (largest IPU index + 1)."""
+    top = 0
+    for g in graphs:
+        for op in g._ops:
+            top = max(top, op.ipu or 0, op.attrs.get("destination") or 0)
+    return top + 1
+
+
+def placement_ipus(ipus: int, replicas: int) -> int:
+    """The number of devices to place the program on, or 0 to run it on one device.
+
+    ``POPXL_PLACEMENT`` = ``auto`` (default: place when JAX has at least ``ipus`` devices),
+    ``off``, or ``on`` (place, or raise when there are too few devices). Replicated programs
+    are mapped over replicas instead (see ``runtime.program``) and are not placed.
+    """
+    choice = os.environ.get("POPXL_PLACEMENT", "auto")
+    if choice not in ("auto", "off", "on"):
+        raise ValueError(f"POPXL_PLACEMENT must be auto, off or on, got {choice!r}.")
+    if choice == "off" or ipus < 2 or replicas > 1:
+        return 0
+    devices = len(jax.devices())
+    if devices < ipus:
+        if choice == "on":
+            raise ValueError(
+                f"POPXL_PLACEMENT=on: the program uses {ipus} IPUs but JAX has {devices} "
+                "devices. Force host devices with "
+                "XLA_FLAGS=--xla_force_host_platform_device_count, or use auto."
+            )
+        return 0
+    return ipus
+
+
+def ipu_mesh(ipus: int) -> jax.sharding.Mesh:
+    import numpy as np  # noqa: PLC0415
+
+    return jax.sharding.Mesh(np.array(jax.devices()[:ipus]), (IPU_AXIS,))
+
+
+@dataclass
+class Placement:
+    """Lowering state for a placed step: this device's index and the home of each value."""
+
+    ipus: int
+    index: Array
+    # id(array) -> (array, home); arrays not listed are valid on every device.
+    homes: dict[int, tuple[Array, int]] = field(default_factory=dict)
+    pure: dict[Graph, bool] = field(default_factory=dict)
+
+    # Homes -------------------------------------------------------------------------------
+
+    def home(self, value: Array) -> int | None:
+        entry = self.homes.get(id(value))
+        return entry[1] if entry is not None and entry[0] is value else None
+
+    def register(self, value: Array, home: int | None) -> Array:
+        if home is None:
+            self.homes.pop(id(value), None)
+        elif hasattr(value, "dtype"):
+            self.homes[id(value)] = (value, home)
+        return value
+
+    def move(self, value: Array, home: int | None, dest: int | None) -> Array:
+        """``value`` (valid on ``home``) made valid on ``dest`` (``None``: every device)."""
+        if home is None or home == dest:
+            return value
+        if dest is None:
+            return self.register(self._broadcast(value, home), None)
+        return self.register(lax.ppermute(value, IPU_AXIS, [(home, dest)]), dest)
+
+    def _broadcast(self, value: Array, home: int) -> Array:
+        wide = value.astype(jnp.int32) if value.dtype == jnp.bool_ else value
+        summed = lax.psum(jnp.where(self.index == home, wide, jnp.zeros_like(wide)), IPU_AXIS)
+        return summed.astype(value.dtype)
+
+    def storage(self, env: Env, t: Tensor) -> list[Tensor]:
+        """The tensors holding ``t``'s storage in ``env`` (itself, or a view's bases)."""
+        if t in env.values or t not in env.views:
+            return [t]
+        out: list[Tensor] = []
+        for p in env.views[t].parents:
+            out.extend(self.storage(env, p))
+        return out
+
+    def localise(self, env: Env, tensors: Iterable[Tensor], dest: int | None) -> None:
+        """Move the storage of ``tensors`` to ``dest`` (in place in ``env``)."""
+        for t in tensors:
+            for r in self.storage(env, t):
+                value = env.values.get(r)
+                if value is not None and hasattr(value, "dtype"):
+                    env.values[r] = self.move(value, self.home(value), dest)
+
+    def mark(self, env: Env, tensors: Iterable[Tensor], home: int | None) -> None:
+        for t in tensors:
+            for r in self.storage(env, t):
+                value = env.values.get(r)
+                if value is not None:
+                    self.register(value, home)
+
+    # Running ops -------------------------------------------------------------------------
+
+    def on_device(self, ipu: int, fn: Callable[..., Any], *args: Array) -> Any:
+        """``fn(*args)`` computed on device ``ipu`` only (zeros elsewhere)."""
+        shapes = jax.eval_shape(fn, *args)
+
+        def skip(*_: Array) -> Any:
+            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+        return lax.cond(self.index == ipu, fn, skip, *args)
+
+    def is_pure(self, graph: Graph) -> bool:
+        """Whether ``graph`` (and all it calls) only computes: no streams, remote buffers,
+        collectives, prints or IPU copies, so it can run as one unit on one device."""
+        known = self.pure.get(graph)
+        if known is None:
+            self.pure[graph] = True  # recursion guard
+            known = self.pure[graph] = all(self._op_is_pure(op) for op in graph._ops)
+        return known
+
+    def _op_is_pure(self, op: Op) -> bool:
+        opdef = op.opdef
+        if opdef.key in ("ipu_copy",) or opdef.special in (*_SHARED_EFFECTS, "collective"):
+            return False
+        if opdef.effect and opdef.special not in _CONTROL:
+            return False
+        return all(self.is_pure(g) for g in op.referenced_graphs)
+
+    def lower(self, ctx: LoweringContext, env: Env, op: Op) -> None:
+        """Lower ``op`` with placement (see the module docstring)."""
+        opdef = op.opdef
+        ipu = op.ipu or 0
+        if opdef.key == "ipu_copy":
+            self._copy(env, op)
+        elif opdef.special == "call" and self.is_pure(op.attrs["graphs"][0]):
+            self._pure_call(ctx, env, op, ipu)
+        elif opdef.special in _CONTROL:
+            if opdef.special == "conditional":
+                self.localise(env, op.inputs[:1], None)
+            plain_lower_op(ctx, env, op)
+        elif opdef.special in _SHARED_EFFECTS:
+            if opdef.special in _BROADCAST_INPUTS:
+                self.localise(env, op.inputs, None)
+            plain_lower_op(ctx, env, op)
+        elif opdef.view_inverse is not None:
+            plain_lower_op(ctx, env, op)
+        elif opdef.special is None and opdef.lower is not None and not opdef.effect:
+            self._compute(env, op, ipu)
+        else:
+            self.localise(env, op.inputs, ipu)
+            plain_lower_op(ctx, env, op)
+            self.mark(env, (*op.outputs, *_written(op)), ipu)
+
+    def home_in(self, env: Env, t: Tensor) -> int | None:
+        """Where ``t``'s storage in ``env`` is valid (``None``: everywhere). Storage split
+        over several devices is first gathered on the lowest one."""
+        roots = [r for r in self.storage(env, t) if r in env.values]
+        homes = sorted({h for r in roots if (h := self.home(env.values[r])) is not None})
+        if len(homes) > 1:
+            self.localise(env, [t], homes[0])
+        return homes[0] if homes else None
+
+    def _copy(self, env: Env, op: Op) -> None:
+        home = self.home_in(env, op.inputs[0])
+        value = env.read(op.inputs[0])
+        env.values[op.outputs[0]] = self.move(value, home, op.attrs["destination"])
+
+    def _compute(self, env: Env, op: Op, ipu: int) -> None:
+        self.localise(env, op.inputs, ipu)
+        assert op.opdef.lower is not None
+        lower, attrs = op.opdef.lower, op.attrs
+        args = [env.read(t) for t in op.inputs]
+        results = self.on_device(ipu, lambda *a: lower(*a, **attrs), *args)
+        apply_results(env, op, results)
+        self.mark(env, (*op.outputs, *_written(op)), ipu)
+
+    def _pure_call(self, ctx: LoweringContext, env: Env, op: Op, ipu: int) -> None:
+        graph = op.attrs["graphs"][0]
+        self.localise(env, op.inputs, ipu)
+        written = sorted(op.modified_inputs)
+        inner = replace(ctx, placement=None)
+
+        def run(*values: Array) -> tuple:
+            outs, finals, _ = lower_graph(inner, graph, list(values))
+            return tuple(outs), tuple(finals[i] for i in written)
+
+        outs, finals = self.on_device(ipu, run, *(env.read(t) for t in op.inputs))
+        for index, value in zip(written, finals):
+            env.write(op.inputs[index], value)
+        for t, value in zip(op.outputs, outs):
+            env.values[t] = value
+        self.mark(env, (*op.outputs, *(op.inputs[i] for i in written)), ipu)
+
+    # Loops and branches -------------------------------------------------------------------
+
+    def homes_of(self, values: Sequence[Array]) -> list[int | None]:
+        return [self.home(v) for v in values]
+
+    def input_homes(self, env: Env, tensors: Sequence[Tensor]) -> list[int | None]:
+        return [self.home_in(env, t) for t in tensors]
+
+    def settle(self, values: Sequence[Array], homes: Sequence[int | None]) -> tuple:
+        """``values`` moved to ``homes`` (loop bodies must keep their carry's homes)."""
+        return tuple(self.move(v, self.home(v), h) for v, h in zip(values, homes))
+
+    def adopt(self, values: Sequence[Array], homes: Sequence[int | None]) -> tuple:
+        """Give fresh arrays (a loop's carry) the homes of the values they stand for."""
+        return tuple(self.register(v, h) for v, h in zip(values, homes))
+
+
+def _written(op: Op) -> list[Tensor]:
+    return [op.inputs[i] for i in op.modified_input_indices()]
+
+
+def placed_step(
+    step: Callable[..., Any], ipus: int, homes: Sequence[int | None], probe: list | None = None
+) -> Callable[..., Any]:
+    """``step(mut, fixed, inputs, placement)`` run under ``shard_map`` over ``ipus`` devices.
+
+    State entries carry a leading axis of ``ipus``; ``homes`` says, per (mutable, fixed)
+    entry in order, where the incoming value is valid. Stream inputs and outputs are the
+    same on every device.
+    """
+    from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
+    def block(mut: tuple, fixed: tuple, inputs: tuple) -> tuple:
+        placement = Placement(ipus, lax.axis_index(IPU_AXIS))
+        state = [s[0] for s in (*mut, *fixed)]
+        for value, home in zip(state, homes):
+            placement.register(value, home)
+        new, outs = step(tuple(state[: len(mut)]), tuple(state[len(mut) :]), inputs, placement)
+        if probe is not None:
+            probe[:] = placement.homes_of(new)
+        return tuple(s[None] for s in new), outs
+
+    return jax.shard_map(
+        block,
+        mesh=ipu_mesh(ipus),
+        in_specs=(P(IPU_AXIS), P(IPU_AXIS), P()),
+        out_specs=(P(IPU_AXIS), P()),
+        check_vma=False,
+    )

@@ -1,0 +1,14 @@
+"""The ``>>>`` examples in popxl_addons.poptorch's docstrings run and print what they say."""
+
+import doctest
+
+import pytest
+
+from popxl_addons.poptorch import data, optim, options, strategies
+
+
+@pytest.mark.parametrize("module", [data, optim, options, strategies], ids=lambda m: m.__name__)
+def test_docstring_examples(module):
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0
+    assert result.failed == 0

@@ -1,0 +1,192 @@
+"""Pipelined execution: results equal the unpipelined program's, schedule and errors."""
+
+from functools import partial
+
+import numpy as np
+import pytest
+
+import popxl
+import popxl_addons as addons
+from popxl import ops
+from popxl_addons.transforms.autodiff import autodiff_with_accumulation
+
+
+def _chain(stages: int, steps: int) -> np.ndarray:
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x_in = popxl.h2d_stream((), popxl.uint32)
+        y_out = popxl.d2h_stream((), popxl.uint32)
+        with addons.pipelined_execution(steps) as p:
+            with p.stage(0), popxl.ipu(0):
+                x = (ops.host_load(x_in) * 3).copy_to_ipu(1)
+            for s in range(1, stages):
+                with p.stage(s), popxl.ipu(s):
+                    x = x + s
+                    if s < stages - 1:
+                        x = x.copy_to_ipu(s + 1)
+            with p.stage(stages - 1), popxl.ipu(stages - 1):
+                ops.host_store(y_out, x)
+    ir.num_host_transfers = steps
+    with popxl.Session(ir, "ipu_model") as session:
+        return session.run({x_in: np.arange(steps, dtype=np.uint32)})[y_out]
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_each_micro_batch_passes_every_stage_once(stages):
+    steps = 2 * stages + 1
+    expected = np.arange(steps) * 3 + sum(range(stages))
+    np.testing.assert_array_equal(_chain(stages, steps), expected)
+
+
+class Scale(addons.Module):
+    def build(self, x: popxl.Tensor) -> popxl.Tensor:
+        w = self.add_variable_input("w", partial(np.random.normal, 0, 0.5, (4, 4)), x.dtype)
+        return ops.gelu(x @ w)
+
+
+def _train(pipelined: bool, steps: int = 6, recompute: bool = False) -> list[np.ndarray]:
+    """Forward on IPU 0 then 1, loss gradient on IPU 1, backward of IPU 0's layer in
+    stage 2 with its activations stashed; weight gradients are averaged over ``steps``."""
+    np.random.seed(3)
+    data = np.random.normal(0, 1, (steps, 2, 4)).astype(np.float32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x_in = popxl.h2d_stream((2, 4), popxl.float32, "x")
+        with popxl.ipu(0):
+            facts0, g0 = Scale().create_graph(popxl.TensorSpec((2, 4), popxl.float32))
+            dfacts0, dg0 = autodiff_with_accumulation(g0, [g0.args.w])
+        with popxl.ipu(1):
+            facts1, g1 = Scale().create_graph(popxl.TensorSpec((2, 4), popxl.float32))
+            dfacts1, dg1 = autodiff_with_accumulation(
+                g1, [g1.args.w], grads_required=[g1.graph.inputs[0]]
+            )
+        if recompute:
+            dg0 = addons.recompute_graph(dg0)
+        v0, d0, v1, d1 = facts0.init(), dfacts0.init(), facts1.init(), dfacts1.init()
+        accums = [d0.accum.w, d1.accum.w]
+
+        def stage0(p=None):
+            with popxl.ipu(0):
+                x = ops.host_load(x_in)
+                info0 = g0.bind(v0).call_with_info(x)
+                return info0, info0.outputs[0].copy_to_ipu(1)
+
+        def stage1(h):
+            with popxl.ipu(1):
+                info1 = g1.bind(v1).call_with_info(h)
+                seed = info1.outputs[0] * 2.0  # d(sum y^2)/dy
+                (dh,) = dg1.bind(d1).call(seed, args=dg1.grad_graph_info.inputs_dict(info1))
+                return dh.copy_to_ipu(0)
+
+        if pipelined:
+            with addons.pipelined_execution(steps) as p:
+                with p.stage(0):
+                    info0, h = stage0()
+                with p.stage(1):
+                    dh = stage1(h)
+                with p.stage(2), popxl.ipu(0):
+                    acts = p.stash_and_restore_activations(info0, dg0.grad_graph_info)
+                    dg0.bind(d0).call(dh, args=acts)
+            ir.num_host_transfers = steps
+        else:
+            info0, h = stage0()
+            dh = stage1(h)
+            with popxl.ipu(0):
+                dg0.bind(d0).call(dh, args=dg0.grad_graph_info.inputs_dict(info0))
+            ir.num_host_transfers = 1
+    with popxl.Session(ir, "ipu_model") as session:
+        if pipelined:
+            session.run({x_in: data})
+        else:
+            for n in range(steps):
+                session.run({x_in: data[n]})
+        weights = [session.get_tensor_data(v.w).copy() for v in (v0, v1)]
+        return [session.get_tensor_data(a).copy() for a in accums] + weights
+
+
+def _reference_grads(w0: np.ndarray, w1: np.ndarray, steps: int = 6) -> list[np.ndarray]:
+    """The same mean gradients from jax.grad."""
+    import jax
+    import jax.numpy as jnp
+
+    np.random.seed(3)
+    data = np.random.normal(0, 1, (steps, 2, 4)).astype(np.float32)
+
+    def loss(w0, w1, x):
+        y = jax.nn.gelu(jax.nn.gelu(x @ w0, approximate=True) @ w1, approximate=True)
+        return jnp.sum(y**2)
+
+    grads = [jax.grad(loss, argnums=(0, 1))(w0, w1, x) for x in data]
+    return [np.mean([g[k] for g in grads], axis=0) for k in range(2)]
+
+
+def test_pipelined_training_accumulates_the_same_gradients_as_unpipelined():
+    plain = _train(pipelined=False)
+    pipelined = _train(pipelined=True)
+    for a, b in zip(plain, pipelined):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(plain, _reference_grads(*plain[2:])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_recomputation_inside_a_pipeline_gives_the_same_gradients():
+    plain = _train(pipelined=False)
+    recomputed = _train(pipelined=True, recompute=True)
+    for a, b in zip(plain, recomputed):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_print_schedule_shows_fill_main_and_flush():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x_in = popxl.h2d_stream((), popxl.float32)
+        with addons.pipelined_execution(6) as p:
+            with p.stage(0), popxl.ipu(0):
+                x = ops.host_load(x_in).copy_to_ipu(1)
+            with p.stage(1), popxl.ipu(1):
+                x = x + 1.0
+    text = p.print_schedule()
+    lines = text.splitlines()
+    assert lines[0] == (
+        "Pipeline: 2 stages over 6 steps: 1 fill, 5 main (one repeated cycle), 1 flush cycles"
+    )
+    assert lines[2].split() == ["0", "fill", "mb", "0", "."]
+    assert lines[3].split() == ["1..5", "main", "mb", "c", "mb", "c-1"]
+    assert lines[4].split() == ["6", "flush", ".", "mb", "5"]
+    assert "Loop." in text and "IpuCopy." in text
+
+
+def test_op_outside_a_stage_is_an_error():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(1.0)
+        with pytest.raises(RuntimeError, match="outside a stage context"):
+            with addons.pipelined_execution(4) as p:
+                with p.stage(0):
+                    x = x + 1.0
+                x = x * 2.0
+
+
+def test_too_few_steps_is_an_error():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(1.0)
+        with pytest.raises(ValueError, match=r"steps=3 stages=2"):
+            with addons.pipelined_execution(3) as p:
+                with p.stage(0), popxl.ipu(0):
+                    y = (x + 1.0).copy_to_ipu(1)
+                with p.stage(1), popxl.ipu(1):
+                    y + 1.0
+
+
+def test_stash_needs_a_stage_context():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones(2, np.float32))
+        with addons.pipelined_execution(4) as p:
+            with p.stage(0):
+                y = x + 1.0
+            with pytest.raises(RuntimeError, match="must be called in a stage context"):
+                p.stash_and_restore_tensor(y)
+            with p.stage(1):
+                p.stash_and_restore_tensor(y)

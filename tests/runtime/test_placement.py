@@ -1,0 +1,110 @@
+"""Placement of virtual IPUs on devices: same numbers placed and unplaced, real transfers."""
+
+import jax
+import numpy as np
+import pytest
+
+import popxl
+from popxl import ops
+from runtime.program import abstract_inputs, abstract_state, build_program
+
+
+def _serial_four_ipus(rng):
+    """matmul+bias on IPU 0, gelu on 1, matmul on 2, softmax on 3, weights on their IPUs."""
+    w1 = rng.normal(0, 0.3, (4, 16)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (16, 2)).astype(np.float32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x_in = popxl.h2d_stream((3, 4), popxl.float32)
+        y_out = popxl.d2h_stream((3, 2), popxl.float32)
+        with popxl.ipu(0):
+            a = popxl.variable(w1, name="w1")
+            h = ops.matmul(ops.host_load(x_in), a)
+            h = ops.ipu_copy(h, 1)
+        with popxl.ipu(1):
+            h = ops.gelu(h).copy_to_ipu(2)
+        with popxl.ipu(2):
+            b = popxl.variable(w2, name="w2")
+            b += 0.5  # written on IPU 2: its value lives in device 2's slot
+            z = ops.ipu_copy(ops.matmul(h, b), 3)
+        with popxl.ipu(3):
+            ops.host_store(y_out, ops.softmax(z, axis=1))
+    return ir, x_in, y_out, b, (w1, w2)
+
+
+def _reference(x, w1, w2):
+    import jax
+
+    h = np.asarray(jax.nn.gelu(x @ w1, approximate=True))
+    z = h @ w2
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("placement", ["off", "on"])
+def test_four_ipu_program_gives_the_same_numbers_placed_or_not(monkeypatch, rng, placement):
+    monkeypatch.setenv("POPXL_PLACEMENT", placement)
+    ir, x_in, y_out, b, (w1, w2) = _serial_four_ipus(rng)
+    x = rng.normal(0, 1, (3, 4)).astype(np.float32)
+    with popxl.Session(ir, "ipu_model") as session:
+        y1 = session.run({x_in: x})[y_out]
+        y2 = session.run({x_in: x})[y_out]
+        assert session._program.ipus == (4 if placement == "on" else 0)
+    np.testing.assert_allclose(y1, _reference(x, w1, w2 + 0.5), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y2, _reference(x, w1, w2 + 1.0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(session.get_tensor_data(b), w2 + 1.0)
+
+
+def test_placed_program_transfers_between_devices_and_skips_foreign_ops(monkeypatch, rng):
+    monkeypatch.setenv("POPXL_PLACEMENT", "on")
+    ir, *_ = _serial_four_ipus(rng)
+    program = build_program(ir)
+    assert program.ipus == 4
+    # w1 is only read (valid in every slot); w2 is written on IPU 2.
+    names = [v.name for v in program.variables]
+    assert dict(zip(names, program.homes)) == {"w1": None, "w2": 2}
+    session = popxl.Session(ir, "ipu_model")
+    state = tuple(
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=session._sharding)
+        for a in abstract_state(program)
+    )
+    hlo = program.step.lower(*program.split(state), abstract_inputs(program)).as_text()
+    assert hlo.count("collective_permute") >= 3  # the three ipu_copy transfers
+    assert "stablehlo.case" in hlo or "stablehlo.if" in hlo  # ops run on their device only
+    with session:
+        devices = {d.id for d in session._state[0].sharding.device_set}
+    assert len(devices) == 4
+
+
+def test_implicit_read_across_ipus_is_moved(monkeypatch):
+    """A host store placed on another IPU than its value's producer still stores the value."""
+    monkeypatch.setenv("POPXL_PLACEMENT", "on")
+    ir = popxl.Ir()
+    with ir.main_graph:
+        out = popxl.d2h_stream((2,), popxl.float32)
+        with popxl.ipu(1):
+            v = popxl.variable(np.array([1.0, 2.0], np.float32))
+            y = v * 3.0
+        with popxl.ipu(0):
+            ops.host_store(out, y)
+    with popxl.Session(ir, "ipu_model") as session:
+        np.testing.assert_array_equal(session.run()[out], [3.0, 6.0])
+
+
+def test_placement_on_with_too_few_devices_is_an_error(monkeypatch):
+    monkeypatch.setenv("POPXL_PLACEMENT", "on")
+    ir = popxl.Ir()
+    with ir.main_graph, popxl.ipu(0):
+        x = popxl.variable(1.0)
+        x.copy_to_ipu(9, 0)
+    with pytest.raises(ValueError, match="uses 10 IPUs but JAX has 8 devices"):
+        build_program(ir)
+
+
+def test_bad_placement_setting_is_an_error(monkeypatch):
+    monkeypatch.setenv("POPXL_PLACEMENT", "sometimes")
+    ir = popxl.Ir()
+    with ir.main_graph, popxl.ipu(0):
+        popxl.variable(1.0).copy_to_ipu(1, 0)
+    with pytest.raises(ValueError, match="POPXL_PLACEMENT must be auto, off or on"):
+        build_program(ir)
