@@ -130,7 +130,7 @@ class dtype:
             return torch_dtype
         try:
             np_dt = np.dtype(type_value)
-        except TypeError:
+        except (TypeError, ValueError):  # NumPy raises ValueError for e.g. torch tensors
             np_dt = None
         if np_dt is not None and np_dt in cls._by_numpy:
             return cls._by_numpy[np_dt]
