@@ -42,7 +42,8 @@ def compare(
     the fastest round of each (interference on a shared machine only adds time)."""
     project()
     reference()
-    a, b = [], []
+    a: list[float] = []
+    b: list[float] = []
     for _ in range(rounds):
         for fn, out in ((project, a), (reference, b)):
             start = time.perf_counter()

@@ -385,6 +385,12 @@ def reference_step_fn(cfg: Config):
     compute = jnp.float16 if cfg.dtype == "float16" else jnp.float32
     H, heads, S, B = cfg.hidden, cfg.heads, cfg.seq, cfg.micro_batch
 
+    def mm(a, b):
+        """PopXL's matmul: float16 operands, float32 partials (its default)."""
+        if compute == jnp.float16:
+            return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(compute)
+        return a @ b
+
     def layer_norm(x, w, b):
         mean = x.mean(-1, keepdims=True)
         var = ((x - mean) ** 2).mean(-1, keepdims=True)
@@ -393,19 +399,19 @@ def reference_step_fn(cfg: Config):
     def decoder(x, p, mask):
         p = jax.tree_util.tree_map(lambda a: a.astype(compute), p)
         h = layer_norm(x, p["ln1.weight"], p["ln1.bias"])
-        q, k, v = jnp.split(h @ p["attn.qkv.weight"] + p["attn.qkv.bias"], 3, axis=-1)
+        q, k, v = jnp.split(mm(h, p["attn.qkv.weight"]) + p["attn.qkv.bias"], 3, axis=-1)
 
         def split_heads(t):
             return t.reshape(B, S, heads, H // heads).transpose(0, 2, 1, 3)
 
-        s = split_heads(q) @ split_heads(k).transpose(0, 1, 3, 2)
+        s = mm(split_heads(q), split_heads(k).transpose(0, 1, 3, 2))
         s = s * jnp.asarray(1.0 / np.sqrt(H // heads), compute) + mask
-        z = jax.nn.softmax(s, axis=-1) @ split_heads(v)
+        z = mm(jax.nn.softmax(s, axis=-1), split_heads(v))
         z = z.transpose(0, 2, 1, 3).reshape(B, S, H)
-        x = x + z @ p["attn.out.weight"] + p["attn.out.bias"]
+        x = x + mm(z, p["attn.out.weight"]) + p["attn.out.bias"]
         h = layer_norm(x, p["ln2.weight"], p["ln2.bias"])
-        h = jax.nn.gelu(h @ p["fc1.weight"] + p["fc1.bias"], approximate=False)
-        return x + h @ p["fc2.weight"] + p["fc2.bias"]
+        h = jax.nn.gelu(mm(h, p["fc1.weight"]) + p["fc1.bias"], approximate=True)
+        return x + mm(h, p["fc2.weight"]) + p["fc2.bias"]
 
     def loss_fn(params, tokens, labels):
         mask = jnp.triu(jnp.full((S, S), -1e4, jnp.float32), 1).astype(compute)
@@ -414,7 +420,7 @@ def reference_step_fn(cfg: Config):
         h = layer_norm(
             x, params["ln_f.weight"].astype(compute), params["ln_f.bias"].astype(compute)
         )
-        logits = (h @ params["head.weight"].astype(compute)).astype(jnp.float32)
+        logits = mm(h, params["head.weight"].astype(compute)).astype(jnp.float32)
         logp = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.mean(jnp.take_along_axis(logp, labels[..., None], axis=-1))
 

@@ -25,7 +25,7 @@ the optimizer's updates of stacked variables are a handful of kernels whatever t
 from __future__ import annotations
 
 import os
-import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,9 +112,10 @@ def _same_call(a: Op, b: Op) -> bool:
     )
 
 
-_PLANS: weakref.WeakKeyDictionary[Graph, tuple[int, dict[Op, Run], set[Op]]] = (
-    weakref.WeakKeyDictionary()
-)
+# Plans by graph, least recently used first; bounded (a plan holds its graph's ops, so a
+# weak-keyed cache could never drop them).
+_PLANS: OrderedDict[int, tuple[tuple[Op, ...], dict[Op, Run], set[Op]]] = OrderedDict()
+PLAN_CACHE_SIZE = 64
 
 
 def runs_of(graph: Graph) -> dict[Op, Run]:
@@ -125,8 +126,9 @@ def runs_of(graph: Graph) -> dict[Op, Run]:
 def plan_of(graph: Graph) -> tuple[dict[Op, Run], set[Op]]:
     """(runs keyed by their first call, the other calls of every run); cached while the
     graph is unchanged."""
-    cached = _PLANS.get(graph)
-    if cached is not None and cached[0] == len(graph._ops):
+    cached = _PLANS.get(id(graph))
+    if cached is not None and cached[0] == tuple(graph._ops):
+        _PLANS.move_to_end(id(graph))
         return cached[1], cached[2]
     ops = graph._ops
     runs: dict[Op, Run] = {}
@@ -142,7 +144,9 @@ def plan_of(graph: Graph) -> tuple[dict[Op, Run], set[Op]]:
                     runs[ops[i]] = run
         i = j
     members = {op for run in runs.values() for op in run.ops[1:]}
-    _PLANS[graph] = (len(graph._ops), runs, members)
+    _PLANS[id(graph)] = (tuple(graph._ops), runs, members)
+    while len(_PLANS) > PLAN_CACHE_SIZE:
+        _PLANS.popitem(last=False)
     return runs, members
 
 
