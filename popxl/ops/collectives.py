@@ -295,8 +295,9 @@ def replicated_all_gather(
     A ``ReplicaGrouping`` in ``axis``'s place (``replicated_all_gather(t, grouping)``, as the
     PopXL user guide's distributed RTS example writes it) is taken as ``group``.
     """
-    if isinstance(axis, ReplicaGrouping) and group is None:
-        axis, group = 0, axis
+    given: Any = axis
+    if isinstance(given, ReplicaGrouping) and group is None:
+        group, axis = given, 0
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise ValueError(f"axis must be an int, got {axis!r}.")
     if output_shape not in ("new_axis", "concat", "meta_shape", "auto"):
