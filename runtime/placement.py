@@ -148,12 +148,21 @@ class Placement:
 
     # Running ops -------------------------------------------------------------------------
 
-    def on_device(self, ipu: int, fn: Callable[..., Any], *args: Array) -> Any:
-        """``fn(*args)`` computed on device ``ipu`` only (zeros elsewhere)."""
+    def on_device(
+        self, ipu: int, fn: Callable[..., Any], *args: Array, keep: Sequence[int] = ()
+    ) -> Any:
+        """``fn(*args)`` computed on device ``ipu`` only; elsewhere zeros, except that the
+        second part of ``fn``'s ``(outputs, updated)`` result is ``args[keep]`` unchanged
+        (in-place updates are skipped without writing weight-sized zeros)."""
         shapes = jax.eval_shape(fn, *args)
 
-        def skip(*_: Array) -> Any:
-            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        def zeros(tree: Any) -> Any:
+            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
+
+        def skip(*a: Array) -> Any:
+            if not keep:
+                return zeros(shapes)
+            return zeros(shapes[0]), tuple(a[i] for i in keep)
 
         return lax.cond(self.index == ipu, fn, skip, *args)
 
@@ -232,7 +241,8 @@ class Placement:
             outs, finals, _ = lower_graph(inner, graph, list(values))
             return tuple(outs), tuple(finals[i] for i in written)
 
-        outs, finals = self.on_device(ipu, run, *(env.read(t) for t in op.inputs))
+        values = [env.read(t) for t in op.inputs]
+        outs, finals = self.on_device(ipu, run, *values, keep=written)
         for index, value in zip(written, finals):
             env.write(op.inputs[index], value)
         for t, value in zip(op.outputs, outs):

@@ -18,7 +18,7 @@ stash on the same IPU (``stash_and_restore_tensor``). Placed on several devices 
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -384,7 +384,9 @@ class _Pipeline:
     def _call_piece(self, p: _Piece, values: dict[popxl.Tensor, popxl.Tensor]) -> None:
         assert p.graph is not None
         args = [self._value(t, values) for t in p.reads]
-        outs = ops.call(p.graph, *args)
+        # The call runs on the stage's IPU (placement runs a pure call where it is placed).
+        with popxl.ipu(_main_ipu(p.ops)):
+            outs = ops.call(p.graph, *args)
         values.update(zip(p.outputs, outs))
 
     def _value(self, t: popxl.Tensor, values: dict[popxl.Tensor, popxl.Tensor]) -> popxl.Tensor:
@@ -458,6 +460,12 @@ class _Pipeline:
             assert p.graph is not None
             lines.append(p.graph.print_schedule())
         return "\n".join(lines)
+
+
+def _main_ipu(stage_ops: list[Op]) -> int:
+    """The IPU most of ``stage_ops`` run on (0 for none)."""
+    counts = Counter(op.ipu or 0 for op in stage_ops)
+    return counts.most_common(1)[0][0] if counts else 0
 
 
 def _clone_op(op: Op, graph: popxl.Graph, inputs: tuple[popxl.Tensor, ...]) -> Op:

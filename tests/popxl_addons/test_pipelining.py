@@ -120,7 +120,10 @@ def _reference_grads(w0: np.ndarray, w1: np.ndarray, steps: int = 6) -> list[np.
     return [np.mean([g[k] for g in grads], axis=0) for k in range(2)]
 
 
-def test_pipelined_training_accumulates_the_same_gradients_as_unpipelined():
+@pytest.mark.parametrize("placement", ["off", "on"])
+def test_pipelined_training_accumulates_the_same_gradients_as_unpipelined(monkeypatch, placement):
+    """Placed ("on": each IPU on its own CPU device) or on one device, the same numbers."""
+    monkeypatch.setenv("POPXL_PLACEMENT", placement)
     plain = _train(pipelined=False)
     pipelined = _train(pipelined=True)
     for a, b in zip(plain, pipelined):
