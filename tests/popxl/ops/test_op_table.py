@@ -4,6 +4,17 @@ from pathlib import Path
 
 import pytest
 
+import popxl_addons.ops.cross_entropy_sharded_loss
+import popxl_addons.ops.cross_entropy_sharded_wr_loss
+import popxl_addons.ops.fp8_mse_scale
+import popxl_addons.ops.grad_reduce_square_add
+import popxl_addons.ops.group_quantize_decompress
+import popxl_addons.ops.layer_norm_distributed
+import popxl_addons.ops.linear_layout
+import popxl_addons.ops.replicated_all_reduce_TP
+import popxl_addons.ops.replicated_strided_collectives
+import popxl_addons.ops.rotary_pos_embed
+import popxl_addons.ops.static_sparse_ops  # noqa: F401  (the registry holds every custom op)
 from popxl._op import REGISTRY
 
 from .harness import (
@@ -20,7 +31,26 @@ CASES = all_cases()
 # Ops whose behaviour is tested by dedicated tests rather than table cases.
 COLLECTIVES_TESTS = "tests/popxl/ops/test_collectives.py"
 REMOTE_TESTS = "tests/popxl/test_remote.py"
+CUSTOM_OPS_TESTS = "tests/popxl_addons/test_custom_ops.py"
 TESTED_ELSEWHERE = {
+    **{
+        key: CUSTOM_OPS_TESTS
+        for key in (
+            "cross_entropy_sharded",
+            "cross_entropy_sharded_wr",
+            "dense_sparse_matmul",
+            "fp8_mse_scale",
+            "grad_reduce_square_add",
+            "group_quantize_decompress",
+            "layer_norm_distributed",
+            "linear_layout",
+            "replicated_all_gather_strided",
+            "replicated_all_reduce_TP",
+            "replicated_all_reduce_strided",
+            "replicated_reduce_scatter_strided",
+            "rotary_pos_embed",
+        )
+    },
     "call": "tests/popxl/test_call.py",
     "repeat": "tests/popxl/test_repeat.py",
     "conditional": "tests/popxl/test_conditional.py",
