@@ -497,26 +497,7 @@ class _CallModule:
 def _add_forward_output(graph: popxl.Graph, t: popxl.Tensor) -> None:
     """Make an aux tensor an output of the forward graph, as the original does for every aux
     tensor (inputs such as ``x`` included), so call sites can pass it to the gradient graph."""
-    if t not in graph._inputs:
-        add_graph_output(graph, t)
-        return
-    if t in graph._outputs:
-        return
-    # add_graph_output leaves graph inputs out; pass the input through as a new output.
-    sites = graph.ir._call_sites_of(graph)
-    for site in sites:
-        if site.opdef.key != "call":
-            raise NotImplementedError(
-                f"{t.id} must become a new output of {graph.id}, but the graph is used by a "
-                f"{site.type} op, whose outputs cannot grow. Build the gradient graph before "
-                "repeating or branching to the forward graph."
-            )
-    graph._outputs.append(t)
-    for site in sites:
-        parent = site.graph
-        name = f"aux_output__t{graph.ir._next_dedup()}"
-        tid = f"{parent.id}/{name}" if parent.id else name
-        site.outputs = (*site.outputs, popxl.Tensor._create(parent, tid, t._spec, site))
+    add_graph_output(graph, t, inputs_too=True)
 
 
 def _check_unique(label: str, tensors: list[popxl.Tensor]) -> None:

@@ -258,14 +258,16 @@ class _Differentiator:
         raise AssertionError(f"{h.id} is not read by {step.op}")
 
 
-def add_graph_output(graph: Graph, t: Tensor) -> None:
+def add_graph_output(graph: Graph, t: Tensor, inputs_too: bool = False) -> None:
     """Make ``t`` an output of ``graph``; every existing call site gains the output too.
+
+    A graph input is left as it is unless ``inputs_too`` (then it is passed through).
 
     Raises:
         NotImplementedError: the graph is repeated or branched to somewhere, whose outputs
             cannot grow.
     """
-    if t in graph._inputs or t in graph._outputs:
+    if (t in graph._inputs and not inputs_too) or t in graph._outputs:
         return
     sites = graph.ir._call_sites_of(graph)
     for site in sites:
