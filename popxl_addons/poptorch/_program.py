@@ -116,6 +116,8 @@ class Built:
     step: popxl.Variable | None = None
     loss_index: int | None = None
     locations: _TensorLocationOptions = field(default_factory=_TensorLocationOptions)
+    # Automatic loss scaling: finite optimiser steps in a row (None: the scale is fixed).
+    good_steps: popxl.Variable | None = None
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,7 @@ def build(
         named = _init(facts, options.random_seed, locations.weight)
         built = Built(ir, inputs, [], [], layout.stores_per_call, named, loss_index=loss_index)
         built.locations = locations
-        _build_body(built, fwd, optimizer, layout)
+        _build_body(built, fwd, optimizer, layout, options)
     ir.num_host_transfers = layout.device_iterations * layout.accumulation
     return built
 
@@ -227,13 +229,15 @@ def _loss_index(module: Any, fwd: Any, losses: list) -> int:
     return index
 
 
-def _build_body(built: Built, fwd: Any, optimizer: Optimizer | None, layout: Layout) -> None:
+def _build_body(
+    built: Built, fwd: Any, optimizer: Optimizer | None, layout: Layout, options: Options
+) -> None:
     main = built.ir.main_graph
     specs = [popxl.TensorSpec(o.shape, o.dtype) for o in fwd.graph.outputs]
     built.output_specs = specs
     built.outputs = [popxl.d2h_stream(s.shape, s.dtype, f"output{i}") for i, s in enumerate(specs)]
     keep = _output_holders(specs, layout.mode)
-    trainer = _Trainer(built, fwd, optimizer) if optimizer is not None else None
+    trainer = _Trainer(built, fwd, optimizer, options) if optimizer is not None else None
     # Micro-batch: load, forward (and backward), handle the outputs.
     xs = [ops.host_load(s, f"x{i}") for i, s in enumerate(built.inputs)]
     on_chip = {k: read(v) for k, v in built.weights.items()}
@@ -294,8 +298,9 @@ def _store(built: Built, keep: list) -> None:
 class _Trainer:
     """The training half of the program: gradients, accumulators, optimiser update."""
 
-    def __init__(self, built: Built, fwd: Any, optimizer: Optimizer) -> None:
+    def __init__(self, built: Built, fwd: Any, optimizer: Optimizer, options: Options) -> None:
         self.built, self.fwd, self.opt = built, fwd, optimizer
+        self.training = options.training
         names = list(built.weights)
         if not names:
             raise ValueError(NO_WEIGHTS_MSG.format(cls=type(fwd).__name__))
@@ -320,13 +325,16 @@ class _Trainer:
                 if is_global and i > 0:
                     continue
                 key = (0 if is_global else i, attr)
-                if opt.variable_attrs.isConstant(attr):
+                adapted = attr == "loss_scaling" and self.training.automatic_loss_scaling
+                if opt.variable_attrs.isConstant(attr) and not adapted:
                     built.constants[key] = value
                 else:
                     single = is_global or len(opt.param_groups) == 1
                     name = f"optim.{attr}" if single else f"optim.group{i}.{attr}"
                     built.hyper[key] = popxl.variable(np.float32(value), popxl.float32, name)
         built.step = popxl.variable(np.float32(0.0), popxl.float32, "optim.step")
+        if self.training.automatic_loss_scaling:
+            built.good_steps = popxl.variable(np.float32(0.0), popxl.float32, "optim.good_steps")
 
     def _make_state(self) -> None:
         built = self.built
@@ -371,23 +379,56 @@ class _Trainer:
             # Replicas sharing a weight value reduce their gradients together.
             divisor = layout.accumulation * group.group_size if mean else 1
             grads[name] = g * _inverse(self.hyper(0, "loss_scaling"), divisor)
+        finite = _all_finite(list(grads.values())) if built.good_steps is not None else None
         grads = _clip(grads, self.hyper(0, "max_grad_norm"))
         assert built.step is not None
-        ops.var_updates.accumulate_(built.step, popxl.constant(np.float32(1.0)))
+        one = popxl.constant(np.float32(1.0))
+        ops.var_updates.accumulate_(built.step, one if finite is None else _f32(finite))
         for name, group_index in built.groups.items():
             var = built.weights[name]
             w = read(var)
             w32 = w if w.dtype == popxl.float32 else ops.cast(w, popxl.float32)
             h = {a: self.hyper(group_index, a) for a in opt.attributes(group_index)}
             state = {slot: read(v) for slot, v in built.state[name].items()}
+            keep = finite is not None
+            before = {slot: ops.identity(t) for slot, t in state.items()} if keep else {}
             new = opt.update(w32, grads[name], state, h, built.step)
+            if finite is not None:
+                # An overflowing step changes nothing: keep the old weight and state.
+                new = ops.where(finite, new, w32)
+                for slot, old in before.items():
+                    ops.var_updates.copy_var_update_(
+                        state[slot], ops.where(finite, state[slot], old)
+                    )
             write(var, w, new)
             for slot, v in built.state[name].items():
                 flush(v, state[slot])
+        if finite is not None:
+            self._adapt_scale(finite)
         for name, var in self.accums.items():
             zeroed = loaded[name] if name in loaded else read(var)
             ops.var_updates.accumulator_zero_(zeroed)
             flush(var, zeroed)
+
+    def _adapt_scale(self, finite: popxl.Tensor) -> None:
+        """Automatic loss scaling: back off on overflow, grow after a run of good steps."""
+        scale, good = self.built.hyper[(0, "loss_scaling")], self.built.good_steps
+        assert good is not None
+        t = self.training
+        zero = popxl.constant(np.float32(0.0))
+        counted = ops.where(finite, good + 1.0, zero)
+        grow = ops.greater(counted, popxl.constant(np.float32(t.als_growth_interval - 0.5)))
+        factor = ops.where(
+            finite,
+            ops.where(
+                grow,
+                popxl.constant(np.float32(t.als_growth_factor)),
+                popxl.constant(np.float32(1.0)),
+            ),
+            popxl.constant(np.float32(t.als_backoff_factor)),
+        )
+        ops.var_updates.copy_var_update_(scale, scale * factor)
+        ops.var_updates.copy_var_update_(good, ops.where(grow, zero, counted))
 
 
 def _zeros_like(
@@ -399,6 +440,19 @@ def _zeros_like(
     lead = (group.num_groups,) if group.num_groups > 1 else ()
     data = np.zeros(lead + w.shape, dtype.as_numpy())
     return place(data, dtype, name, group, settings)
+
+
+def _f32(t: popxl.Tensor) -> popxl.Tensor:
+    return ops.cast(t, popxl.float32)
+
+
+def _all_finite(grads: list[popxl.Tensor]) -> popxl.Tensor:
+    """A bool scalar: every element of every gradient is finite (no inf, no NaN)."""
+    bad = [ops.sum(_f32(ops.logical_not(ops.isfinite(g)))) for g in grads]
+    total = bad[0]
+    for b in bad[1:]:
+        total = total + b
+    return ops.equal(total, popxl.constant(np.float32(0.0)))
 
 
 def _inverse(loss_scaling: Any, divisor: int) -> Any:

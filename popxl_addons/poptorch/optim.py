@@ -181,6 +181,9 @@ class Optimizer:
             "state": state.get("state", {}),
             "step": state.get("step", 0),
         }
+        if "loss_scaling" in state:  # automatic loss scaling: the running scale
+            result["loss_scaling"] = state["loss_scaling"]
+            result["good_steps"] = state["good_steps"]
         return result
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

@@ -189,8 +189,17 @@ class _TrainingOptions(_Base):
         ),
     )
     automatic_loss_scaling: bool = Field(
-        False, description="Recorded; loss scaling here is the optimiser's loss_scaling."
+        False,
+        description=(
+            "Adapt the loss scaling while training: starting from the optimiser's "
+            "loss_scaling, a step whose gradients are not all finite is skipped and the "
+            "scale multiplied by als_backoff_factor; after als_growth_interval finite steps "
+            "in a row it is multiplied by als_growth_factor."
+        ),
     )
+    als_growth_interval: int = Field(2000, ge=1, description="Finite steps before growing.")
+    als_growth_factor: float = Field(2.0, gt=1.0, description="Scale growth on success.")
+    als_backoff_factor: float = Field(0.5, gt=0.0, lt=1.0, description="Scale cut on overflow.")
     convolution_dithering: bool = Field(False, description="Recorded; no effect on one device.")
 
     def gradientAccumulation(self, gradient_accumulation: int) -> _TrainingOptions:  # noqa: N802
@@ -216,8 +225,29 @@ class _TrainingOptions(_Base):
         self.mean_reduction_strategy = MeanReductionStrategy(mean_reduction_strategy)
         return self
 
-    def setAutomaticLossScaling(self, enabled: bool) -> _TrainingOptions:  # noqa: N802
+    def setAutomaticLossScaling(  # noqa: N802
+        self,
+        enabled: bool,
+        growth_interval: int | None = None,
+        growth_factor: float | None = None,
+        backoff_factor: float | None = None,
+    ) -> _TrainingOptions:
+        """Adapt the loss scaling to the gradients (see ``automatic_loss_scaling``).
+
+        The optimiser's ``loss_scaling`` is the initial scale and becomes a device variable
+        that the program updates after every optimiser step: on a step whose reduced
+        gradients hold an inf or NaN the weights, optimiser state and step count are left
+        unchanged and the scale is multiplied by ``backoff_factor`` (default 0.5); after
+        ``growth_interval`` (default 2000) finite steps in a row it is multiplied by
+        ``growth_factor`` (default 2). ``optimizer.state_dict()["loss_scaling"]`` reads it.
+        """
         self.automatic_loss_scaling = enabled
+        if growth_interval is not None:
+            self.als_growth_interval = _positive("growth_interval", growth_interval)
+        if growth_factor is not None:
+            self.als_growth_factor = growth_factor
+        if backoff_factor is not None:
+            self.als_backoff_factor = backoff_factor
         return self
 
     def setConvolutionDithering(self, enabled: bool) -> _TrainingOptions:  # noqa: N802
