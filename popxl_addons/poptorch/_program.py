@@ -33,9 +33,18 @@ import popxl_addons as addons
 from popxl import ops
 from popxl_addons.transforms.repeat_graph import repeat_graph
 
-from ._storage import flush, place, read, write
+from ._storage import (
+    flush,
+    full_shape,
+    is_off_chip,
+    place,
+    read,
+    read_stored,
+    shard_group,
+    write_stored,
+)
 from .enums import CommGroupType, OutputMode, ReductionType
-from .optim import Optimizer, group_of_each
+from .optim import Optimizer, group_of_each, sharded_update
 from .options import Options, TensorLocationSettings, _TensorLocationOptions, resolved_output_mode
 
 LOSS_MISSING_MSG = (
@@ -179,6 +188,7 @@ def build(
     """Build the program of ``module`` for micro-batch input ``specs``."""
     training = optimizer is not None
     layout = Layout.of(options, training)
+    options.tensor_locations.check_io_tiles()
     ir = popxl.Ir(replication=layout.replicas)
     options.apply_to_session_options(ir._pb_ir.getSessionOptions(), training)
     main = ir.main_graph
@@ -245,23 +255,32 @@ def _build_body(
     if trainer is not None:
         trainer.backward(info)
     _handle_outputs(built, info.outputs[: len(specs)], keep, layout.mode)
-    repeat_graph(main, layout.accumulation)
+    _repeat(main, layout.accumulation)
     # One device iteration: reduce and update.
     if trainer is not None:
         trainer.optimizer_step(layout)
     # Device iterations, with the stores each output mode needs.
     if layout.mode == OutputMode.All:
-        repeat_graph(main, layout.device_iterations)
+        _repeat(main, layout.device_iterations)
         return
     if layout.mode == OutputMode.Sum:
-        repeat_graph(main, layout.device_iterations)
+        _repeat(main, layout.device_iterations)
         _store(built, keep)
         for k in keep:
             ops.var_updates.accumulator_scale_(k, 0.0)
         return
-    repeat_graph(main, layout.period)
+    _repeat(main, layout.period)
     _store(built, keep)
-    repeat_graph(main, layout.device_iterations // layout.period)
+    _repeat(main, layout.device_iterations // layout.period)
+
+
+def _repeat(graph: popxl.Graph, count: int) -> None:
+    """``repeat_graph``, leaving the weights-from/to-host fragment ops (which load and
+    store on-chip replica-sharded variables' shards) outside the loop."""
+    fragments = [op for op in graph._ops if op.execution_context != "Normal"]
+    graph._ops = [op for op in graph._ops if op.execution_context == "Normal"]
+    repeat_graph(graph, count)
+    graph._ops = [*fragments, *graph._ops]
 
 
 def _output_holders(specs: list[popxl.TensorSpec], mode: OutputMode) -> list[popxl.Variable]:
@@ -359,56 +378,103 @@ class _Trainer:
             seed = ops.cast(scale, self.loss_dtype)
         else:
             seed = popxl.constant(np.asarray(scale, self.loss_dtype.as_numpy()), self.loss_dtype)
-        args = self.bwd.grad_graph_info.inputs_dict(info)
+        args = _offload_activations(
+            self.bwd.grad_graph_info.inputs_dict(info), self.built.locations.activation
+        )
         grads = self.bwd.call(seed, args=args)
         for key, g in zip(self.keys, grads):
-            acc = read(self.accums[key])
+            accum = self.accums[key]
+            group = shard_group(accum)
+            if group is not None:  # a sharded accumulator keeps this replica's reduced shard
+                g = ops.collectives.replicated_reduce_scatter(g, "add", group, True)
+            acc = read_stored(accum)
             ops.var_updates.accumulate_(acc, g)
-            flush(self.accums[key], acc)
+            flush(accum, acc)
 
-    def optimizer_step(self, layout: Layout) -> None:
-        built, opt = self.built, self.opt
-        mean = layout.reduction == ReductionType.Mean
-        grads, loaded = {}, {}
-        for name in built.groups:
-            acc = loaded[name] = read(self.accums[name])
-            group = self.accums[name].replica_grouping
+    def _sharding(self, name: str) -> popxl.ReplicaGrouping | None:
+        """The group a weight's update runs sharded over: that of the weight, its
+        accumulator or its optimiser state, whichever is replica-sharded (else None)."""
+        tensors = [self.built.weights[name], self.accums[name], *self.built.state[name].values()]
+        return next((g for g in map(shard_group, tensors) if g is not None), None)
+
+    def _reduced_grad(self, name: str, acc: popxl.Tensor, layout: Layout) -> popxl.Tensor:
+        """The step's gradient of weight ``name`` from its accumulator ``acc`` (as stored):
+        reduced over the replicas sharing the weight, this replica's shard of it if the
+        update is sharded, unscaled and divided for a Mean reduction."""
+        accum = self.accums[name]
+        group = accum.replica_grouping
+        sharding = self._sharding(name)
+        if shard_group(accum) is not None:
+            g = acc  # reduce-scattered micro-batch by micro-batch
+        elif sharding is not None:
+            g = ops.collectives.replicated_reduce_scatter(acc, "add", sharding, True)
+        else:
             if layout.replicas > 1 and group.group_size > 1:
                 ops.collectives.replicated_all_reduce_(acc, op="add", group=group)
-            g = acc if acc.dtype == popxl.float32 else ops.cast(acc, popxl.float32)
-            # Replicas sharing a weight value reduce their gradients together.
-            divisor = layout.accumulation * group.group_size if mean else 1
-            grads[name] = g * _inverse(self.hyper(0, "loss_scaling"), divisor)
-        finite = _all_finite(list(grads.values())) if built.good_steps is not None else None
-        grads = _clip(grads, self.hyper(0, "max_grad_norm"))
+            g = acc
+        g = g if g.dtype == popxl.float32 else ops.cast(g, popxl.float32)
+        # Replicas sharing a weight value reduce their gradients together.
+        mean = layout.reduction == ReductionType.Mean
+        divisor = layout.accumulation * group.group_size if mean else 1
+        return g * _inverse(self.hyper(0, "loss_scaling"), divisor)
+
+    def optimizer_step(self, layout: Layout) -> None:
+        built = self.built
+        grads, loaded, shards = {}, {}, {}
+        for name in built.groups:
+            loaded[name] = read_stored(self.accums[name])
+            grads[name] = self._reduced_grad(name, loaded[name], layout)
+            shards[name] = self._sharding(name)
+        finite = None
+        if built.good_steps is not None:
+            finite = _all_finite(list(grads.values()), any(shards.values()), layout.replicas)
+        grads = _clip(grads, self.hyper(0, "max_grad_norm"), shards)
         assert built.step is not None
         one = popxl.constant(np.float32(1.0))
         ops.var_updates.accumulate_(built.step, one if finite is None else _f32(finite))
         for name, group_index in built.groups.items():
-            var = built.weights[name]
-            w = read(var)
-            w32 = w if w.dtype == popxl.float32 else ops.cast(w, popxl.float32)
-            h = {a: self.hyper(group_index, a) for a in opt.attributes(group_index)}
-            state = {slot: read(v) for slot, v in built.state[name].items()}
-            keep = finite is not None
-            before = {slot: ops.identity(t) for slot, t in state.items()} if keep else {}
-            new = opt.update(w32, grads[name], state, h, built.step)
-            if finite is not None:
-                # An overflowing step changes nothing: keep the old weight and state.
-                new = ops.where(finite, new, w32)
-                for slot, old in before.items():
-                    ops.var_updates.copy_var_update_(
-                        state[slot], ops.where(finite, state[slot], old)
-                    )
-            write(var, w, new)
-            for slot, v in built.state[name].items():
-                flush(v, state[slot])
+            self._update(name, group_index, grads[name], shards[name], finite)
         if finite is not None:
             self._adapt_scale(finite)
         for name, var in self.accums.items():
-            zeroed = loaded[name] if name in loaded else read(var)
+            zeroed = loaded[name] if name in loaded else read_stored(var)
             ops.var_updates.accumulator_zero_(zeroed)
             flush(var, zeroed)
+
+    def _update(
+        self,
+        name: str,
+        group_index: int,
+        grad: popxl.Tensor,
+        sharding: popxl.ReplicaGrouping | None,
+        finite: popxl.Tensor | None,
+    ) -> None:
+        """Update weight ``name`` and its optimiser state: whole tensors, or (``sharding``)
+        this replica's shards, with the new weight gathered where it is kept whole."""
+        built, opt = self.built, self.opt
+        var = built.weights[name]
+        w_loaded = read_stored(var)
+        w = _as_shard(var, w_loaded, sharding)
+        w32 = w if w.dtype == popxl.float32 else ops.cast(w, popxl.float32)
+        h = {a: self.hyper(group_index, a) for a in opt.attributes(group_index)}
+        slots = built.state[name]
+        state_loaded = {slot: read_stored(v) for slot, v in slots.items()}
+        state = {slot: _as_shard(slots[slot], t, sharding) for slot, t in state_loaded.items()}
+        keep = finite is not None
+        before = {slot: ops.identity(t) for slot, t in state.items()} if keep else {}
+        with sharded_update(sharding):
+            new = opt.update(w32, grad, state, h, built.step)
+        if finite is not None:
+            # An overflowing step changes nothing: keep the old weight and state.
+            new = ops.where(finite, new, w32)
+            for slot, old in before.items():
+                ops.var_updates.copy_var_update_(state[slot], ops.where(finite, state[slot], old))
+        _put_back(var, w_loaded, new, sharding)
+        for slot, v in slots.items():
+            if sharding is not None and shard_group(v) is None:
+                _put_back(v, state_loaded[slot], state[slot], sharding)
+            else:
+                flush(v, state_loaded[slot])
 
     def _adapt_scale(self, finite: popxl.Tensor) -> None:
         """Automatic loss scaling: back off on overflow, grow after a run of good steps."""
@@ -434,24 +500,68 @@ class _Trainer:
 def _zeros_like(
     w: popxl.Variable, dtype: popxl.dtype, name: str, settings: TensorLocationSettings
 ) -> popxl.Variable:
-    """Zeros with ``w``'s shape and replica grouping (one value per group), placed as
-    ``settings`` say."""
+    """Zeros with ``w``'s (whole) shape and replica grouping (one value per group), placed
+    as ``settings`` say."""
     group = w.replica_grouping
     lead = (group.num_groups,) if group.num_groups > 1 else ()
-    data = np.zeros(lead + w.shape, dtype.as_numpy())
+    data = np.zeros(lead + full_shape(w), dtype.as_numpy())
     return place(data, dtype, name, group, settings)
+
+
+def _as_shard(
+    var: popxl.Variable, loaded: popxl.Tensor, sharding: popxl.ReplicaGrouping | None
+) -> popxl.Tensor:
+    """``loaded`` (``var`` as stored) in the form the update uses: as is, or this
+    replica's shard of the whole tensor when the update is sharded but ``var`` is not."""
+    if sharding is None or shard_group(var) is not None:
+        return loaded
+    return ops.collectives.replica_sharded_slice(loaded, sharding)
+
+
+def _put_back(
+    var: popxl.Variable,
+    loaded: popxl.Tensor,
+    value: popxl.Tensor,
+    sharding: popxl.ReplicaGrouping | None,
+) -> None:
+    """Write ``value`` (in the update's form) to ``var`` (read as ``loaded``)."""
+    if sharding is not None and shard_group(var) is None:
+        whole = ops.collectives.replicated_all_gather(value, group=sharding, output_shape="concat")
+        value = ops.reshape(whole, var.shape)
+    write_stored(var, loaded, value)
+
+
+def _offload_activations(
+    args: dict[popxl.Tensor, popxl.Tensor], settings: TensorLocationSettings
+) -> dict[popxl.Tensor, popxl.Tensor]:
+    """``setActivationLocation`` off chip: the forward values the backward needs (not the
+    weights) pass through streaming memory: stored after the forward, loaded for the
+    backward."""
+    moved = {}
+    for key, t in args.items():
+        if isinstance(t, popxl.Variable) or not is_off_chip(settings, t.shape):
+            moved[key] = t
+            continue
+        buffer = popxl.remote_buffer(t.shape, t.dtype, 1)
+        ops.remote_store(buffer, 0, t)
+        moved[key] = ops.remote_load(buffer, 0, f"{t.name}_reloaded")
+    return moved
 
 
 def _f32(t: popxl.Tensor) -> popxl.Tensor:
     return ops.cast(t, popxl.float32)
 
 
-def _all_finite(grads: list[popxl.Tensor]) -> popxl.Tensor:
-    """A bool scalar: every element of every gradient is finite (no inf, no NaN)."""
+def _all_finite(grads: list[popxl.Tensor], sharded: bool, replicas: int) -> popxl.Tensor:
+    """A bool scalar: every element of every gradient is finite (no inf, no NaN). With
+    sharded gradients every replica counts its shards' bad values and the counts are
+    summed, so all replicas agree."""
     bad = [ops.sum(_f32(ops.logical_not(ops.isfinite(g)))) for g in grads]
     total = bad[0]
     for b in bad[1:]:
         total = total + b
+    if sharded and replicas > 1:
+        total = ops.collectives.replicated_all_reduce(total, "add")
     return ops.equal(total, popxl.constant(np.float32(0.0)))
 
 
@@ -461,12 +571,16 @@ def _inverse(loss_scaling: Any, divisor: int) -> Any:
     return 1.0 / (float(loss_scaling) * divisor)
 
 
-def _clip(grads: dict[str, Any], max_norm: Any) -> dict[str, Any]:
+def _clip(
+    grads: dict[str, Any], max_norm: Any, shards: dict[str, popxl.ReplicaGrouping | None]
+) -> dict[str, Any]:
     if not isinstance(max_norm, popxl.Tensor) and max_norm == float("inf"):
         return grads
     total = None
-    for g in grads.values():
+    for name, g in grads.items():
         s = ops.sum(g * g)
+        if shards[name] is not None:  # add up the shards of every replica of the group
+            s = ops.collectives.replicated_all_reduce(s, "add", shards[name])
         total = s if total is None else total + s
     assert total is not None
     norm = ops.sqrt(total)

@@ -595,6 +595,11 @@ class PoplarExecutor:
         graphs = [ir.main_graph, *[g for g in ir._graphs.values() if g is not ir.main_graph]]
         return "\n".join(g.print_schedule() for g in graphs)
 
+    def memory_report(self) -> Any:
+        """The compiled program's ``Session.memory_report()``: bytes of on-chip variables
+        and of remote buffers (streaming memory) per IPU, and XLA's peak."""
+        return self._require_session("memory_report").memory_report()
+
     def getTensorNames(self) -> list[str]:  # noqa: N802
         """Every tensor name of the program."""
         ir = self.ir

@@ -54,6 +54,14 @@ STRATEGY_MSG = (
     "setExecutionStrategy expects a PipelinedExecution, ShardedExecution, "
     "SerialPhasedExecution or ParallelPhasedExecution, got {got}."
 )
+ACTIVATION_RTS_MSG = (
+    "Activations cannot use replicated tensor sharding: each replica computes its own "
+    "activations. Shard weights, optimiser state or accumulators instead."
+)
+IO_TILES_MSG = (
+    "The {kind} location loads or stores through IO tiles, but no IO tiles are reserved. "
+    "Reserve some with options.TensorLocations.numIOTiles(32)."
+)
 PARTIALS_MSG = "setPartialsType accepts float32 ('float') or float16 ('half'), got {got!r}."
 CONFIG_LINE_MSG = (
     "{path}:{line}: {text!r} is not an option call. Each line must be one setter call "
@@ -91,9 +99,14 @@ class TensorLocationSettings(_Base):
 
     ``useOnChipStorage(False)`` (with ``minElementsForOffChip``) puts weights, optimiser
     state and accumulators in remote buffers (streaming memory) that the program loads where
-    they are used and stores after updates. Activations are intermediate values of one step
-    and stay on chip. Replicated tensor sharding and IO tiles are recorded only: programs
-    that need them use popxl's RTS variables and ``io_tiles`` directly.
+    they are used and stores after updates; for activations, the forward values the
+    backward reads are stored after the forward and loaded back for the backward.
+    ``useReplicatedTensorSharding(True)`` (with ``minElementsForReplicatedTensorSharding``)
+    shards weights, optimiser state and accumulators over the replicas of their group:
+    gradients are reduce-scattered, each replica updates its shard and weights are
+    all-gathered where used. ``useIOTilesToLoad`` / ``useIOTilesToStore`` run the remote
+    loads / stores on the IO tiles (reserve them with ``numIOTiles``). See
+    ``popxl_addons.poptorch._storage``.
 
     >>> TensorLocationSettings().useOnChipStorage(False).on_chip
     False
@@ -165,8 +178,18 @@ class _TensorLocationOptions(_Base):
     def setActivationLocation(  # noqa: N802
         self, location: TensorLocationSettings
     ) -> _TensorLocationOptions:
+        """Off chip: the forward values the backward needs go through streaming memory."""
+        if location.replicated_tensor_sharding:
+            raise ValueError(ACTIVATION_RTS_MSG)
         self.activation = location
         return self
+
+    def check_io_tiles(self) -> None:
+        """Raise if a location loads or stores through IO tiles but none are reserved."""
+        for kind in ("weight", "optimizer", "accumulator", "activation"):
+            s = getattr(self, kind)
+            if (s.io_tiles_to_load or s.io_tiles_to_store) and self.num_io_tiles == 0:
+                raise ValueError(IO_TILES_MSG.format(kind=kind))
 
     def numIOTiles(self, num_tiles: int) -> _TensorLocationOptions:  # noqa: N802
         """Reserve ``num_tiles`` IO tiles per IPU (bounds ``popxl.io_tiles()``)."""
