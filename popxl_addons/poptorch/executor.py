@@ -593,7 +593,9 @@ class PoplarExecutor:
         """The program's main graph and every subgraph, as ``Graph.print_schedule`` text."""
         ir = self.ir
         graphs = [ir.main_graph, *[g for g in ir._graphs.values() if g is not ir.main_graph]]
-        return "\n".join(g.print_schedule() for g in graphs)
+        text = "\n".join(g.print_schedule() for g in graphs)
+        built = self._built
+        return f"{built.description}\n{text}" if built is not None and built.description else text
 
     def memory_report(self) -> Any:
         """The compiled program's ``Session.memory_report()``: bytes of on-chip variables

@@ -207,7 +207,8 @@ class _TrainingOptions(_Base):
     mean_reduction_strategy: MeanReductionStrategy | None = Field(
         None,
         description=(
-            "Recorded; the program always sums the micro-batch gradients in the accumulator "
+            "Accepted without effect here: the program always sums the micro-batch gradients "
+            "in the accumulator "
             "and divides once per step (Post)."
         ),
     )
@@ -223,7 +224,9 @@ class _TrainingOptions(_Base):
     als_growth_interval: int = Field(2000, ge=1, description="Finite steps before growing.")
     als_growth_factor: float = Field(2.0, gt=1.0, description="Scale growth on success.")
     als_backoff_factor: float = Field(0.5, gt=0.0, lt=1.0, description="Scale cut on overflow.")
-    convolution_dithering: bool = Field(False, description="Recorded; no effect on one device.")
+    convolution_dithering: bool = Field(
+        False, description="Accepted without effect here: no convolution dithering in XLA."
+    )
 
     def gradientAccumulation(self, gradient_accumulation: int) -> _TrainingOptions:  # noqa: N802
         """Accumulate ``gradient_accumulation`` micro-batches per optimiser step."""
@@ -285,11 +288,15 @@ class _PrecisionOptions(_Base):
     stochastic_rounding: bool = Field(
         False, description="Session enableStochasticRounding (float16 results)."
     )
-    fp_exceptions: bool = Field(False, description="Recorded; JAX does not trap on NaN.")
-    half_float_casting: HalfFloatCastingBehavior | None = Field(
-        None, description="Deprecated in PopTorch; recorded only."
+    fp_exceptions: bool = Field(
+        False, description="Accepted without effect here: JAX does not trap on NaN."
     )
-    running_statistics_always_float: bool = Field(False, description="Deprecated; recorded.")
+    half_float_casting: HalfFloatCastingBehavior | None = Field(
+        None, description="Accepted without effect here: deprecated in PopTorch."
+    )
+    running_statistics_always_float: bool = Field(
+        False, description="Accepted without effect here: deprecated in PopTorch."
+    )
 
     def setPartialsType(self, dtype: Any) -> _PrecisionOptions:  # noqa: N802
         """Matmul/convolution partials: ``float32`` or ``float16`` (also their names)."""
@@ -369,7 +376,8 @@ class _DistributedOptions(_Base):
 
 
 class _JitOptions(_Base):
-    """``Options.Jit`` (deprecated in PopTorch): recorded only."""
+    """``Options.Jit`` (deprecated in PopTorch). Accepted without effect here: models are
+    popxl_addons Modules, never traced."""
 
     trace_model: bool = True
 
@@ -408,14 +416,22 @@ class Options(_Base):
     log_dir: str = Field("", description="Session logDir.")
     model_name: str = Field("", description="Prefix of the program's name scope.")
     connection_type: ConnectionType = Field(ConnectionType.Always)
-    sync_pattern: SyncPattern = Field(SyncPattern.Full, description="Recorded only.")
-    auto_round_num_ipus: bool = Field(False, description="Recorded only.")
+    sync_pattern: SyncPattern = Field(
+        SyncPattern.Full,
+        description="Accepted without effect here: JAX devices need no sync pattern.",
+    )
+    auto_round_num_ipus: bool = Field(
+        False, description="Accepted without effect here: any number of virtual IPUs runs."
+    )
     available_memory_proportion: dict[str, float] = Field(
-        default_factory=dict, description="Recorded only (no tile memory planner here)."
+        default_factory=dict, description="Accepted without effect here: no tile memory planner."
     )
     strategy: Strategy = Field(
         default_factory=PipelinedExecution,
-        description="Recorded and validated; the program runs every block in order.",
+        description=(
+            "How the blocks a model marks (poptorch.Block / BeginBlock) are placed on IPUs and "
+            "run: sharded, pipelined or phased (see popxl_addons.poptorch._staged)."
+        ),
     )
     training: _TrainingOptions = Field(default_factory=_TrainingOptions)
     precision: _PrecisionOptions = Field(default_factory=_PrecisionOptions)
