@@ -22,7 +22,7 @@ the markers do nothing, so a module stays usable on its own.
 ...             y = x + 1
 ...         with Block("second", ipu_id=1):
 ...             return y * 2
->>> with recording() as blocks:
+>>> with popxl.Ir().main_graph, recording() as blocks:
 ...     _ = Two().create_graph(popxl.TensorSpec((2,), popxl.float32))
 >>> [(b.user_id, b.ipu_id, b.start) for b in blocks.marks]
 [('first', 0, 0), ('second', 1, 1)]
