@@ -190,3 +190,51 @@ def test_placed_blocks_run_on_their_own_devices(monkeypatch):
         if op.opdef.key == "call" and op.attrs["graphs"][0].name.startswith("block_")
     ]
     assert sorted({op.ipu for op in calls}) == [0, 1, 2]
+
+
+def _options(ga, strategy=None, r=1):
+    opts = poptorch.Options().deviceIterations(2).replicationFactor(r)
+    opts.Training.gradientAccumulation(ga)
+    if strategy is not None:
+        opts.setExecutionStrategy(strategy)
+    return opts
+
+
+@pytest.mark.parametrize("combo", ["loss_scaling", "off_chip_weights", "replicas", "lamb_clipping"])
+def test_pipelines_combine_with_the_other_options(combo):
+    """Automatic loss scaling (scale copied to each IPU), off-chip weights (loaded in each
+    stage), two replicas, LAMB with gradient clipping (norms summed over the IPUs)."""
+    r = 2 if combo == "replicas" else 1
+
+    def opts(strategy):
+        o = _options(10, strategy, r)
+        if combo == "loss_scaling":
+            o.Training.setAutomaticLossScaling(True, growth_interval=1)
+        if combo == "off_chip_weights":
+            o.TensorLocations.setWeightLocation(
+                poptorch.TensorLocationSettings().useOnChipStorage(False)
+            )
+        return o
+
+    def opt():
+        if combo == "lamb_clipping":
+            return optim.LAMB(lr=0.01, max_grad_norm=0.1)
+        return optim.Adam(lr=0.01, loss_scaling=4.0)
+
+    x, t = _data(2 * 10 * r * B)
+    piped = poptorch.trainingModel(MLP("with"), opts(poptorch.PipelinedExecution()), opt())
+    plain = poptorch.trainingModel(MLP("none"), opts(None), opt())
+    piped(x, t)
+    plain(x, t)
+    _same_weights(piped, plain)
+
+
+def test_final_output_mode_pipelined_inference():
+    opts = poptorch.Options().deviceIterations(6).outputMode(poptorch.OutputMode.Final)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution())
+    model = poptorch.inferenceModel(MLP("with"), opts)
+    x, t = _data(6 * B)
+    y, loss = model(x, t)
+    np.testing.assert_allclose(
+        y, poptorch.inferenceModel(MLP("none"))(x[-B:], t[-B:])[0], rtol=1e-5
+    )
