@@ -110,6 +110,21 @@ class Block(contextlib.ContextDecorator):
         """Name the following blocks ``block0``, ``block1``... (the default here)."""
 
 
+class _BlockStartingBuild:
+    """A module's ``build`` that first starts a block (picklable, unlike a closure, so
+    executors of the module can still be saved)."""
+
+    def __init__(self, build: Any, user_id: str | None, ipu_id: int | None) -> None:
+        self.build, self.user_id, self.ipu_id = build, user_id, ipu_id
+        functools.update_wrapper(self, build)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        recorder = _RECORDER.get()
+        if recorder is not None:
+            recorder.begin(self.user_id, self.ipu_id)
+        return self.build(*args, **kwargs)
+
+
 def BeginBlock(  # noqa: N802 (PopTorch's name)
     module: Any, user_id: str | None = None, ipu_id: int | None = None
 ) -> Any:
@@ -122,15 +137,7 @@ def BeginBlock(  # noqa: N802 (PopTorch's name)
     build = getattr(module, "build", None)
     if not callable(build):
         raise TypeError(BEGIN_BLOCK_MSG.format(got=type(module).__name__))
-    original = getattr(build, "__poptorch_original__", build)
-
-    @functools.wraps(original)
-    def build_in_block(*args: Any, **kwargs: Any) -> Any:
-        recorder = _RECORDER.get()
-        if recorder is not None:
-            recorder.begin(user_id, ipu_id)
-        return original(*args, **kwargs)
-
-    build_in_block.__poptorch_original__ = original  # type: ignore[attr-defined]
-    module.build = build_in_block
+    if isinstance(build, _BlockStartingBuild):
+        build = build.build
+    module.build = _BlockStartingBuild(build, user_id, ipu_id)
     return module

@@ -7,7 +7,9 @@ import pytest
 from popxl_addons.poptorch import blocks, data, optim, options, strategies
 
 
-@pytest.mark.parametrize("module", [blocks, data, optim, options, strategies], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [blocks, data, optim, options, strategies], ids=lambda m: m.__name__
+)
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0

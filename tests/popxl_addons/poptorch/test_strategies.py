@@ -238,3 +238,20 @@ def test_final_output_mode_pipelined_inference():
     np.testing.assert_allclose(
         y, poptorch.inferenceModel(MLP("none"))(x[-B:], t[-B:])[0], rtol=1e-5
     )
+
+
+def test_begin_block_models_save_and_load(tmp_path):
+    model, _ = _train(MLP("begin"), poptorch.ShardedExecution(), ga=2)
+    path = str(tmp_path / "blocks.poptorch")
+    model.save(path)
+    restored = poptorch.load(path)
+    x, t = _data(2 * 2 * B)
+    model(x, t)
+    restored(x, t)
+    _same_weights(restored, model)
+    assert "block 'two': stage 1, IPU 1" in restored.print_schedule()
+
+
+def test_begin_block_needs_a_module():
+    with pytest.raises(TypeError, match="BeginBlock expects a popxl_addons Module"):
+        poptorch.BeginBlock(object(), "x")
