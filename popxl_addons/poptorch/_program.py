@@ -356,6 +356,8 @@ def _build_staged_body(
         steps = layout.period
     built.description = _staged.describe(plans, strategy)
     if pipelined:
+        data = [t for t in fwd.graph.inputs if t not in weights_of][: len(built.inputs)]
+        _staged.check_pipeline_edges(blocks, data)
         n = 2 * len(stage_ids) - 1 if training else len(stage_ids)
         _staged.pipeline_steps_check(n, steps, training)
         with addons.pipelined_execution(steps) as pipeline:

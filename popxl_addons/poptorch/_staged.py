@@ -55,6 +55,12 @@ ORDER_MSG = (
     "Block {block!r} runs after block {before!r} but is given an earlier {what} ({got} < "
     "{prev}). Stages and phases must follow the order in which the model's blocks run."
 )
+PIPELINE_EDGE_MSG = (
+    "PipelinedExecution passes values only from one stage to the next on another IPU, but "
+    "block {block!r} (stage {stage}, IPU {ipu}) reads {what} from stage {src} on IPU {src_ipu}. "
+    "Place consecutive stages on different IPUs and read values only from the stage before "
+    "(or put both blocks in one Stage), or use ShardedExecution."
+)
 PIPELINE_STEPS_MSG = (
     "PipelinedExecution with {stages} pipeline stages needs at least {need} micro-batches per "
     "pipeline ({what} is {got}). Raise {setter}, or use ShardedExecution."
@@ -314,8 +320,11 @@ class Values:
         self.copies: dict[tuple[popxl.Tensor, int], popxl.Tensor] = {}
 
     def set(self, fwd: popxl.Tensor, value: popxl.Tensor, ipu: int) -> None:
+        """``fwd``'s (new) value, on ``ipu``; copies of an older value are forgotten."""
         self.values[fwd] = value
         self.homes[fwd] = ipu
+        for key in [k for k in self.copies if k[0] is fwd]:
+            del self.copies[key]
 
     def has(self, fwd: popxl.Tensor) -> bool:
         return fwd in self.values
@@ -330,6 +339,34 @@ class Values:
             with popxl.ipu(home):
                 self.copies[key] = ops.ipu_copy(self.values[fwd], ipu, home)
         return self.copies[key]
+
+
+def check_pipeline_edges(blocks: list[BlockGraph], data: list[popxl.Tensor]) -> None:
+    """Raise unless every value a block reads from another stage comes from the stage just
+    before it, on another IPU (what a pipeline's ``ipu_copy`` between cycles carries; the
+    gradients flow back along the same edges)."""
+    where: dict[popxl.Tensor, BlockPlan] = {}
+    for block in blocks:
+        plan = block.plan
+        for t in block.inputs:
+            if t in data and t not in where:
+                where[t] = plan  # a host load in the first stage that reads it
+            src = where.get(t)
+            if src is None or src.stage == plan.stage:
+                continue
+            if src.stage != plan.stage - 1 or src.ipu == plan.ipu:
+                raise ValueError(
+                    PIPELINE_EDGE_MSG.format(
+                        block=plan.name,
+                        stage=plan.stage,
+                        ipu=plan.ipu,
+                        what=f"input {t.name!r}" if t in data else f"a value ({t.name!r})",
+                        src=src.stage,
+                        src_ipu=src.ipu,
+                    )
+                )
+        for t in block.outputs:
+            where[t] = plan
 
 
 def zeros_like(t: popxl.Tensor) -> popxl.Tensor:

@@ -255,3 +255,36 @@ def test_begin_block_models_save_and_load(tmp_path):
 def test_begin_block_needs_a_module():
     with pytest.raises(TypeError, match="BeginBlock expects a popxl_addons Module"):
         poptorch.BeginBlock(object(), "x")
+
+
+class Skip(MLP):
+    """Block three reads block one's output too (a skip connection over block two)."""
+
+    def build(self, x, t):
+        with poptorch.Block("one", ipu_id=0) if self.style == "with" else _nothing():
+            h1 = ops.gelu(self.l1(x))
+        with poptorch.Block("two", ipu_id=1) if self.style == "with" else _nothing():
+            h = ops.gelu(self.l2(h1))
+        with poptorch.Block("three", ipu_id=2) if self.style == "with" else _nothing():
+            y = self.l3(h + h1)
+        d = y - t
+        return y, poptorch.identity_loss(d * d, "mean")
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_skip_connections_sum_their_gradients_across_ipus():
+    """h1's gradient comes from blocks two and three (on IPUs 1 and 2) and is summed before
+    block one's backward on IPU 0."""
+    model, _ = _train(Skip("with"), poptorch.ShardedExecution())
+    ref, _ = _train(Skip("none"))
+    _same_weights(model, ref)
+
+
+def test_pipelines_pass_values_to_the_next_stage_only():
+    with pytest.raises(ValueError, match="block 'three' \\(stage 2, IPU 2\\) reads a value"):
+        _train(Skip("with"), poptorch.PipelinedExecution(), ga=10)
