@@ -289,3 +289,22 @@ def test_skip_connections_sum_their_gradients_across_ipus():
 def test_pipelines_pass_values_to_the_next_stage_only():
     with pytest.raises(ValueError, match="block 'three' \\(stage 2, IPU 2\\) reads a value"):
         _train(Skip("with"), poptorch.PipelinedExecution(), ga=10)
+
+
+@pytest.mark.parametrize("mode", ["All", "Sum", "Final"])
+@pytest.mark.parametrize("kind", ["sharded", "phased", "pipelined"])
+def test_inference_strategies_return_the_unsplit_results(kind, mode):
+    strategy = {
+        "sharded": poptorch.ShardedExecution(),
+        "phased": poptorch.SerialPhasedExecution(
+            poptorch.Phase("one"), poptorch.Phase("two", "three")
+        ),
+        "pipelined": poptorch.PipelinedExecution(),
+    }[kind]
+    output_mode = poptorch.OutputMode[mode]
+    opts = poptorch.Options().deviceIterations(6).outputMode(output_mode)
+    model = poptorch.inferenceModel(MLP("with"), opts.clone().setExecutionStrategy(strategy))
+    plain = poptorch.inferenceModel(MLP("none"), opts)
+    x, t = _data(6 * B)
+    for got, want in zip(model(x, t), plain(x, t)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
