@@ -4,6 +4,8 @@ Each strategy trains to the same weights as the unsplit program, prints its bloc
 stages and IPUs, and (with 8 forced host devices, see tests/conftest.py) runs each IPU's
 ops on its own JAX device."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -273,8 +275,6 @@ class Skip(MLP):
 
 
 def _nothing():
-    import contextlib
-
     return contextlib.nullcontext()
 
 
