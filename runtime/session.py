@@ -138,6 +138,7 @@ class Session(SessionCompat):
         self._nht = ir.num_host_transfers
         self._host: dict[Variable, np.ndarray] = {v: self._initial_host(v) for v in ir._variables}
         self._remote_vars = [v for v in ir._variables if v._remote_buffer is not None]
+        remote_state.check_slot_shapes(self._remote_vars)
         # Remote buffers keep their contents while detached (streaming memory).
         self._buffers_host = [
             np.zeros(a.shape[1:] if self._program.ipus else a.shape, a.dtype)
