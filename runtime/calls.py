@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -321,6 +322,10 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
         1 for s in sources.values() if s and not s[1]
     )
     xs = [_stacked_input(env, run.stacked(i), sources[i], reverse) for i in stacked]
+    if not any(s.kind == "carry" for s in run.slots) and _lower_as_map(
+        ctx, env, run, stacked, sources, reverse, xs
+    ):
+        return
     whole = _whole_stacks(env, run)  # shared inputs that are all the rows of a stack
     in_whole = {i for _, indices, _ in whole for i in indices}
     fixed_stacks = [(indices, env.values[key]) for key, indices, ref in whole if not ref]  # type: ignore[index]
@@ -368,6 +373,54 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
             env.values[calls[-1].outputs[m]] = value[0 if reverse else n - 1]
     for i, value in zip(stacked_modified, finals):
         _write_stacked(env, run.stacked(i), sources[i], reverse, value)
+
+
+class _HasEffects(Exception):
+    """The called graph reads or writes effect state (streams, remote buffers)."""
+
+
+def _lower_as_map(
+    ctx: LoweringContext,
+    env: Env,
+    run: Run,
+    stacked: list[int],
+    sources: dict[int, tuple[StackKey, bool] | None],
+    reverse: bool,
+    xs: list[Array],
+) -> bool:
+    """Lower a run without carries (every call independent: a per-layer optimizer step)
+    as one ``jax.vmap`` over the stacked inputs, so each op of the graph is one kernel over
+    the whole stack, updated in place, instead of a loop of per-row slices and updates.
+    Returns False (lowering nothing) when the graph touches effect state, whose order
+    across calls a map would lose."""
+    calls = run.ops
+    fixed = {i: env.read(calls[0].inputs[i]) for i, s in enumerate(run.slots) if s.kind == "same"}
+    stacked_modified = [i for i in run.modified if run.slots[i].kind == "stack"]
+    outer_fx = ctx.fx
+
+    def body(x: tuple) -> tuple:
+        inputs: list[Array] = [None] * len(run.slots)
+        for i, v in fixed.items():
+            inputs[i] = v
+        for i, v in zip(stacked, x):
+            inputs[i] = v
+        ctx.fx = dict(outer_fx)
+        outs, finals, _ = lower_graph_with_stacks(ctx, run.graph, inputs, [])
+        if ctx.fx.keys() != outer_fx.keys() or any(ctx.fx[k] is not v for k, v in outer_fx.items()):
+            raise _HasEffects
+        return tuple(outs[m] for m in run.ys), tuple(finals[i] for i in stacked_modified)
+
+    try:
+        ys, finals = jax.vmap(body)(tuple(xs))
+    except _HasEffects:
+        return False
+    finally:
+        ctx.fx = outer_fx
+    for m, value in zip(run.ys, ys):
+        add_stack(env, _in_scan_order([op.outputs[m] for op in calls], reverse), value)
+    for i, value in zip(stacked_modified, finals):
+        _write_stacked(env, run.stacked(i), sources[i], reverse, value)
+    return True
 
 
 def _whole_stacks(env: Env, run: Run) -> list[tuple[StackKey, list[int], bool]]:

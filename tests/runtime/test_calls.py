@@ -36,9 +36,11 @@ def sgd(w: popxl.TensorByRef, g: popxl.Tensor, count: popxl.TensorByRef, replica
     ops.var_updates.accumulate_(count, popxl.constant(1.0, popxl.float32))
 
 
-def training_program(replicas: int):
+def training_program(replicas: int, counts_per_layer: bool = False):
     """Forward through LAYERS calls of one layer graph, the gradient graph (with
-    accumulation) called per layer in reverse, SGD graphs called per weight and layer."""
+    accumulation) called per layer in reverse, SGD graphs called per weight and layer
+    (sharing one by-ref counter, or with ``counts_per_layer`` one counter per layer: then
+    the SGD calls are independent of each other)."""
     ir = popxl.Ir(replication=replicas)
     with ir.main_graph:
         stream = popxl.h2d_stream((B, H), popxl.float32, "x")
@@ -51,6 +53,10 @@ def training_program(replicas: int):
         weights = [facts.init(f"l{i}") for i in range(LAYERS)]
         accums = [acc_facts.init(f"l{i}.grad") for i in range(LAYERS)]
         count = popxl.variable(0.0, popxl.float32, "count")
+        counts = [
+            popxl.variable(0.0, popxl.float32, f"count{i}") if counts_per_layer else count
+            for i in range(LAYERS)
+        ]
         infos, h = [], x
         for i in range(LAYERS):
             infos.append(layer.bind(weights[i]).call_with_info(h))
@@ -63,18 +69,19 @@ def training_program(replicas: int):
             spec = weights[0][key]
             step = ir.create_graph(sgd, spec, spec, count, replicas)
             for i in range(LAYERS):
-                ops.call(step, weights[i][key], accums[i][f"accum.{key}"], count)
+                ops.call(step, weights[i][key], accums[i][f"accum.{key}"], counts[i])
         for i in range(LAYERS):  # writes to single rows of a stacked variable
             ops.var_updates.copy_var_update_(
                 accums[i]["mean_accum_counter"], popxl.constant(0.0, popxl.float32)
             )
-    variables = [t for named in weights + accums for t in named.tensors] + [count]
+    variables = [t for named in weights + accums for t in named.tensors]
+    variables += counts if counts_per_layer else [count]
     return ir, stream, out, weights, variables
 
 
-def train(policy: str, replicas: int, monkeypatch: pytest.MonkeyPatch):
+def train(policy: str, replicas: int, monkeypatch: pytest.MonkeyPatch, per_layer: bool = False):
     monkeypatch.setattr(calls, "_policy", policy)
-    ir, stream, out, weights, variables = training_program(replicas)
+    ir, stream, out, weights, variables = training_program(replicas, per_layer)
     session = popxl.Session(ir, "ipu_model")
     rng = np.random.default_rng(0)
     session.write_variables_data({
@@ -109,6 +116,50 @@ def test_scanned_training_matches_inlined(replicas, monkeypatch):
     assert float(vars_scan[-1]) == 2 * LAYERS * STEPS
     # Training moved the weights.
     assert not np.allclose(vars_scan[0], vars_inline[0] * 0)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_independent_calls_are_mapped_and_match_inlined(replicas, monkeypatch):
+    """SGD calls with a counter per layer carry nothing from call to call: they are lowered
+    as one ``vmap`` over the stacked weights (one kernel per op for every layer)."""
+    monkeypatch.setenv("POPXL_REPLICATION", "vmap")
+    mapped = []
+    original = calls._lower_as_map
+
+    def spy(*args, **kwargs):
+        mapped.append(original(*args, **kwargs))
+        return mapped[-1]
+
+    monkeypatch.setattr(calls, "_lower_as_map", spy)
+    outs_scan, vars_scan, _ = train("scan", replicas, monkeypatch, per_layer=True)
+    # The SGD runs of w and of b, once per trace of the step.
+    assert mapped[:2] == [True, True] and all(mapped)
+    outs_inline, vars_inline, _ = train("inline", replicas, monkeypatch, per_layer=True)
+    for a, b in zip(outs_scan + vars_scan, outs_inline + vars_inline):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    # Every layer's counter counted its own two SGD calls per step.
+    assert [float(v) for v in vars_scan[-LAYERS:]] == [2.0 * STEPS] * LAYERS
+
+
+def test_calls_with_effects_are_scanned_not_mapped(monkeypatch):
+    """A graph that loads from a host stream must see the calls in order: no map."""
+    monkeypatch.setattr(calls, "_policy", "scan")
+    ir = popxl.Ir()
+    ir.num_host_transfers = 3
+    with ir.main_graph:
+        stream = popxl.h2d_stream((2,), popxl.float32, "x")
+        ws = [popxl.variable(np.zeros(2, np.float32), name=f"w{i}") for i in range(3)]
+
+        def load_into(w: popxl.TensorByRef) -> None:
+            ops.var_updates.copy_var_update_(w, ops.host_load(stream))
+
+        graph = ir.create_graph(load_into, ws[0])
+        for w in ws:
+            ops.call(graph, w)
+    with popxl.Session(ir, "ipu_model") as session:
+        session.run({stream: np.arange(6, dtype=np.float32).reshape(3, 2)})
+        data = session.get_tensors_data(ws)
+    np.testing.assert_array_equal(np.stack([data[w] for w in ws]), [[0, 1], [2, 3], [4, 5]])
 
 
 def test_runs_are_planned_with_carries_shared_and_stacked_inputs(monkeypatch):
