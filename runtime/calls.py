@@ -151,6 +151,35 @@ def plan_of(graph: Graph) -> tuple[dict[Op, Run], set[Op]]:
     return runs, members
 
 
+def stacked_feeds(graph: Graph, _memo: dict[int, list[list[Tensor]]] | None = None) -> list:
+    """For every stacked input of every run in ``graph``, and of the runs in the graphs it
+    calls (``call``, ``repeat``, ``conditional``: their inputs traced back to ``graph``'s
+    tensors), the tensors of ``graph`` fed to the rows, in call order; these are the
+    variables worth storing stacked (``state_layout``)."""
+    memo = {} if _memo is None else _memo
+    if id(graph) in memo:
+        return memo[id(graph)]
+    feeds = [run.stacked(j) for run in runs_of(graph).values() for j in _stacked_slots(run)]
+    known = {tuple(map(id, rows)) for rows in feeds}
+    for op in graph._ops:
+        if op.opdef.special not in ("call", "repeat", "conditional"):
+            continue
+        offsets = op.attrs.get("input_offsets", (0,) * len(op.attrs["graphs"]))
+        for sub, offset in zip(op.attrs["graphs"], offsets):
+            outer = dict(zip(sub._inputs, op.inputs[offset : offset + len(sub._inputs)]))
+            for rows in stacked_feeds(sub, memo):
+                mapped = [outer.get(t) for t in rows]
+                if all(t is not None for t in mapped) and tuple(map(id, mapped)) not in known:
+                    known.add(tuple(map(id, mapped)))
+                    feeds.append(mapped)  # type: ignore[arg-type]
+    memo[id(graph)] = feeds
+    return feeds
+
+
+def _stacked_slots(run: Run) -> list[int]:
+    return [j for j, slot in enumerate(run.slots) if slot.kind == "stack"]
+
+
 def _carry_source(calls: Sequence[Op], index: int) -> int | None:
     """The output index ``m`` with ``calls[k].inputs[index] is calls[k-1].outputs[m]``."""
     first = calls[1].inputs[index]
@@ -423,6 +452,119 @@ def _lower_as_map(
     return True
 
 
+def input_stacks(
+    env: Env, tensors: Sequence[Tensor], eligible: Sequence[int], modified: set[int]
+) -> list[tuple[StackKey, list[int], bool]]:
+    """Among ``tensors`` at the ``eligible`` indices, groups that are all the rows of one
+    stack, each row once: (key, their indices in row order, whether they are modified).
+    A group whose members are partly modified is left out."""
+    rows: dict[StackKey, dict[int, int]] = {}
+    kinds: dict[StackKey, set[bool]] = {}
+    repeated: set[StackKey] = set()
+    for i in eligible:
+        t = tensors[i]
+        view = env.views.get(t)
+        if view is None or not isinstance(view.forward, _Row) or t in env.values:
+            continue
+        key = view.parents[0]
+        if not isinstance(key, StackKey):
+            continue
+        by_row = rows.setdefault(key, {})
+        if view.forward.index in by_row:
+            repeated.add(key)
+        by_row[view.forward.index] = i
+        kinds.setdefault(key, set()).add(i in modified)
+    return [
+        (key, [by_row[r] for r in range(key.size)], kinds[key].pop())
+        for key, by_row in rows.items()
+        if key not in repeated and sorted(by_row) == list(range(key.size)) and len(kinds[key]) == 1
+    ]
+
+
+@special("repeat")
+def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
+    """``control``'s loop, except that inputs which are all the rows of a stack (a GA loop
+    over a micro-batch graph receiving every layer's weights) enter the body as the one
+    stacked array, so runs of calls inside the body scan it without stacking rows."""
+    graph = op.attrs["graphs"][0]
+    n_out = len(graph._outputs)
+    by_ref = sorted(op.modified_inputs)
+    groups = []
+    if policy() != "inline" and ctx.placement is None:
+        groups = input_stacks(env, op.inputs, range(n_out, len(op.inputs)), set(by_ref))
+    if not groups:
+        control._lower_repeat(ctx, env, op)
+        return
+    grouped = {i for _, indices, _ in groups for i in indices}
+    initial = [None if i in grouped else env.read(t) for i, t in enumerate(op.inputs)]
+    fixed_stacks = [(ix, env.values[key]) for key, ix, ref in groups if not ref]  # type: ignore[index]
+    carried = [(key, ix) for key, ix, ref in groups if ref]
+    ref_plain = [i for i in by_ref if i not in grouped]
+
+    def body(_step: int, carry: tuple) -> tuple:
+        outs_in, ref_values, stack_values, fx = carry
+        current = list(initial)
+        current[:n_out] = outs_in
+        for index, value in zip(ref_plain, ref_values):
+            if index >= n_out:
+                current[index] = value
+        stacks = fixed_stacks + [(ix, v) for (_, ix), v in zip(carried, stack_values)]
+        ctx.fx = fx
+        outs, finals, stack_finals = lower_graph_with_stacks(ctx, graph, current, stacks)
+        new_stacks = tuple(stack_finals[len(fixed_stacks) :])
+        return tuple(outs), tuple(finals[i] for i in ref_plain), new_stacks, ctx.fx
+
+    start = (
+        tuple(initial[:n_out]),
+        tuple(initial[i] for i in ref_plain),
+        tuple(env.values[key] for key, _ in carried),  # type: ignore[index]
+        ctx.fx,
+    )
+    count = op.attrs["repeat_count"]
+    outs, ref_values, stack_values, ctx.fx = (
+        lax.fori_loop(0, count, body, start) if count else start
+    )
+    for index, value in zip(ref_plain, ref_values):
+        env.write(op.inputs[index], value)
+    for (key, _), value in zip(carried, stack_values):
+        env.values[key] = value  # type: ignore[index]
+    for t, value in zip(op.outputs, outs):
+        env.values[t] = value
+
+
+@special("conditional")
+def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
+    """``control``'s branches, except that inputs of a branch which are all the rows of a
+    stack enter it as the one stacked array (see ``_lower_repeat``)."""
+    graphs = op.attrs["graphs"]
+    offsets = op.attrs["input_offsets"]
+    spans = [range(at, at + len(g._inputs)) for g, at in zip(graphs, offsets)]
+    groups = []
+    if policy() != "inline" and ctx.placement is None:
+        groups = [input_stacks(env, op.inputs, span, set()) for span in spans]
+    if not any(groups):
+        control._lower_conditional(ctx, env, op)
+        return
+    predicate = env.read(op.inputs[0]).reshape(())
+
+    def branch(graph: Graph, span: range, stacks: list) -> Any:
+        grouped = {i for _, indices, _ in stacks for i in indices}
+        values = [None if i in grouped else env.read(op.inputs[i]) for i in span]
+        stacked = [([i - span.start for i in ix], env.values[key]) for key, ix, _ in stacks]
+
+        def run(fx: Any) -> tuple:
+            ctx.fx = fx
+            outs, _, _ = lower_graph_with_stacks(ctx, graph, values, stacked)
+            return tuple(outs), ctx.fx
+
+        return run
+
+    then_branch, else_branch = (branch(g, s, k) for g, s, k in zip(graphs, spans, groups))
+    outs, ctx.fx = lax.cond(predicate, then_branch, else_branch, ctx.fx)
+    for t, value in zip(op.outputs, outs):
+        env.values[t] = value
+
+
 def _whole_stacks(env: Env, run: Run) -> list[tuple[StackKey, list[int], bool]]:
     """Inputs shared by every call of the run (``same``, or by-ref and carried) that are
     together all the rows of one stack: (key, their input indices in row order, by-ref).
@@ -500,4 +642,13 @@ def _write_stacked(
         env.write(t, row)
 
 
-__all__ = ["policy", "set_policy", "runs_of", "plan_run", "lower_run", "add_stack", "stack_of"]
+__all__ = [
+    "policy",
+    "set_policy",
+    "runs_of",
+    "stacked_feeds",
+    "plan_run",
+    "lower_run",
+    "add_stack",
+    "stack_of",
+]

@@ -226,3 +226,99 @@ def test_policy_names_are_checked(monkeypatch):
     monkeypatch.setenv("POPXL_CALLS", "unrolled")
     with pytest.raises(ValueError, match="POPXL_CALLS must be one of scan, inline, got 'unrolled'"):
         calls.policy()
+
+
+def looped_program(kind: str):
+    """LAYERS calls of the layer graph (and, for ``repeat``, its gradient calls into by-ref
+    accumulators) inside an ``ops.repeat`` body run twice per step, or inside the taken
+    branch of an ``ops.conditional``; then per-layer SGD in the main graph."""
+    from popxl_addons.named_tensors import NamedTensors
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.linspace(-1, 1, B * H, dtype=np.float32).reshape(B, H), name="x")
+        out = popxl.d2h_stream((B, H), popxl.float32, "y")
+        facts, layer = Layer().create_graph(x)
+        acc_facts, bwd = addons.autodiff_with_accumulation(
+            layer, layer.args.tensors, grads_required=[layer.graph.inputs[0]]
+        )
+        weights = [facts.init(f"l{i}") for i in range(LAYERS)]
+        accums = [acc_facts.init(f"l{i}.grad") for i in range(LAYERS)]
+
+        def inputs_like(named_list, by_ref=False):
+            return [
+                NamedTensors.from_dict({
+                    k: popxl.graph_input(t.shape, t.dtype, by_ref=by_ref)
+                    for k, t in named.to_dict().items()
+                })
+                for named in named_list
+            ]  # fmt: skip
+
+        body = ir.create_empty_graph("body")
+        with body:
+            h = popxl.graph_input((B, H), popxl.float32)
+            w_in = inputs_like(weights)
+            a_in = inputs_like(accums, by_ref=True) if kind == "repeat" else []
+            infos = []
+            for i in range(LAYERS):
+                infos.append(layer.bind(w_in[i]).call_with_info(h))
+                h = infos[-1].outputs[0]
+            for i in reversed(range(len(a_in))):
+                (h,) = bwd.bind(a_in[i]).call(h, args=bwd.grad_graph_info.inputs_dict(infos[i]))
+            popxl.graph_output(h * 0.5)
+        feed = [t for named in weights + accums[: len(a_in)] for t in named.tensors]
+        if kind == "repeat":
+            (y,) = ops.repeat(body, 2, x, *feed)
+        else:
+            other = ir.create_graph(lambda t: t * 2.0, x)
+            (y,) = ops.conditional(popxl.constant(True), body, other, [x, *feed], [x])
+        ops.host_store(out, y)
+        if kind == "repeat":
+            for key in ("w", "b"):
+                step = ir.create_graph(
+                    lambda w, g: ops.scaled_add_(w, g, b=-LR), weights[0][key], weights[0][key]
+                )
+                for i in range(LAYERS):
+                    ops.call(step, weights[i][key], accums[i][f"accum.{key}"])
+    variables = [t for named in weights + accums for t in named.tensors]
+    return ir, out, weights, variables
+
+
+def train_looped(kind: str, policy: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(calls, "_policy", policy)
+    ir, out, weights, variables = looped_program(kind)
+    session = popxl.Session(ir, "ipu_model")
+    rng = np.random.default_rng(1)
+    session.write_variables_data({
+        t: rng.normal(0, 0.5, t.shape).astype(np.float32)
+        for named in weights
+        for t in named.tensors
+    })  # fmt: skip
+    with session:
+        outputs = [session.run()[out] for _ in range(STEPS)]
+    data = session.get_tensors_data(variables)
+    return outputs, [data[t] for t in variables], session._program
+
+
+@pytest.mark.parametrize("kind", ["repeat", "conditional"])
+def test_calls_inside_loops_and_branches_scan_stored_stacks(kind, monkeypatch):
+    """Runs inside a ``repeat`` body or a branch get their variables stored stacked and
+    receive each stack whole (no per-iteration stacking); same numbers as inlining."""
+    found = []
+    original = calls.input_stacks
+
+    def spy(*args, **kwargs):
+        found.append(original(*args, **kwargs))
+        return found[-1]
+
+    monkeypatch.setattr(calls, "input_stacks", spy)
+    outs_scan, vars_scan, program = train_looped(kind, "scan", monkeypatch)
+    stacked = [e for e in program.entries if len(e) > 1]
+    # w and b; for repeat also their accumulators and the accumulation counters
+    assert len(stacked) == (5 if kind == "repeat" else 2)
+    assert found and all(len(groups) == len(stacked) for groups in found if groups)
+    outs_inline, vars_inline, _ = train_looped(kind, "inline", monkeypatch)
+    for a, b in zip(outs_scan + vars_scan, outs_inline + vars_inline):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    if kind == "repeat":  # the accumulators and weights moved
+        assert not np.allclose(vars_scan[0], vars_inline[0] * 0)
