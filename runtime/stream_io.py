@@ -148,8 +148,13 @@ def check_outputs(
 
 
 def host_layout(buffer: np.ndarray, nht: int) -> np.ndarray:
-    """Step output ``[nht, (replicas,) *shape]`` → host layout (drop the nht axis if 1)."""
-    return buffer if nht > 1 else buffer[0]
+    """Step output ``[nht, (replicas,) *shape]`` → host layout (drop the nht axis if 1).
+
+    The buffer is fetched before the axis is dropped: indexing a device array dispatches
+    an XLA computation, which was most of ``session.run``'s own time for small steps.
+    """
+    host = np.asarray(buffer)
+    return host if nht > 1 else host[0]
 
 
 def fill_output(target: np.ndarray, buffer: np.ndarray, count: int, nht: int) -> None:
@@ -157,6 +162,7 @@ def fill_output(target: np.ndarray, buffer: np.ndarray, count: int, nht: int) ->
     written = min(int(count), nht)
     if written == 0:
         return
+    buffer = np.asarray(buffer)  # one fetch, then host slicing (see ``host_layout``)
     if nht > 1:
         region = target[:written]
         region[...] = buffer[:written].reshape(region.shape)
