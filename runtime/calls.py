@@ -41,6 +41,7 @@ from popxl.transforms._storage import roots
 
 from . import control
 from .lowering import Env, LoweringContext, _View, lower_op, special
+from .replica_sums import Deferred, Summed, portable, value_of
 
 Array = Any
 POLICIES = ("scan", "inline")
@@ -279,6 +280,10 @@ class _Row:
     def __call__(self, stack: Array) -> Array:
         return stack[self.index]
 
+    def of_deferred(self, stack: Deferred) -> Deferred | None:
+        """This row of a stack kept with its replica sums (``Env.read_raw``)."""
+        return _index(stack, self.index) if isinstance(stack, Summed) else None
+
 
 @dataclass(frozen=True)
 class _SetRow:
@@ -361,7 +366,7 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
     carried_stacks = [(key, indices) for key, indices, ref in whole if ref]
     carry_in = [(i, s) for i, s in enumerate(run.slots) if s.kind == "carry" and i not in in_whole]
     init = tuple(env.read(calls[0].inputs[i]) for i, _ in carry_in)
-    init_stacks = tuple(env.values[key] for key, _ in carried_stacks)  # type: ignore[index]
+    init_stacks = tuple(env.read(key) for key, _ in carried_stacks)  # type: ignore[arg-type]
     fixed = {
         i: env.read(calls[0].inputs[i])
         for i, s in enumerate(run.slots)
@@ -380,10 +385,13 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
             inputs[i] = v
         stacks = fixed_stacks + [(ix, v) for (_, ix), v in zip(carried_stacks, stack_values)]
         ctx.fx = fx
-        outs, finals, stack_finals = lower_graph_with_stacks(ctx, graph, inputs, stacks)
-        new = tuple(outs[s.source] if s.source >= 0 else finals[i] for i, s in carry_in)
+        outs, finals, stack_finals = lower_graph_with_stacks(ctx, graph, inputs, stacks, True)
+        new = tuple(value_of(outs[s.source] if s.source >= 0 else finals[i]) for i, s in carry_in)
         new_stacks = tuple(stack_finals[len(fixed_stacks) :])
-        ys = (tuple(outs[m] for m in run.ys), tuple(finals[i] for i in stacked_modified))
+        ys = (
+            tuple(_portable(ctx, outs[m]) for m in run.ys),
+            tuple(_portable(ctx, finals[i]) for i in stacked_modified),
+        )
         return (new, new_stacks, ctx.fx), ys
 
     start = (init, init_stacks, ctx.fx)
@@ -399,7 +407,7 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
     for m, value in zip(run.ys, ys):
         add_stack(env, _in_scan_order([op.outputs[m] for op in calls], reverse), value)
         if m in {s.source for _, s in carry_in}:
-            env.values[calls[-1].outputs[m]] = value[0 if reverse else n - 1]
+            env.values[calls[-1].outputs[m]] = _index(value, 0 if reverse else n - 1)
     for i, value in zip(stacked_modified, finals):
         _write_stacked(env, run.stacked(i), sources[i], reverse, value)
 
@@ -434,10 +442,13 @@ def _lower_as_map(
         for i, v in zip(stacked, x):
             inputs[i] = v
         ctx.fx = dict(outer_fx)
-        outs, finals, _ = lower_graph_with_stacks(ctx, run.graph, inputs, [])
+        outs, finals, _ = lower_graph_with_stacks(ctx, run.graph, inputs, [], True)
         if ctx.fx.keys() != outer_fx.keys() or any(ctx.fx[k] is not v for k, v in outer_fx.items()):
             raise _HasEffects
-        return tuple(outs[m] for m in run.ys), tuple(finals[i] for i in stacked_modified)
+        return (
+            tuple(_portable(ctx, outs[m]) for m in run.ys),
+            tuple(_portable(ctx, finals[i]) for i in stacked_modified),
+        )
 
     try:
         ys, finals = jax.vmap(body)(tuple(xs))
@@ -517,7 +528,7 @@ def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
     start = (
         tuple(initial[:n_out]),
         tuple(initial[i] for i in ref_plain),
-        tuple(env.values[key] for key, _ in carried),  # type: ignore[index]
+        tuple(env.read(key) for key, _ in carried),  # type: ignore[arg-type]
         ctx.fx,
     )
     count = op.attrs["repeat_count"]
@@ -596,9 +607,11 @@ def lower_graph_with_stacks(
     graph: Graph,
     inputs: Sequence[Array],
     stacks: Sequence[tuple[list[int], Array]],
+    raw: bool = False,
 ) -> tuple[list[Array], list[Array], list[Array]]:
     """``lower_graph`` where the inputs at each stack's indices are the rows of one stacked
-    value. Returns (outputs, final values of the other inputs, final stacked values)."""
+    value. Returns (outputs, final values of the other inputs, final stacked values);
+    with ``raw`` outputs and final inputs may be deferred (``replica_sums``)."""
     env = Env(graph)
     for t, value in zip(graph._inputs, inputs):
         if value is not None:
@@ -606,9 +619,25 @@ def lower_graph_with_stacks(
     keys = [add_stack(env, [graph._inputs[i] for i in indices], v) for indices, v in stacks]
     for op in graph._ops:
         lower_op(ctx, env, op)
-    outs = [env.read(t) for t in graph._outputs]
-    finals = [env.read(t) if v is not None else None for t, v in zip(graph._inputs, inputs)]
-    return outs, finals, [env.values[k] for k in keys]  # type: ignore[index]
+    read = env.read_raw if raw else env.read
+    outs = [read(t) for t in graph._outputs]
+    finals = [read(t) if v is not None else None for t, v in zip(graph._inputs, inputs)]
+    return outs, finals, [env.read(k) for k in keys]  # type: ignore[arg-type]
+
+
+def _portable(ctx: LoweringContext, value: Any) -> Any:
+    """A value leaving a scan or map: deferred values keep their replica sums."""
+    axis = ctx.axis_name if ctx.collective_impl == "gather" else None
+    return portable(value, axis, ctx.replicas)
+
+
+def _index(value: Any, index: int) -> Any:
+    """Row ``index`` of a stacked array or ``Summed``."""
+    return jax.tree_util.tree_map(lambda a: a[index], value)
+
+
+def _reversed(value: Any) -> Any:
+    return jax.tree_util.tree_map(lambda a: a[::-1], value)
 
 
 def _in_scan_order(items: list, reverse: bool) -> list:
@@ -622,7 +651,7 @@ def _stacked_input(
     if source is not None:
         key, is_reversed = source
         value = env.values[key]  # type: ignore[index]
-        return value if is_reversed == reverse else value[::-1]
+        return value if is_reversed == reverse else _reversed(value)
     return jnp.stack([env.read(t) for t in _in_scan_order(tensors, reverse)])
 
 
@@ -636,10 +665,10 @@ def _write_stacked(
     """Write a by-ref stacked input's final rows (in the scan's order) back."""
     if source is not None:
         key, is_reversed = source
-        env.values[key] = value if is_reversed == reverse else value[::-1]  # type: ignore[index]
+        env.values[key] = value if is_reversed == reverse else _reversed(value)  # type: ignore[index]
         return
-    for t, row in zip(_in_scan_order(tensors, reverse), value):
-        env.write(t, row)
+    for row, t in enumerate(_in_scan_order(tensors, reverse)):
+        env.write(t, _index(value, row))
 
 
 __all__ = [

@@ -107,4 +107,4 @@ def seed_env(
 
 def read_entries(env: Any, keys: Sequence[Any]) -> list:
     """Final values of the entries (a plain variable is read through the environment)."""
-    return [env.values[k] if isinstance(k, calls.StackKey) else env.read(k) for k in keys]
+    return [env.read(k) for k in keys]  # a stack may hold a ``replica_sums.Summed``

@@ -16,7 +16,7 @@ import pytest
 import popxl
 import popxl.ops as ops
 import popxl_addons as addons
-from runtime import calls
+from runtime import calls, replica_sums
 from runtime.program import build_program
 
 H, B, LAYERS, STEPS, LR = 4, 3, 3, 3, 0.1
@@ -102,7 +102,18 @@ def train(policy: str, replicas: int, monkeypatch: pytest.MonkeyPatch, per_layer
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_scanned_training_matches_inlined(replicas, monkeypatch):
     monkeypatch.setenv("POPXL_REPLICATION", "vmap")
+    sums_taken = []
+    original = replica_sums.Summed.replica_sum
+
+    def spy(self, axis_name, replicas):
+        sums_taken.append(self)
+        return original(self, axis_name, replicas)
+
+    monkeypatch.setattr(replica_sums.Summed, "replica_sum", spy)
     outs_scan, vars_scan, program = train("scan", replicas, monkeypatch)
+    # Under replication the gradient accumulators leave the scanned gradient calls with
+    # their replica sums, which the SGD calls' all-reduces take (runtime/replica_sums.py).
+    assert bool(sums_taken) == (replicas > 1)
     outs_inline, vars_inline, inlined = train("inline", replicas, monkeypatch)
     stacked = [e for e in program.entries if len(e) > 1]
     # w, b, their accumulators and the accumulation counters are stored stacked.
