@@ -70,6 +70,13 @@ class Env:
 
     def read_raw(self, t: Tensor) -> Array:
         value = self.values.get(t)
+        if value is None and t in self.views:  # a row of a deferred stack (runtime.calls)
+            view = self.views[t]
+            pick = getattr(view.forward, "of_deferred", None)
+            parent = self.values.get(view.parents[0])
+            row = pick(parent) if pick is not None and isinstance(parent, Deferred) else None
+            if row is not None:
+                return row
         return value if isinstance(value, Deferred) else self.read(t)
 
     def read(self, t: Tensor) -> Array:

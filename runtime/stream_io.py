@@ -185,8 +185,13 @@ def _float8_output(arr: np.ndarray, stream: Stream) -> None:
 
 
 def host_layout(buffer: np.ndarray, nht: int) -> np.ndarray:
-    """Step output ``[nht, (replicas,) *shape]`` → host layout (drop the nht axis if 1)."""
-    return buffer if nht > 1 else buffer[0]
+    """Step output ``[nht, (replicas,) *shape]`` → host layout (drop the nht axis if 1).
+
+    The buffer is fetched before the axis is dropped: indexing a device array dispatches
+    an XLA computation, which was most of ``session.run``'s own time for small steps.
+    """
+    host = np.asarray(buffer)
+    return host if nht > 1 else host[0]
 
 
 def fill_output(target: np.ndarray, buffer: np.ndarray, count: int, nht: int) -> None:
@@ -195,6 +200,7 @@ def fill_output(target: np.ndarray, buffer: np.ndarray, count: int, nht: int) ->
     if written == 0:
         return
     target = _float8_host.to_ml(target)  # a view: float8 bytes land in the user's array
+    buffer = np.asarray(buffer)  # one fetch, then host slicing (see ``host_layout``)
     if nht > 1:
         region = target[:written]
         region[...] = buffer[:written].reshape(region.shape)
