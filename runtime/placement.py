@@ -12,11 +12,12 @@ devices: device ``k`` is virtual IPU ``k``.
   ``k`` that reads a value homed elsewhere first moves it to ``k`` with ``lax.ppermute``:
   ``ipu_copy`` is exactly such a device-to-device transfer, and implicit transfers keep
   programs that read across IPUs without a copy correct.
-* **State.** Each variable is stored with a leading axis of ``N`` (one slot per device);
-  the slot of the IPU that writes it is the real value (found by tracing the step), and
-  read-only variables are valid in every slot. Host stores, remote stores and branch
-  predicates are broadcast from their home so streams and remote buffers stay valid on
-  every device.
+* **State.** Each variable is owned by one IPU (the one whose ops leave its last write,
+  found by tracing the step; else the first IPU to read it) and held only on that IPU's
+  device: variables of equal dtype and size owned by different IPUs share one array
+  (``runtime.ipu_slots``), so per-device variable memory is what that IPU owns. Host
+  stores, remote stores and branch predicates are broadcast from their home so streams
+  and remote buffers stay valid on every device.
 
 Otherwise (one IPU, too few devices, replication, or ``POPXL_PLACEMENT=off``) the program
 runs on one device with identical results.
@@ -37,6 +38,7 @@ from popxl._op import Op
 from popxl.graph import Graph
 from popxl.tensor import Tensor
 
+from .ipu_slots import SlotLayout
 from .lowering import Env, LoweringContext, apply_results, lower_graph, plain_lower_op
 
 IPU_AXIS = "ipu"
@@ -271,30 +273,61 @@ def _written(op: Op) -> list[Tensor]:
 
 
 def placed_step(
-    step: Callable[..., Any], ipus: int, homes: Sequence[int | None], probe: list | None = None
+    step: Callable[..., Any],
+    layout: SlotLayout,
+    written: Sequence[bool],
+    probe: list | None = None,
 ) -> Callable[..., Any]:
-    """``step(mut, fixed, inputs, placement)`` run under ``shard_map`` over ``ipus`` devices.
+    """``step(state, inputs, placement)`` run under ``shard_map`` over ``layout.ipus`` devices.
 
-    State entries carry a leading axis of ``ipus``; ``homes`` says, per (mutable, fixed)
-    entry in order, where the incoming value is valid. Stream inputs and outputs are the
-    same on every device.
+    The state arrays are ``layout``'s variable slots (``runtime.ipu_slots``: each device
+    holds only the variables its IPU owns) followed by the remote buffers (with a leading
+    axis of ``ipus``, valid on every device). ``written`` says, per variable entry and then
+    per buffer, whether the program writes it; the returned step takes and returns
+    ``(written arrays, read-only arrays, inputs)`` like unplaced steps. Each variable enters
+    homed on its owner and a written one is moved back there at the end, so ``probe``
+    (when given) receives where the program left each variable's new value.
     """
     from jax.sharding import PartitionSpec as P  # noqa: PLC0415
 
+    n_vars, n_slots = len(layout.shapes), len(layout.slots)
+    writes = state_written(layout, written)
+    mutable = [i for i, w in enumerate(writes) if w]
+    const = [i for i, w in enumerate(writes) if not w]
+
     def block(mut: tuple, fixed: tuple, inputs: tuple) -> tuple:
-        placement = Placement(ipus, lax.axis_index(IPU_AXIS))
-        state = [s[0] for s in (*mut, *fixed)]
-        for value, home in zip(state, homes):
-            placement.register(value, home)
-        new, outs = step(tuple(state[: len(mut)]), tuple(state[len(mut) :]), inputs, placement)
+        placement = Placement(layout.ipus, lax.axis_index(IPU_AXIS))
+        arrays: list[Any] = [None] * len(writes)
+        for i, v in zip(mutable, mut):
+            arrays[i] = v
+        for i, v in zip(const, fixed):
+            arrays[i] = v
+        entries = layout.read(arrays[:n_slots])
+        for value, owner in zip(entries, layout.owners):
+            placement.register(value, owner)
+        buffers = [b[0] for b in arrays[n_slots:]]
+        new_state, outs = step((*entries, *buffers), inputs, placement)
+        new_vars = new_state[:n_vars]
         if probe is not None:
-            probe[:] = placement.homes_of(new)
-        return tuple(s[None] for s in new), outs
+            probe[:] = placement.homes_of(new_vars)
+        final = [
+            placement.move(new, placement.home(new), owner) if w else old
+            for new, old, owner, w in zip(new_vars, entries, layout.owners, written)
+        ]
+        new_arrays = [*layout.write(final, placement.index), *(b[None] for b in new_state[n_vars:])]
+        return tuple(new_arrays[i] for i in mutable), outs
 
     return jax.shard_map(
         block,
-        mesh=ipu_mesh(ipus),
+        mesh=ipu_mesh(layout.ipus),
         in_specs=(P(IPU_AXIS), P(IPU_AXIS), P()),
         out_specs=(P(IPU_AXIS), P()),
         check_vma=False,
     )
+
+
+def state_written(layout: SlotLayout, written: Sequence[bool]) -> tuple[bool, ...]:
+    """Per state array (slots, then buffers): whether the step writes it."""
+    n_vars = len(layout.shapes)
+    slots = tuple(any(written[i] for i in m if i is not None) for m in layout.slots)
+    return slots + tuple(written[n_vars:])
