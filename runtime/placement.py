@@ -229,7 +229,31 @@ class Placement:
         assert op.opdef.lower is not None
         lower, attrs = op.opdef.lower, op.attrs
         args = [env.read(t) for t in op.inputs]
-        results = self.on_device(ipu, lambda *a: lower(*a, **attrs), *args)
+        # Elsewhere an in-place result is its input unchanged (no weight-sized zeros, and
+        # XLA can update the buffer in place); other results are zeros.
+        written = {result: arg for arg, result in op.opdef.modifies}
+
+        def run(*a: Array) -> tuple:
+            results = lower(*a, **attrs)
+            return results if isinstance(results, tuple) else (results,)
+
+        shapes = jax.eval_shape(run, *args)
+
+        def skip(*a: Array) -> tuple:
+            return tuple(
+                a[written[k]] if k in written else jnp.zeros(s.shape, s.dtype)
+                for k, s in enumerate(shapes)
+            )
+
+        if _elementwise_update(op):
+            # Cheap and fusable: computed everywhere and selected, so XLA updates the
+            # variable in one pass in place (a branch would need a copy of its output).
+            here = self.index == ipu
+            results = tuple(
+                jnp.where(here, r, s) for r, s in zip(run(*args), skip(*args), strict=True)
+            )
+        else:
+            results = lax.cond(self.index == ipu, run, skip, *args)
         apply_results(env, op, results)
         self.mark(env, (*op.outputs, *_written(op)), ipu)
 
@@ -266,6 +290,16 @@ class Placement:
     def adopt(self, values: Sequence[Array], homes: Sequence[int | None]) -> tuple:
         """Give fresh arrays (a loop's carry) the homes of the values they stand for."""
         return tuple(self.register(v, h) for v, h in zip(values, homes))
+
+
+def _elementwise_update(op: Op) -> bool:
+    """An in-place op whose inputs are the updated tensor's shape or scalars, and whose
+    results are the updated tensors (optimizer and accumulator updates)."""
+    modifies = op.opdef.modifies
+    if not modifies or len(op.outputs) > len(modifies):
+        return False
+    shape = op.inputs[modifies[0][0]].shape
+    return all(t.shape in (shape, ()) or t.nelms == 1 for t in op.inputs)
 
 
 def _written(op: Op) -> list[Tensor]:
