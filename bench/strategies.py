@@ -263,7 +263,9 @@ def data(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def measure(name: str, args: argparse.Namespace) -> dict:
+def prepare(name: str, args: argparse.Namespace) -> dict:
+    """Build and compile one variant, run one step (its weights are checked against the
+    plain run's) and read its memory report; ``timed`` runs ``--repeats`` more steps."""
     ir, x_in, y_in, model = VARIANTS[name](args)
     ir.num_host_transfers = args.steps
     x, y = data(args)
@@ -282,26 +284,42 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     with session:
         session.run(feeds)
         weights = [session.get_tensor_data(v.w).copy() for v in model.vars]
-        best, best_cpu = float("inf"), float("inf")
-        for _ in range(args.rounds):
+
+    def timed() -> tuple[float, float]:
+        """(wall, CPU) seconds per step over ``--repeats`` steps."""
+        with session:
             cpu = _cpu_seconds()
             start = time.perf_counter()
             for _ in range(args.repeats):
                 session.run(feeds)
             jax.block_until_ready(session._state)  # runs without outputs return at once
-            best = min(best, (time.perf_counter() - start) / args.repeats)
-            best_cpu = min(best_cpu, (_cpu_seconds() - cpu) / args.repeats)
-    peak = max(m.device_peak for m in report.ipus)
-    chip = max(m.chip_peak for m in report.ipus)
+            wall = time.perf_counter() - start
+            return wall / args.repeats, (_cpu_seconds() - cpu) / args.repeats
+
     return {
-        "samples_per_s": args.steps * args.micro / best,
-        "cpu_ms": best_cpu * 1e3,
-        "device_peak": peak,
-        "chip_peak": chip,
+        "timed": timed,
+        "device_peak": max(m.device_peak for m in report.ipus),
+        "chip_peak": max(m.chip_peak for m in report.ipus),
         "resident": max(m.resident for m in report.ipus),
         "devices": report.devices,
         "weights": weights,
     }
+
+
+def measure(names: list[str], args: argparse.Namespace) -> dict[str, dict]:
+    """Every variant prepared, then timed in alternating rounds (the fastest round counts:
+    other processes on a shared machine only add time)."""
+    results = {name: prepare(name, args) for name in names}
+    for r in results.values():
+        r["wall"], r["cpu"] = float("inf"), float("inf")
+    for _ in range(args.rounds):
+        for r in results.values():
+            wall, cpu = r["timed"]()
+            r["wall"], r["cpu"] = min(r["wall"], wall), min(r["cpu"], cpu)
+    for r in results.values():
+        r["samples_per_s"] = args.steps * args.micro / r["wall"]
+        r["cpu_ms"] = r["cpu"] * 1e3
+    return results
 
 
 def _cpu_seconds() -> float:
@@ -328,7 +346,7 @@ def main() -> None:
     threads = "one thread per device" if args.one_thread_per_device else "XLA's intra-op threads"
     print(f"device: {device_name()}; {threads}; load average {os.getloadavg()}; MLP "
           f"{LAYERS}x{args.width}, {args.steps} micro-batches of {args.micro}")  # fmt: skip
-    results = {name: measure(name, args) for name in args.only}
+    results = measure(args.only, args)
     base = results.get("plain")
     print(f"{'variant':18s} {'devices':>7s} {'samples/s':>10s} {'x plain':>8s} {'CPU ms/step':>11s} "
           f"{'x plain':>8s} {'vars MB':>8s} {'x plain':>8s} {'device peak MB':>15s} {'x plain':>8s} "

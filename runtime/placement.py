@@ -191,6 +191,8 @@ class Placement:
         ipu = op.ipu or 0
         if opdef.key == "ipu_copy":
             self._copy(env, op)
+        elif opdef.special == "call" and _only_copies(op.attrs["graphs"][0]):
+            self._copy_call(env, op)
         elif opdef.special == "call" and self.is_pure(op.attrs["graphs"][0]):
             self._pure_call(ctx, env, op, ipu)
         elif opdef.special in _CONTROL:
@@ -223,6 +225,50 @@ class Placement:
         home = self.home_in(env, op.inputs[0])
         value = env.read(op.inputs[0])
         env.values[op.outputs[0]] = self.move(value, home, op.attrs["destination"])
+
+    def _copy_call(self, env: Env, op: Op) -> None:
+        """A call of a graph of IPU copies (a pipeline cycle's transfers): copies of one
+        shape and dtype between distinct sources and destinations travel in one
+        ``ppermute``, so the devices meet once per batch rather than once per copy."""
+        graph = op.attrs["graphs"][0]
+        values: dict[Tensor, tuple[Array, int | None]] = {}
+        for inner, outer in zip(graph._inputs, op.inputs):
+            home = self.home_in(env, outer)
+            values[inner] = (env.read(outer), home)
+        batches: list[list[Op]] = []
+        for copy in graph._ops:
+            value, home = values[copy.inputs[0]]
+            dest = copy.attrs["destination"]
+            if home is None or home == dest:
+                values[copy.outputs[0]] = (value, home if home == dest else None)
+                continue
+            batch = next((b for b in batches if self._fits(b, copy, values)), None)
+            if batch is None:
+                batches.append([copy])
+            else:
+                batch.append(copy)
+        for batch in batches:
+            pairs = [(values[c.inputs[0]][1], c.attrs["destination"]) for c in batch]
+            send = values[batch[-1].inputs[0]][0]
+            for c, (src, _) in zip(batch[:-1], pairs[:-1]):
+                send = jnp.where(self.index == src, values[c.inputs[0]][0], send)
+            received = lax.ppermute(send, IPU_AXIS, pairs)
+            for c, (_, dest) in zip(batch, pairs):
+                # A distinct array per copy, so each output has its own home.
+                out = received if len(batch) == 1 else jnp.array(received, copy=True)
+                values[c.outputs[0]] = (self.register(out, dest), dest)
+        for inner, outer in zip(graph._outputs, op.outputs):
+            env.values[outer] = values[inner][0]
+
+    def _fits(self, batch: list[Op], copy: Op, values: dict) -> bool:
+        first = batch[0].inputs[0]
+        src = values[copy.inputs[0]][1]
+        return (
+            copy.inputs[0].shape == first.shape
+            and copy.inputs[0].dtype == first.dtype
+            and all(values[c.inputs[0]][1] != src for c in batch)
+            and all(c.attrs["destination"] != copy.attrs["destination"] for c in batch)
+        )
 
     def _compute(self, env: Env, op: Op, ipu: int) -> None:
         self.localise(env, op.inputs, ipu)
@@ -290,6 +336,10 @@ class Placement:
     def adopt(self, values: Sequence[Array], homes: Sequence[int | None]) -> tuple:
         """Give fresh arrays (a loop's carry) the homes of the values they stand for."""
         return tuple(self.register(v, h) for v, h in zip(values, homes))
+
+
+def _only_copies(graph: Graph) -> bool:
+    return bool(graph._ops) and all(op.opdef.key == "ipu_copy" for op in graph._ops)
 
 
 def _elementwise_update(op: Op) -> bool:
