@@ -236,7 +236,7 @@ class Session(SessionCompat):
         ipus = max(program.ipus, ipus_used(graphs))
         devices = program.ipus or 1
         return memory.memory_report(
-            graphs, program.variables, program.buffers, ipus, devices, compiled
+            graphs, program.variables, program.buffers, ipus, devices, compiled, program.slots
         )
 
     # Attach / detach --------------------------------------------------------------------
@@ -325,8 +325,8 @@ class Session(SessionCompat):
 
     def _device_layout(self, var: Variable, host: np.ndarray) -> Any:
         host = to_ml(host)  # float8: the ml_dtypes view the device takes
-        if self._program.ipus:
-            return self._placed(host)
+        if self._program.ipus:  # the slot layout places it (``Program.pack``)
+            return host
         replicas = self._program.replicas
         if replicas > 1 and self._batched[var] and not self._per_replica(var):
             grouping = var.replica_grouping
@@ -384,8 +384,10 @@ class Session(SessionCompat):
         self._require_attached()
         assert self._state is not None
         _log.debug("Writing weights to host", "devicex")
-        values = [self._slot(i, v) for i, v in enumerate(self._get(self._state))]
         n_vars = self._program.n_entries
+        values = [
+            self._slot(i, v) if i >= n_vars else v for i, v in enumerate(self._get(self._state))
+        ]
         per_variable = self._program.unpack(values[:n_vars])
         for var, value in zip(self._program.variables, per_variable):
             self._set_host(var, self._to_host(var, value))
@@ -602,6 +604,9 @@ class Session(SessionCompat):
         on_chip = [v for v in written if v in index]
         remote = [v for v in written if v._remote_buffer is not None]
         with self._x64():
+            if self._program.slots:
+                self._upload_slots(state, [index[v] for v in on_chip])
+                on_chip = []
             placed = self._put([self._device_layout(v, self._host[v]) for v in on_chip])
             for var, value in zip(on_chip, placed):
                 entry, row = where[index[var]]
@@ -620,6 +625,15 @@ class Session(SessionCompat):
                 self._write_remote(buffers, remote)
                 state[n_vars:] = self._put([self._placed(b) for b in buffers])
         self._state = tuple(state)
+
+    def _upload_slots(self, state: list, written: list[int]) -> None:
+        """Placed programs: write variables (by index) into their owner's row of their slot."""
+        layout = self._program.slots
+        assert layout is not None
+        for i in written:
+            slot, row = layout.where(i)
+            host = np.asarray(self._host[self._program.variables[i]]).reshape(-1)
+            state[slot] = jax.device_put(state[slot].at[row].set(host), self._sharding)
 
     def _checked_write(self, var: Any, data: Any) -> np.ndarray:
         if not isinstance(var, Variable):
