@@ -385,9 +385,9 @@ class Session(SessionCompat):
         assert self._state is not None
         _log.debug("Writing weights to host", "devicex")
         n_vars = self._program.n_entries
-        values = [
-            self._slot(i, v) if i >= n_vars else v for i, v in enumerate(self._get(self._state))
-        ]
+        # Placed remote buffers are kept valid on every device: read device 0's copy.
+        ipus = self._program.ipus
+        values = [v[0] if ipus and i >= n_vars else v for i, v in enumerate(self._get(self._state))]
         per_variable = self._program.unpack(values[:n_vars])
         for var, value in zip(self._program.variables, per_variable):
             self._set_host(var, self._to_host(var, value))
@@ -618,10 +618,8 @@ class Session(SessionCompat):
                     state[entry] = state[entry].at[row].set(value)
             if remote:
                 n_vars = self._program.n_entries
-                buffers = [
-                    np.array(self._slot(n_vars + i, b))
-                    for i, b in enumerate(self._get(state[n_vars:]))
-                ]
+                ipus = self._program.ipus  # placed buffers: every device holds the value
+                buffers = [np.array(b[0] if ipus else b) for b in self._get(state[n_vars:])]
                 self._write_remote(buffers, remote)
                 state[n_vars:] = self._put([self._placed(b) for b in buffers])
         self._state = tuple(state)
