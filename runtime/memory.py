@@ -3,7 +3,12 @@
 ``Session.memory_report()`` returns a ``MemoryReport`` with one ``IpuMemory`` per virtual IPU:
 
 * ``variables``: bytes of on-chip variables placed on that IPU (per replica; the IPU of a
-  variable is the one whose ops write it, else read it, else 0);
+  variable is the one whose ops write it, else read it, else 0; when placed, the IPU that
+  owns it, ``runtime.ipu_slots``);
+* ``resident``: bytes of on-chip variables held by the device running that IPU. When the
+  IPUs are placed on several devices each device holds only its IPU's variables, plus
+  padding where the IPUs' variables do not pair up by size (``runtime.ipu_slots``); on one
+  device, every variable of the program;
 * ``remote``: bytes of the remote buffers that IPU loads from or stores to (streaming
   memory; per replica, all entries);
 * ``device_peak``: the compiled step's peak on the device running that IPU, from XLA's
@@ -31,6 +36,7 @@ from popxl.remote_buffer import RemoteBuffer
 from popxl.tensor import Tensor, Variable
 
 from .device import MK2
+from .ipu_slots import SlotLayout
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class IpuMemory:
     remote: int
     device_peak: int
     chip_peak: int
+    resident: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,12 +69,13 @@ class MemoryReport:
 
     def __str__(self) -> str:
         lines = [
-            f"{'IPU':>4} {'variables':>12} {'remote':>12} {'device peak':>12} {'chip peak':>12}"
+            f"{'IPU':>4} {'variables':>12} {'resident':>12} {'remote':>12} {'device peak':>12} "
+            f"{'chip peak':>12}"
         ]
         for m in self.ipus:
             lines.append(
-                f"{m.ipu:>4} {m.variables:>12,} {m.remote:>12,} {m.device_peak:>12,} "
-                f"{m.chip_peak:>12,}"
+                f"{m.ipu:>4} {m.variables:>12,} {m.resident:>12,} {m.remote:>12,} "
+                f"{m.device_peak:>12,} {m.chip_peak:>12,}"
             )
         where = f"{self.devices} devices" if self.devices > 1 else "one device"
         lines.append(f"(bytes per replica; {where}; XLA: {self.xla})")
@@ -146,16 +154,23 @@ def memory_report(
     ipus: int,
     devices: int,
     compiled: Any,
+    slots: SlotLayout | None = None,
 ) -> MemoryReport:
-    """Build the report of a program (see the module docstring)."""
+    """Build the report of a program (see the module docstring); ``slots``: the variable
+    layout of a placed program."""
     sizes = xla_sizes(compiled)
     peak = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]
-    var_ipu = variable_ipus(variables)
     buf_ipu = buffer_ipus(graphs, buffers)
-    per_var = [0] * ipus
     per_buf = [0] * ipus
-    for v in variables:
-        per_var[min(var_ipu[v], ipus - 1)] += nbytes(v.shape, v.dtype)
+    if slots is not None:
+        per_var = slots.owned_bytes()
+        resident = [slots.resident_bytes()] * ipus
+    else:
+        var_ipu = variable_ipus(variables)
+        per_var = [0] * ipus
+        for v in variables:
+            per_var[min(var_ipu[v], ipus - 1)] += nbytes(v.shape, v.dtype)
+        resident = [sum(per_var)] * ipus
     for b in buffers:
         size = b.entries * nbytes(b.tensor_shape, b.tensor_dtype)
         per_buf[min(buf_ipu[b.remote_buffer_id], ipus - 1)] += size
@@ -164,7 +179,7 @@ def memory_report(
     for k in range(ipus):
         # Every device holds all remote buffers (they are kept valid everywhere).
         held = total_remote
-        rows.append(IpuMemory(k, per_var[k], per_buf[k], peak, max(peak - held, 0)))
+        rows.append(IpuMemory(k, per_var[k], per_buf[k], peak, max(peak - held, 0), resident[k]))
     return MemoryReport(tuple(rows), devices, sizes)
 
 

@@ -12,11 +12,12 @@ devices: device ``k`` is virtual IPU ``k``.
   ``k`` that reads a value homed elsewhere first moves it to ``k`` with ``lax.ppermute``:
   ``ipu_copy`` is exactly such a device-to-device transfer, and implicit transfers keep
   programs that read across IPUs without a copy correct.
-* **State.** Each variable is stored with a leading axis of ``N`` (one slot per device);
-  the slot of the IPU that writes it is the real value (found by tracing the step), and
-  read-only variables are valid in every slot. Host stores, remote stores and branch
-  predicates are broadcast from their home so streams and remote buffers stay valid on
-  every device.
+* **State.** Each variable is owned by one IPU (the one whose ops leave its last write,
+  found by tracing the step; else the first IPU to read it) and held only on that IPU's
+  device: variables of equal dtype and size owned by different IPUs share one array
+  (``runtime.ipu_slots``), so per-device variable memory is what that IPU owns. Host
+  stores, remote stores and branch predicates are broadcast from their home so streams
+  and remote buffers stay valid on every device.
 
 Otherwise (one IPU, too few devices, replication, or ``POPXL_PLACEMENT=off``) the program
 runs on one device with identical results.
@@ -37,6 +38,7 @@ from popxl._op import Op
 from popxl.graph import Graph
 from popxl.tensor import Tensor
 
+from .ipu_slots import SlotLayout
 from .lowering import Env, LoweringContext, apply_results, lower_graph, plain_lower_op
 
 IPU_AXIS = "ipu"
@@ -189,6 +191,8 @@ class Placement:
         ipu = op.ipu or 0
         if opdef.key == "ipu_copy":
             self._copy(env, op)
+        elif opdef.special == "call" and _only_copies(op.attrs["graphs"][0]):
+            self._copy_call(env, op)
         elif opdef.special == "call" and self.is_pure(op.attrs["graphs"][0]):
             self._pure_call(ctx, env, op, ipu)
         elif opdef.special in _CONTROL:
@@ -222,12 +226,80 @@ class Placement:
         value = env.read(op.inputs[0])
         env.values[op.outputs[0]] = self.move(value, home, op.attrs["destination"])
 
+    def _copy_call(self, env: Env, op: Op) -> None:
+        """A call of a graph of IPU copies (a pipeline cycle's transfers): copies of one
+        shape and dtype between distinct sources and destinations travel in one
+        ``ppermute``, so the devices meet once per batch rather than once per copy."""
+        graph = op.attrs["graphs"][0]
+        values: dict[Tensor, tuple[Array, int | None]] = {}
+        for inner, outer in zip(graph._inputs, op.inputs):
+            home = self.home_in(env, outer)
+            values[inner] = (env.read(outer), home)
+        batches: list[list[Op]] = []
+        for copy in graph._ops:
+            value, home = values[copy.inputs[0]]
+            dest = copy.attrs["destination"]
+            if home is None or home == dest:
+                values[copy.outputs[0]] = (value, home if home == dest else None)
+                continue
+            batch = next((b for b in batches if self._fits(b, copy, values)), None)
+            if batch is None:
+                batches.append([copy])
+            else:
+                batch.append(copy)
+        for batch in batches:
+            pairs = [(values[c.inputs[0]][1], c.attrs["destination"]) for c in batch]
+            send = values[batch[-1].inputs[0]][0]
+            for c, (src, _) in zip(batch[:-1], pairs[:-1]):
+                send = jnp.where(self.index == src, values[c.inputs[0]][0], send)
+            received = lax.ppermute(send, IPU_AXIS, pairs)
+            for c, (_, dest) in zip(batch, pairs):
+                # A distinct array per copy, so each output has its own home.
+                out = received if len(batch) == 1 else jnp.array(received, copy=True)
+                values[c.outputs[0]] = (self.register(out, dest), dest)
+        for inner, outer in zip(graph._outputs, op.outputs):
+            env.values[outer] = values[inner][0]
+
+    def _fits(self, batch: list[Op], copy: Op, values: dict) -> bool:
+        first = batch[0].inputs[0]
+        src = values[copy.inputs[0]][1]
+        return (
+            copy.inputs[0].shape == first.shape
+            and copy.inputs[0].dtype == first.dtype
+            and all(values[c.inputs[0]][1] != src for c in batch)
+            and all(c.attrs["destination"] != copy.attrs["destination"] for c in batch)
+        )
+
     def _compute(self, env: Env, op: Op, ipu: int) -> None:
         self.localise(env, op.inputs, ipu)
         assert op.opdef.lower is not None
         lower, attrs = op.opdef.lower, op.attrs
         args = [env.read(t) for t in op.inputs]
-        results = self.on_device(ipu, lambda *a: lower(*a, **attrs), *args)
+        # Elsewhere an in-place result is its input unchanged (no weight-sized zeros, and
+        # XLA can update the buffer in place); other results are zeros.
+        written = {result: arg for arg, result in op.opdef.modifies}
+
+        def run(*a: Array) -> tuple:
+            results = lower(*a, **attrs)
+            return results if isinstance(results, tuple) else (results,)
+
+        shapes = jax.eval_shape(run, *args)
+
+        def skip(*a: Array) -> tuple:
+            return tuple(
+                a[written[k]] if k in written else jnp.zeros(s.shape, s.dtype)
+                for k, s in enumerate(shapes)
+            )
+
+        if _elementwise_update(op):
+            # Cheap and fusable: computed everywhere and selected, so XLA updates the
+            # variable in one pass in place (a branch would need a copy of its output).
+            here = self.index == ipu
+            results = tuple(
+                jnp.where(here, r, s) for r, s in zip(run(*args), skip(*args), strict=True)
+            )
+        else:
+            results = lax.cond(self.index == ipu, run, skip, *args)
         apply_results(env, op, results)
         self.mark(env, (*op.outputs, *_written(op)), ipu)
 
@@ -266,35 +338,80 @@ class Placement:
         return tuple(self.register(v, h) for v, h in zip(values, homes))
 
 
+def _only_copies(graph: Graph) -> bool:
+    return bool(graph._ops) and all(op.opdef.key == "ipu_copy" for op in graph._ops)
+
+
+def _elementwise_update(op: Op) -> bool:
+    """An in-place op whose inputs are the updated tensor's shape or scalars, and whose
+    results are the updated tensors (optimizer and accumulator updates)."""
+    modifies = op.opdef.modifies
+    if not modifies or len(op.outputs) > len(modifies):
+        return False
+    shape = op.inputs[modifies[0][0]].shape
+    return all(t.shape in (shape, ()) or t.nelms == 1 for t in op.inputs)
+
+
 def _written(op: Op) -> list[Tensor]:
     return [op.inputs[i] for i in op.modified_input_indices()]
 
 
 def placed_step(
-    step: Callable[..., Any], ipus: int, homes: Sequence[int | None], probe: list | None = None
+    step: Callable[..., Any],
+    layout: SlotLayout,
+    written: Sequence[bool],
+    probe: list | None = None,
 ) -> Callable[..., Any]:
-    """``step(mut, fixed, inputs, placement)`` run under ``shard_map`` over ``ipus`` devices.
+    """``step(state, inputs, placement)`` run under ``shard_map`` over ``layout.ipus`` devices.
 
-    State entries carry a leading axis of ``ipus``; ``homes`` says, per (mutable, fixed)
-    entry in order, where the incoming value is valid. Stream inputs and outputs are the
-    same on every device.
+    The state arrays are ``layout``'s variable slots (``runtime.ipu_slots``: each device
+    holds only the variables its IPU owns) followed by the remote buffers (with a leading
+    axis of ``ipus``, valid on every device). ``written`` says, per variable entry and then
+    per buffer, whether the program writes it; the returned step takes and returns
+    ``(written arrays, read-only arrays, inputs)`` like unplaced steps. Each variable enters
+    homed on its owner and a written one is moved back there at the end, so ``probe``
+    (when given) receives where the program left each variable's new value.
     """
     from jax.sharding import PartitionSpec as P  # noqa: PLC0415
 
+    n_vars, n_slots = len(layout.shapes), len(layout.slots)
+    writes = state_written(layout, written)
+    mutable = [i for i, w in enumerate(writes) if w]
+    const = [i for i, w in enumerate(writes) if not w]
+
     def block(mut: tuple, fixed: tuple, inputs: tuple) -> tuple:
-        placement = Placement(ipus, lax.axis_index(IPU_AXIS))
-        state = [s[0] for s in (*mut, *fixed)]
-        for value, home in zip(state, homes):
-            placement.register(value, home)
-        new, outs = step(tuple(state[: len(mut)]), tuple(state[len(mut) :]), inputs, placement)
+        placement = Placement(layout.ipus, lax.axis_index(IPU_AXIS))
+        arrays: list[Any] = [None] * len(writes)
+        for i, v in zip(mutable, mut):
+            arrays[i] = v
+        for i, v in zip(const, fixed):
+            arrays[i] = v
+        entries = layout.read(arrays[:n_slots])
+        for value, owner in zip(entries, layout.owners):
+            placement.register(value, owner)
+        buffers = [b[0] for b in arrays[n_slots:]]
+        new_state, outs = step((*entries, *buffers), inputs, placement)
+        new_vars = new_state[:n_vars]
         if probe is not None:
-            probe[:] = placement.homes_of(new)
-        return tuple(s[None] for s in new), outs
+            probe[:] = placement.homes_of(new_vars)
+        final = [
+            placement.move(new, placement.home(new), owner) if w else old
+            for new, old, owner, w in zip(new_vars, entries, layout.owners, written)
+        ]
+        new_arrays = [*layout.write(final, placement.index), *(b[None] for b in new_state[n_vars:])]
+        return tuple(new_arrays[i] for i in mutable), outs
 
     return jax.shard_map(
         block,
-        mesh=ipu_mesh(ipus),
+        mesh=ipu_mesh(layout.ipus),
         in_specs=(P(IPU_AXIS), P(IPU_AXIS), P()),
         out_specs=(P(IPU_AXIS), P()),
         check_vma=False,
     )
+
+
+def state_written(layout: SlotLayout, written: Sequence[bool]) -> tuple[bool, ...]:
+    """Per state array (slots, then buffers): whether the step writes it."""
+    n_vars = len(layout.shapes)
+    slots = tuple(any(written[i] for i in m if i is not None) for m in layout.slots)
+    return slots + tuple(written[n_vars:])

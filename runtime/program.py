@@ -42,8 +42,17 @@ from . import (  # noqa: F401  (register lowerings)
     state_layout,
     vjp,
 )
+from .ipu_slots import SlotLayout
 from .lowering import Env, LoweringContext, lower_op
-from .placement import IPU_AXIS, ipu_mesh, ipus_used, placed_step, placement_ipus
+from .memory import tensor_ipu
+from .placement import (
+    IPU_AXIS,
+    ipu_mesh,
+    ipus_used,
+    placed_step,
+    placement_ipus,
+    state_written,
+)
 from .replica_sums import is_batched
 
 REPLICA_AXIS = "replica"
@@ -80,10 +89,10 @@ class Program:
     written: tuple[bool, ...] = ()
     # Run-time value checks (``runtime.checks``); their reports follow the store counts.
     checks: tuple[str, ...] = ()
-    # Devices the virtual IPUs are placed on (0: one device), and per state entry the IPU
-    # whose slot holds its value (None: every slot).
+    # Devices the virtual IPUs are placed on (0: one device), and then where each variable
+    # lives (``runtime.ipu_slots``): the state's variable arrays are the layout's slots.
     ipus: int = 0
-    homes: tuple[int | None, ...] = ()
+    slots: SlotLayout | None = None
     # Replicas run by this process; fewer than ``replicas`` when instances share them.
     local_replicas: int = 0
     # Per state entry: the indices of its variables (one, or several stacked).
@@ -91,18 +100,32 @@ class Program:
 
     @property
     def n_entries(self) -> int:
-        return len(self.entries)
+        """The number of state arrays holding variables (entries, or placed slots)."""
+        return len(self.slots.slots) if self.slots else len(self.entries)
+
+    @property
+    def homes(self) -> tuple[int | None, ...]:
+        """Per variable, the IPU whose device holds it when placed (else None)."""
+        if self.slots is None:
+            return (None,) * len(self.variables)
+        return self.slots.owners
 
     def variable_batched(self) -> dict[Variable, bool]:
         """Whether each variable's device value has a leading replica axis."""
+        if self.slots:
+            return {v: False for v in self.variables}
         return {self.variables[i]: b for e, b in zip(self.entries, self.batched) for i in e}
 
     def pack(self, values: list) -> list:
         """Per-variable device-layout arrays → the state's variable entries."""
+        if self.slots:  # placed programs keep one entry per variable
+            return self.slots.pack(values)
         return state_layout.pack(self.entries, values, self.batched)
 
     def unpack(self, values: Sequence) -> list:
         """The state's variable entries → per-variable arrays."""
+        if self.slots:
+            return self.slots.unpack(values)
         return state_layout.unpack(self.entries, values, self.batched)
 
     def split(self, state: tuple) -> tuple[tuple, tuple]:
@@ -276,7 +299,7 @@ def _make_step(
             sid = out_stream.tensor_id
             ctx.d2h_slots[sid] = nht
             shape = (nht, *out_stream.shape)
-            ctx.fx[host_io.buffer_key(sid)] = jnp.zeros(shape, out_stream.dtype.as_numpy())
+            ctx.fx[host_io.buffer_key(sid)] = jnp.zeros(shape, out_stream.dtype._np_device)
             ctx.fx[host_io.count_key(sid)] = jnp.zeros((), jnp.int32)
         for buffer, value in zip(buffers, state[n_vars:]):
             ctx.fx[remote.buffer_key(buffer.remote_buffer_id)] = value
@@ -295,15 +318,16 @@ def _make_step(
 
     n_state = n_vars + len(buffers)
     shapes = [_entry_shape(variables, e) for e in entries]
-    shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype.as_numpy()) for b in buffers]
-    inputs = [(s.shape, s.dtype.as_numpy()) for s in h2d]
+    shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype._np_device) for b in buffers]
+    inputs = [(s.shape, s.dtype._np_device) for s in h2d]
     per_variable = written_state(ir, variables, buffers)
     written = tuple(any(per_variable[i] for i in e) for e in entries)
     written += per_variable[len(variables) :]
     if mode.startswith("placed"):
         ipus = int(mode.split(":")[1])
-        step, homes = _placed(replica_step, written, ipus, shapes, inputs, nht)
-        return step, (True,) * n_state, written, homes
+        step, layout = _placed(replica_step, variables, written, ipus, shapes, inputs, nht)
+        writes = state_written(layout, written)
+        return step, (True,) * len(writes), writes, layout
     if mode == "vmap":
         candidates = [_may_be_shared(variables[e[0]]) for e in entries] + [False] * len(buffers)
         batched = _probe_batched(replica_step, candidates, shapes, inputs, nht, replicas)
@@ -314,51 +338,49 @@ def _make_step(
 
 
 def _placed(
-    replica_step: Any, written: tuple, ipus: int, shapes: list, inputs: list, nht: int
-) -> tuple[Any, tuple]:
-    """The jitted step placed on ``ipus`` devices, and the home of each state entry.
+    replica_step: Any,
+    variables: list[Variable],
+    written: tuple,
+    ipus: int,
+    shapes: list,
+    inputs: list,
+    nht: int,
+) -> tuple[Any, SlotLayout]:
+    """The jitted step placed on ``ipus`` devices, and its variables' slot layout.
 
-    Homes are found by tracing (no compilation): a written entry lives where the program
-    last writes it; tracing again with those homes must give the same answer.
+    Each variable is owned by the IPU where the program leaves its last write (found by
+    tracing, no compilation), else by the first IPU that reads it (``memory.tensor_ipu``);
+    tracing again with those owners must give the same answer.
     """
-    mutable = [i for i, w in enumerate(written) if w]
-    const = [i for i, w in enumerate(written) if not w]
+    n_vars = len(variables)
+    owners = [min(tensor_ipu(v), ipus - 1) for v in variables]
+    ins = tuple(jax.ShapeDtypeStruct((nht, *shape), dt) for shape, dt in inputs)
 
-    def step(mut: tuple, fixed: tuple, ins: tuple, placement: Any) -> tuple:
-        state: list[Any] = [None] * len(written)
-        for i, v in zip(mutable, mut):
-            state[i] = v
-        for i, v in zip(const, fixed):
-            state[i] = v
-        new_state, outs = replica_step(tuple(state), ins, placement)
-        return tuple(new_state[i] for i in mutable), outs
+    def abstract(layout: SlotLayout) -> tuple:
+        arrays = [layout.slot_shape(k) for k in range(len(layout.slots))]
+        arrays += [((ipus, *shape), dt) for shape, dt in shapes[n_vars:]]
+        structs = [jax.ShapeDtypeStruct(shape, dt) for shape, dt in arrays]
+        writes = state_written(layout, written)
+        mut = tuple(s for s, w in zip(structs, writes) if w)
+        return mut, tuple(s for s, w in zip(structs, writes) if not w), ins
 
-    abstract = [jax.ShapeDtypeStruct((ipus, *shape), dt) for shape, dt in shapes]
-    args = (
-        tuple(abstract[i] for i in mutable),
-        tuple(abstract[i] for i in const),
-        tuple(jax.ShapeDtypeStruct((nht, *shape), dt) for shape, dt in inputs),
-    )
-    homes: list[int | None] = [None] * len(written)
     for _ in range(4):
+        layout = SlotLayout.build(ipus, shapes[:n_vars], owners)
         probe: list = []
-        order = [homes[i] for i in mutable] + [homes[i] for i in const]
-        jax.eval_shape(placed_step(step, ipus, order, probe), *args)
-        found = list(homes)
-        for i, h in zip(mutable, probe):
-            found[i] = h
-        if found == homes:
+        jax.eval_shape(placed_step(replica_step, layout, written, probe), *abstract(layout))
+        found = [h if w and h is not None else o for o, h, w in zip(owners, probe, written)]
+        if found == owners:
             break
-        homes = found
-    order = [homes[i] for i in mutable] + [homes[i] for i in const]
-    return jax.jit(placed_step(step, ipus, order), donate_argnums=(0,)), tuple(homes)
+        owners = found
+    layout = SlotLayout.build(ipus, shapes[:n_vars], owners)
+    return jax.jit(placed_step(replica_step, layout, written), donate_argnums=(0,)), layout
 
 
 def _entry_shape(variables: list[Variable], entry: tuple[int, ...]) -> tuple:
     """(shape, numpy dtype) of one state entry."""
     v = variables[entry[0]]
     lead = (len(entry),) if len(entry) > 1 else ()
-    return (*lead, *v.shape), v.dtype.as_numpy()
+    return (*lead, *v.shape), v.dtype._np_device
 
 
 def written_state(
@@ -545,7 +567,7 @@ def build_program(ir: Ir) -> Program:
         while len(_STEP_CACHE) > STEP_CACHE_SIZE:
             _STEP_CACHE.popitem(last=False)
     _STEP_CACHE.move_to_end(key)
-    step, batched, written, homes, entries = cached
+    step, batched, written, slots, entries = cached
     return Program(
         ir,
         variables,
@@ -561,7 +583,7 @@ def build_program(ir: Ir) -> Program:
         written,
         run_checks,
         ipus,
-        homes,
+        slots or None,
         local,
         entries,
     )
@@ -581,7 +603,10 @@ def state_sharding(program: Program, device: jax.Device) -> jax.sharding.Shardin
 def abstract_state(program: Program) -> tuple:
     r = program.replicas
     shapes = [_entry_shape(program.variables, e) for e in program.entries]
-    shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype.as_numpy()) for b in program.buffers]
+    if program.slots:  # (ipus, size) per slot: already per device
+        layout = program.slots
+        shapes = [(s[1:], dt) for s, dt in map(layout.slot_shape, range(len(layout.slots)))]
+    shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype._np_device) for b in program.buffers]
     lead = (program.ipus,) if program.ipus else (r,)
     return tuple(
         jax.ShapeDtypeStruct((lead if batched else ()) + shape, dt)
@@ -594,5 +619,5 @@ def abstract_inputs(program: Program) -> tuple:
     lead = (r,) if r > 1 else ()
     nht = program.ir.num_host_transfers
     return tuple(
-        jax.ShapeDtypeStruct((nht, *lead, *s.shape), s.dtype.as_numpy()) for s in program.h2d
+        jax.ShapeDtypeStruct((nht, *lead, *s.shape), s.dtype._np_device) for s in program.h2d
     )
