@@ -356,9 +356,8 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
         1 for s in sources.values() if s and not s[1]
     )
     xs = [_stacked_input(env, run.stacked(i), sources[i], reverse) for i in stacked]
-    if not any(s.kind == "carry" for s in run.slots) and _lower_as_map(
-        ctx, env, run, stacked, sources, reverse, xs
-    ):
+    independent = stacked and not any(s.kind == "carry" for s in run.slots)
+    if independent and _lower_as_map(ctx, env, run, stacked, sources, reverse, xs):
         return
     whole = _whole_stacks(env, run)  # shared inputs that are all the rows of a stack
     in_whole = {i for _, indices, _ in whole for i in indices}
