@@ -356,9 +356,8 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
         1 for s in sources.values() if s and not s[1]
     )
     xs = [_stacked_input(env, run.stacked(i), sources[i], reverse) for i in stacked]
-    if not any(s.kind == "carry" for s in run.slots) and _lower_as_map(
-        ctx, env, run, stacked, sources, reverse, xs
-    ):
+    independent = stacked and not any(s.kind == "carry" for s in run.slots)
+    if independent and _lower_as_map(ctx, env, run, stacked, sources, reverse, xs):
         return
     whole = _whole_stacks(env, run)  # shared inputs that are all the rows of a stack
     in_whole = {i for _, indices, _ in whole for i in indices}
@@ -373,30 +372,45 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
         if s.kind == "same" and i not in in_whole
     }
     stacked_modified = [i for i in run.modified if run.slots[i].kind == "stack"]
+    # By-ref stacked inputs (gradient accumulators) are carried whole and updated a row per
+    # call in place, rather than read as ``xs`` and rebuilt as ``ys`` (a new buffer and a
+    # copy of the stack per run). Under vmap replication they stay ``xs``/``ys``, so a
+    # deferred final can leave the run with its replica sum (``replica_sums.Summed``).
+    in_place = [] if ctx.collective_impl == "gather" else stacked_modified
+    by_xs = [(i, v) for i, v in zip(stacked, xs) if i not in in_place]
+    scan_xs = tuple(v for _, v in by_xs) + ((jnp.arange(n),) if in_place else ())
+    init_rows = tuple(v for i, v in zip(stacked, xs) if i in in_place)
 
     def body(carry: tuple, x: tuple) -> tuple:
-        values, stack_values, fx = carry
+        values, stack_values, row_stacks, fx = carry
         inputs: list[Array] = [None] * len(run.slots)
         for (i, _), v in zip(carry_in, values):
             inputs[i] = v
         for i, v in fixed.items():
             inputs[i] = v
-        for i, v in zip(stacked, x):
+        for (i, _), v in zip(by_xs, x):
             inputs[i] = v
+        for i, v in zip(in_place, row_stacks):
+            inputs[i] = lax.dynamic_index_in_dim(v, x[-1], keepdims=False)
         stacks = fixed_stacks + [(ix, v) for (_, ix), v in zip(carried_stacks, stack_values)]
         ctx.fx = fx
         outs, finals, stack_finals = lower_graph_with_stacks(ctx, graph, inputs, stacks, True)
         new = tuple(value_of(outs[s.source] if s.source >= 0 else finals[i]) for i, s in carry_in)
         new_stacks = tuple(stack_finals[len(fixed_stacks) :])
+        new_rows = tuple(
+            lax.dynamic_update_index_in_dim(v, value_of(finals[i]).astype(v.dtype), x[-1], 0)
+            for i, v in zip(in_place, row_stacks)
+        )
         ys = (
             tuple(_portable(ctx, outs[m]) for m in run.ys),
-            tuple(_portable(ctx, finals[i]) for i in stacked_modified),
+            tuple(_portable(ctx, finals[i]) for i in stacked_modified if i not in in_place),
         )
-        return (new, new_stacks, ctx.fx), ys
+        return (new, new_stacks, new_rows, ctx.fx), ys
 
-    start = (init, init_stacks, ctx.fx)
-    scanned: tuple = lax.scan(body, start, tuple(xs), length=n, reverse=reverse)
-    (final, final_stacks, ctx.fx), (ys, finals) = scanned
+    start = (init, init_stacks, init_rows, ctx.fx)
+    scanned: tuple = lax.scan(body, start, scan_xs, length=n, reverse=reverse)
+    (final, final_stacks, final_rows, ctx.fx), (ys, finals) = scanned
+    finals = final_rows if in_place else finals
     for (i, slot), value in zip(carry_in, final):
         if slot.source >= 0:
             env.values[calls[-1].outputs[slot.source]] = value

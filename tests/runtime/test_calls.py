@@ -173,6 +173,22 @@ def test_calls_with_effects_are_scanned_not_mapped(monkeypatch):
     np.testing.assert_array_equal(np.stack([data[w] for w in ws]), [[0, 1], [2, 3], [4, 5]])
 
 
+def test_calls_with_identical_inputs_only(monkeypatch):
+    """Calls sharing every input (nothing stacked, nothing carried) still give every
+    call's outputs."""
+    monkeypatch.setattr(calls, "_policy", "scan")
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.array([1.0, 2.0], np.float32), name="a")
+        square = ir.create_graph(lambda t: t * t, a)
+        outs = [ops.call(square, a)[0] for _ in range(3)]
+        stream = popxl.d2h_stream((2,), popxl.float32, "out")
+        ops.host_store(stream, outs[0] + outs[1] + outs[2])
+    assert len(calls.runs_of(ir.main_graph)) == 1
+    with popxl.Session(ir, "ipu_model") as session:
+        np.testing.assert_array_equal(session.run()[stream], [3.0, 12.0])
+
+
 def test_runs_are_planned_with_carries_shared_and_stacked_inputs(monkeypatch):
     monkeypatch.setattr(calls, "_policy", "scan")
     ir, *_ = training_program(1)
