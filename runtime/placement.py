@@ -62,13 +62,24 @@ def placement_ipus(ipus: int, replicas: int) -> int:
     """The number of devices to place the program on, or 0 to run it on one device.
 
     ``POPXL_PLACEMENT`` = ``auto`` (default: place when JAX has at least ``ipus`` devices),
-    ``off``, or ``on`` (place, or raise when there are too few devices). Replicated programs
-    are mapped over replicas instead (see ``runtime.program``) and are not placed.
+    ``off``, or ``on`` (place, or raise when there are too few devices or the program is
+    replicated). Replicated programs are mapped over replicas instead (``vmap`` on one
+    device, or ``shard_map`` with one device per replica, see ``runtime.program``): every
+    replica's IPUs then share that replica's device, so per-device memory holds all of a
+    replica's variables.
     """
     choice = os.environ.get("POPXL_PLACEMENT", "auto")
     if choice not in ("auto", "off", "on"):
         raise ValueError(f"POPXL_PLACEMENT must be auto, off or on, got {choice!r}.")
-    if choice == "off" or ipus < 2 or replicas > 1:
+    if choice == "off" or ipus < 2:
+        return 0
+    if replicas > 1:
+        if choice == "on":
+            raise ValueError(
+                f"POPXL_PLACEMENT=on: the program is replicated ({replicas} replicas) and "
+                "replicated programs are not placed: each replica runs all its IPUs on one "
+                "device (replicas on their own devices when JAX has enough). Use auto."
+            )
         return 0
     devices = len(jax.devices())
     if devices < ipus:
