@@ -36,7 +36,7 @@ from popxl.tensor import Constant, Tensor, Variable
 
 from . import distributed, executable_cache, remote_state, state_layout, stream_io
 from .device import DeviceInfo, check_compatible, check_io_tiles, ipus_needed, select_device
-from .placement import ipus_used
+from .placement import ipu_mesh, ipus_used
 from .program import (
     Program,
     abstract_inputs,
@@ -178,11 +178,11 @@ class Session(SessionCompat):
                 engine_options,
                 f"{self.device_desc}:{self._device}:x64={self._program.uses_x64}",
             )
-            devices = (
-                list(replica_mesh(self._program.replicas).devices.flat)
-                if self._program.mode == "shard_map"
-                else [self._device]
-            )
+            devices = [self._device]
+            if self._program.mode == "shard_map":
+                devices = list(replica_mesh(self._program.replicas).devices.flat)
+            elif self._program.ipus:  # placed: one device per virtual IPU
+                devices = list(ipu_mesh(self._program.ipus).devices.flat)
             self._executable = executable_cache.load_or_compile(
                 cache, wanted, self._compiled, devices
             )

@@ -119,3 +119,19 @@ def test_same_sized_variables_of_two_ipus_share_one_array(monkeypatch):
     np.testing.assert_array_equal(second, 1 + np.arange(4) * 4)
     np.testing.assert_array_equal(rows, [np.arange(4), 1 + np.arange(4) * 4])
     np.testing.assert_array_equal(session.get_tensor_data(w), np.arange(4))
+
+
+def test_placed_program_is_saved_to_and_loaded_from_the_executable_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("POPXL_PLACEMENT", "on")
+    results = []
+    for _ in range(2):
+        ir, x_in, out, (a, u, b, h) = _two_ipus()
+        opts = ir._pb_ir.getSessionOptions()
+        opts.enableEngineCaching, opts.cachePath = True, str(tmp_path)
+        with popxl.Session(ir, "ipu_model") as session:
+            assert session._program.ipus == 2 and session._executable is not None
+            results.append(session.run({x_in: np.ones(64, np.float32)})[out])
+            assert session.get_tensor_data(h)[0] == 2.0
+    assert len(list(tmp_path.glob("*.popef"))) == 1
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_allclose(results[0], np.full(64, (32 + 120) * 2 * 64, np.float32))
