@@ -11,7 +11,12 @@ devices: device ``k`` is virtual IPU ``k``.
   every device, e.g. host loads and values computed from them everywhere). An op on IPU
   ``k`` that reads a value homed elsewhere first moves it to ``k`` with ``lax.ppermute``:
   ``ipu_copy`` is exactly such a device-to-device transfer, and implicit transfers keep
-  programs that read across IPUs without a copy correct.
+  programs that read across IPUs without a copy correct. The copies of one call of a
+  copies-only graph (a pipeline cycle's transfers) that share a shape and dtype travel in
+  one ``ppermute``, so the devices meet once per cycle rather than once per copy.
+* **Updates.** An in-place op skipped on a foreign device leaves its input unchanged;
+  elementwise variable updates (optimizer steps, accumulator resets) are computed on every
+  device and selected, which XLA fuses into one in-place pass (a branch would copy).
 * **State.** Each variable is owned by one IPU (the one whose ops leave its last write,
   found by tracing the step; else the first IPU to read it) and held only on that IPU's
   device: variables of equal dtype and size owned by different IPUs share one array
@@ -20,7 +25,8 @@ devices: device ``k`` is virtual IPU ``k``.
   and remote buffers stay valid on every device.
 
 Otherwise (one IPU, too few devices, replication, or ``POPXL_PLACEMENT=off``) the program
-runs on one device with identical results.
+runs on one device with identical results; replicated programs run unplaced, each replica
+on its own device when JAX has enough (see ``placement_ipus``).
 """
 
 from __future__ import annotations
