@@ -17,14 +17,20 @@ Figures: seconds per step, tokens per second (GA x micro-batch x sequence per st
 timed in alternating rounds in this process; peak resident memory in separate processes;
 ``--compile``: build + compile seconds of the project program at 12, 24 and 48 layers.
 
-Run: python bench/transformer_step.py [--size cpu|gpt2] [--dtype float32|float16] [--compile]
+Run: python bench/transformer_step.py [--size cpu|gpt2] [--dtype float32|float16|both]
+    [--rounds 7] [--repeats 3] [--no-memory] [--hlo] [--compile]
+``--hlo``: compare the two compiled steps without timing them (XLA kernel counts by kind,
+copies, dynamic slices and updates, and XLA's memory analysis), which a loaded machine
+cannot disturb. The load average is printed with the timings.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -498,14 +504,59 @@ def variant(impl: str, cfg: Config) -> dict:
     return {"step_s": seconds, "peak_rss_mb": peak_rss_mb()}
 
 
-def time_both(cfg: Config, repeats: int) -> tuple[float, float]:
+def time_both(cfg: Config, repeats: int, rounds: int = 7) -> tuple[float, float]:
     """Seconds per step of the project and the reference, in alternating rounds."""
     tokens, labels = make_batches(cfg)
     program, ref = ProjectStep(cfg), ReferenceStep(cfg)
     with program:
         return compare(
-            lambda: program.step(tokens, labels), lambda: ref.step(tokens, labels), repeats
+            lambda: program.step(tokens, labels), lambda: ref.step(tokens, labels), repeats, rounds
         )
+
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = .*? ([\w\-]+)\(")
+_FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant"}
+
+
+def kernel_counts(hlo: str) -> collections.Counter:
+    """Instructions of the compiled module outside fused computations (what runs as a
+    kernel or a loop), by opcode; parameters, tuples, bitcasts and constants left out."""
+    counts: collections.Counter = collections.Counter()
+    fused = False
+    for line in hlo.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            fused = "fused" in line.split("(")[0] or "wrapped" in line.split("(")[0]
+            continue
+        match = None if fused else _INSTRUCTION.match(line)
+        if match and match.group(1) not in _FREE:
+            counts[match.group(1)] += 1
+    return counts
+
+
+def hlo_report(cfg: Config) -> None:
+    """Kernel counts and memory analysis of both compiled steps (no timing)."""
+    program, ref = ProjectStep(cfg), ReferenceStep(cfg)
+    tokens, labels = make_batches(cfg)
+    compiled = {
+        "project": program.session._compiled(),
+        "reference": ref.fn.lower(ref.state, tokens, labels).compile(),
+    }
+    counts = {k: kernel_counts(c.as_text()) for k, c in compiled.items()}
+    kinds = sorted(set().union(*counts.values()), key=lambda k: -counts["reference"][k])
+    print(f"{cfg.dtype}: kernels by kind (outside fusions)")
+    print(f"{'kind':24s} {'project':>8s} {'reference':>10s}")
+    for kind in ["total", *kinds]:
+        p, r = (sum(c.values()) if kind == "total" else c[kind] for c in counts.values())
+        print(f"{kind:24s} {p:8d} {r:10d}")
+    print(f"{'memory (MB)':24s} {'project':>8s} {'reference':>10s}")
+    analyses = {k: c.memory_analysis() for k, c in compiled.items()}
+    for field in ("argument", "output", "alias", "temp"):
+        p, r = (getattr(a, f"{field}_size_in_bytes") / 1e6 for a in analyses.values())
+        print(f"{field:24s} {p:8.2f} {r:10.2f}")
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def build_compile(cfg: Config) -> dict:
@@ -520,6 +571,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, help="override the size's layer count")
     parser.add_argument("--compile", action="store_true", help="build + compile at 12/24/48 layers")
     parser.add_argument("--repeats", type=int, default=3, help="steps per timed round")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating timed rounds")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS processes")
+    parser.add_argument("--hlo", action="store_true", help="compare compiled steps, no timing")
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--what", default="step", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -533,12 +587,20 @@ def main() -> None:
         return
     print(f"device: {device_name()}; {cfg}")
     dtypes = ["float32", "float16"] if args.dtype == "both" else [args.dtype]
+    if args.hlo:
+        for dtype in dtypes:
+            hlo_report(replace(cfg, dtype=dtype))
+        return
     rows = []
     for dtype in dtypes:
         c = replace(cfg, dtype=dtype)
-        p, r = time_both(c, args.repeats)
+        print(f"{dtype}: timing, {load()}")
+        p, r = time_both(c, args.repeats, args.rounds)
+        print(f"{dtype}: timed, {load()}")
         rows.append((f"{dtype} s/step", p, r, "s"))
         rows.append((f"{dtype} tokens/s", c.tokens_per_step / p, c.tokens_per_step / r, "/s"))
+        if args.no_memory:
+            continue
         common = ["--size", args.size, "--dtype", dtype, "--layers", str(c.layers)]
         mp = run_variant(__file__, "--variant", "project", *common)
         mr = run_variant(__file__, "--variant", "jax", *common)

@@ -1,10 +1,15 @@
 """PopXL data types.
 
 Each dtype is a singleton (``popxl.float32 is popxl.dtypes.float32``); compare with ``==``
-or ``is``. Float8 types map onto ``ml_dtypes`` (``float8_143`` is ``float8_e4m3fnuz`` and
-``float8_152`` is ``float8_e5m2fnuz``: the same formats as the IPU's), so host data of a
-float8 tensor is a plain NumPy array of that ml_dtypes type rather than the original's
-structured ``u1`` dtype.
+or ``is``.
+
+Float8 host data uses PopXL's NumPy form: a structured dtype of one ``u1`` field named after
+the format (``np_dtype_float8_143 = np.dtype([("float8_143", "u1")])``), one raw byte per
+element. That is what ``as_numpy()`` gives and what sessions hand back; NumPy compares such
+arrays byte by byte, so a NaN (the byte ``0x80``) equals itself in
+``np.testing.assert_equal``. Inputs may also be arrays of the matching ``ml_dtypes`` type
+(``float8_143`` is ``float8_e4m3fnuz``, ``float8_152`` is ``float8_e5m2fnuz``: the same
+formats as the IPU's), which the runtime and JAX use internally; see ``popxl._float8_host``.
 
 >>> import popxl
 >>> popxl.float32
@@ -21,8 +26,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-np_dtype_float8_143 = np.dtype(ml_dtypes.float8_e4m3fnuz)
-np_dtype_float8_152 = np.dtype(ml_dtypes.float8_e5m2fnuz)
+np_dtype_float8_143 = np.dtype([("float8_143", "u1")])
+np_dtype_float8_152 = np.dtype([("float8_152", "u1")])
+# The same formats as ml_dtypes types: the runtime's (and JAX's) view of float8 data.
+_ml_dtype_float8_143 = np.dtype(ml_dtypes.float8_e4m3fnuz)
+_ml_dtype_float8_152 = np.dtype(ml_dtypes.float8_e5m2fnuz)
 
 _NO_DTYPE_MSG = "There is not a popxl.dtype that is compatible with value: `{!r}`."
 
@@ -34,6 +42,7 @@ class dtype:
     _by_numpy: dict[np.dtype, dtype] = {}
     _name: str
     _np: np.dtype
+    _np_device: np.dtype
     _is_int: builtins.bool
     _is_float: builtins.bool
     _is_signed: builtins.bool
@@ -54,10 +63,13 @@ class dtype:
         is_signed: builtins.bool = True,
         is_complex: builtins.bool = False,
         torch_name: str | None = None,
+        device_np_type: Any = None,
     ) -> dtype:
         self = object.__new__(cls)
         self._name = name
         self._np = np.dtype(np_type)
+        # The dtype of device (JAX) arrays; differs from the host one for float8 only.
+        self._np_device = self._np if device_np_type is None else np.dtype(device_np_type)
         self._is_int = is_int
         self._is_float = is_float
         self._is_signed = is_signed
@@ -65,6 +77,7 @@ class dtype:
         self._torch_name = torch_name
         cls._by_name[name] = self
         cls._by_numpy.setdefault(self._np, self)
+        cls._by_numpy.setdefault(self._np_device, self)
         return self
 
     @property
@@ -93,7 +106,7 @@ class dtype:
         return self._np.itemsize
 
     def as_numpy(self) -> np.dtype:
-        """The NumPy dtype used for host data of this type."""
+        """The NumPy dtype used for host data of this type (``np_dtype_float8_*`` for float8)."""
         return self._np
 
     def as_torch(self) -> Any:
@@ -172,8 +185,12 @@ uint8 = dtype._new("uint8", np.uint8, is_int=True, is_signed=False, torch_name="
 uint16 = dtype._new("uint16", np.uint16, is_int=True, is_signed=False)
 uint32 = dtype._new("uint32", np.uint32, is_int=True, is_signed=False)
 uint64 = dtype._new("uint64", np.uint64, is_int=True, is_signed=False)
-float8_143 = dtype._new("float8_143", np_dtype_float8_143, is_float=True)
-float8_152 = dtype._new("float8_152", np_dtype_float8_152, is_float=True)
+float8_143 = dtype._new(
+    "float8_143", np_dtype_float8_143, is_float=True, device_np_type=_ml_dtype_float8_143
+)
+float8_152 = dtype._new(
+    "float8_152", np_dtype_float8_152, is_float=True, device_np_type=_ml_dtype_float8_152
+)
 float16 = dtype._new("float16", np.float16, is_float=True, torch_name="float16")
 float32 = dtype._new("float32", np.float32, is_float=True, torch_name="float32")
 float64 = dtype._new("float64", np.float64, is_float=True, torch_name="float64")

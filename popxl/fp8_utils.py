@@ -1,9 +1,16 @@
 """Host-side float8 conversion.
 
-Float8 host data is held in NumPy arrays of the ``ml_dtypes`` types that match the IPU
-formats: ``float8_143`` = ``float8_e4m3fnuz`` (1 sign, 4 exponent, 3 mantissa bits, bias 8,
-largest 240) and ``float8_152`` = ``float8_e5m2fnuz`` (1/5/2, bias 16, largest 57344).
-Neither has infinities; the byte ``0x80`` is the only NaN.
+Float8 host data is PopXL's NumPy form: a structured dtype of one raw byte per element,
+``popxl.dtypes.np_dtype_float8_143`` (``np.dtype([("float8_143", "u1")])``) or
+``np_dtype_float8_152``. The formats: ``float8_143`` has 1 sign, 4 exponent and 3 mantissa
+bits, bias 8, largest 240; ``float8_152`` 1/5/2, bias 16, largest 57344. Neither has
+infinities; the byte ``0x80`` is the only NaN. NumPy compares structured arrays byte by byte,
+so ``np.testing.assert_equal`` finds float8 NaNs equal, as in PopXL.
+
+Deliberate extension: wherever float8 data goes in (these functions, ``popxl.variable``,
+``popxl.constant``, stream inputs, ``Session.write_variable_data``) arrays of the matching
+``ml_dtypes`` types (``float8_e4m3fnuz`` / ``float8_e5m2fnuz``, the same bytes) are accepted
+too; data coming back is always the structured form (``popxl._float8_host`` converts by views).
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
-from . import dtypes
+from . import _float8_host, dtypes
 
 if TYPE_CHECKING:
     from .dtypes import dtype as DType
@@ -36,7 +43,7 @@ _FLOAT_SOURCES = (np.float16, np.float32, np.float64)
 
 
 def _float8_max(dt: DType) -> float:
-    return float(ml_dtypes.finfo(dt.as_numpy()).max)
+    return float(ml_dtypes.finfo(dt._np_device).max)
 
 
 def _check_fp8_dtype(dt: DType | None) -> DType:
@@ -63,7 +70,8 @@ def host_pow2scale_cast_to_fp8(
         nan_on_overflow: NaN rather than saturation for out-of-range values.
 
     Returns:
-        An array of the float8 ``ml_dtypes`` type of ``dtype`` (``dtype.as_numpy()``).
+        An array of the structured float8 dtype of ``dtype`` (``dtype.as_numpy()``, e.g.
+        ``np_dtype_float8_143``), shaped like ``src``.
 
     Raises:
         TypeError: non-float data or a non-float8 ``dtype``.
@@ -72,8 +80,8 @@ def host_pow2scale_cast_to_fp8(
     >>> import numpy as np, popxl
     >>> from popxl.fp8_utils import host_pow2scale_cast_to_fp8
     >>> x = np.array([0.75, 250.0, np.inf], np.float32)
-    >>> host_pow2scale_cast_to_fp8(x, popxl.float8_143, 0, False).view(np.uint8)
-    array([ 60, 127, 128], dtype=uint8)
+    >>> host_pow2scale_cast_to_fp8(x, popxl.float8_143, 0, False)
+    array([( 60,), (127,), (128,)], dtype=[('float8_143', 'u1')])
     >>> host_pow2scale_cast_to_fp8(x, popxl.float8_143, 0, True).view(np.uint8)
     array([ 60, 128, 128], dtype=uint8)
     """
@@ -95,29 +103,75 @@ def host_pow2scale_cast_to_fp8(
             # PopART saturates finite values only: infinities (e.g. float16 data that
             # overflowed already) still become NaN, the formats having no infinity.
             scaled = np.where(np.isinf(scaled), np.nan, np.clip(scaled, -limit, limit))
-    return scaled.astype(np.float32).astype(dt.as_numpy())
+    return _float8_host.to_structured(scaled.astype(np.float32).astype(dt._np_device))
+
+
+NOT_FLOAT8_MSG = (
+    "Expected float8 host data: an array of dtype popxl.dtypes.np_dtype_float8_143 or "
+    "np_dtype_float8_152 (as host_pow2scale_cast_to_fp8 returns) or of the matching ml_dtypes "
+    "type (float8_e4m3fnuz, float8_e5m2fnuz); got dtype {got}."
+)
+NOT_FLOAT8_SOURCE_MSG = (
+    "Data for a {want} tensor must be float8 data (an array of dtype "
+    "popxl.dtypes.np_dtype_{want} as host_pow2scale_cast_to_fp8 returns, or of the ml_dtypes "
+    "type {ml}) or float16/32/64 data to convert; got dtype {got}."
+)
 
 
 def host_pow2scale_cast_from_fp8(
     src: np.ndarray, dtype: DType | None = None, log2_scale: int = 0
 ) -> np.ndarray:
-    """Cast float8 data to ``dtype`` (float16/32/64) and multiply by ``2**log2_scale``."""
+    """Cast float8 data to ``dtype`` (float16/32/64) and multiply by ``2**log2_scale``.
+
+    Args:
+        src: float8 data: the structured ``np_dtype_float8_*`` form, or ml_dtypes float8.
+        dtype: ``popxl.float16``, ``float32`` (default) or ``float64``.
+        log2_scale: the power of two to multiply by after the cast.
+
+    Raises:
+        TypeError: ``src`` is not float8 data, or another ``dtype``.
+
+    >>> import numpy as np, popxl
+    >>> from popxl.fp8_utils import host_pow2scale_cast_from_fp8
+    >>> raw = np.array([60, 128], np.uint8).view(popxl.dtypes.np_dtype_float8_143)
+    >>> host_pow2scale_cast_from_fp8(raw, popxl.float32, 1)
+    array([1.5, nan], dtype=float32)
+    """
     target = dtypes.float32 if dtype is None else dtype
     if target not in (dtypes.float16, dtypes.float32, dtypes.float64):
         raise TypeError(f"Float8 data can only be cast to float16/32/64, not {target}.")
     arr = np.asarray(src)
-    if arr.dtype not in (dtypes.np_dtype_float8_143, dtypes.np_dtype_float8_152):
-        raise TypeError(f"Expected float8 host data, got dtype {arr.dtype}.")
-    out = arr.astype(np.float64) * (2.0 ** int(log2_scale))
+    if not _float8_host.is_float8(arr.dtype):
+        raise TypeError(NOT_FLOAT8_MSG.format(got=arr.dtype))
+    out = _float8_host.to_ml(arr).astype(np.float64) * (2.0 ** int(log2_scale))
     return out.astype(target.as_numpy())
 
 
 def _to_float8_array(
-    x: Any, dt: DType, log2_scale: int | None, nan_on_overflow: bool | None
+    x: Any,
+    dt: DType | None,
+    log2_scale: int | None,
+    nan_on_overflow: bool | None,
+    copy: bool = True,
 ) -> np.ndarray:
-    arr = np.asarray(x.detach().cpu().numpy() if type(x).__module__.startswith("torch") else x)
-    if arr.dtype == dt.as_numpy():
-        return arr.copy()
+    """Data for a float8 tensor (``dt``; None: the format of float8 data ``x``), structured.
+
+    Float8 data of either form is taken as is (log2_scale and nan_on_overflow do not apply);
+    float16/32/64 data is converted with ``host_pow2scale_cast_to_fp8``.
+    """
+    if isinstance(x, np.memmap):
+        arr: np.ndarray = x
+    elif type(x).__module__.startswith("torch"):
+        arr = np.asarray(x.detach().cpu().numpy())
+    else:
+        arr = np.asarray(x)
+    if _float8_host.is_float8(arr.dtype):
+        want = _float8_host.popxl_dtype(arr.dtype) if dt is None else dt
+        out = _float8_host.checked_structured(arr, want)
+        return out.copy() if copy else out
+    assert dt is not None, "only float8 data reaches here without a dtype"
+    if arr.dtype.type not in _FLOAT_SOURCES:
+        raise TypeError(NOT_FLOAT8_SOURCE_MSG.format(want=dt.name, ml=dt._np_device, got=arr.dtype))
     return host_pow2scale_cast_to_fp8(
         arr,
         dt,

@@ -7,6 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+# PopXL exposes the float8 host dtypes here too.
+from .dtypes import np_dtype_float8_143 as np_dtype_float8_143
+from .dtypes import np_dtype_float8_152 as np_dtype_float8_152
+
 if TYPE_CHECKING:
     from .dtypes import dtype as DType
 
@@ -59,16 +63,21 @@ def to_numpy(
         nan_on_overflow: float8 only: values out of range become NaN rather than saturate.
 
     Returns:
-        A NumPy array. Python ints become int32, floats float32, bools bool.
+        A NumPy array. Python ints become int32, floats float32, bools bool. Float8 data is
+        PopXL's structured form (``np_dtype_float8_143``/``_152``); float8 input may be that
+        form or ml_dtypes float8 arrays (the same bytes).
 
     Raises:
         RuntimeError: float8-only arguments given for another dtype.
-        TypeError: float8 requested from non-float data.
+        TypeError: float8 requested from data that is neither float8 nor float16/32/64, or
+            float8 data of the other format.
     """
-    from . import fp8_utils  # noqa: PLC0415  (fp8_utils imports this module)
+    from . import _float8_host, fp8_utils  # noqa: PLC0415  (fp8_utils imports this module)
 
-    if dtype is not None and dtype.name.startswith("float8"):
-        return fp8_utils._to_float8_array(x, dtype, log2_scale, nan_on_overflow)
+    float8_data = dtype is None and _float8_host.is_float8(getattr(x, "dtype", None))
+    if float8_data or (dtype is not None and dtype.name.startswith("float8")):
+        arr = fp8_utils._to_float8_array(x, dtype, log2_scale, nan_on_overflow, copy)
+        return _checked_memmap(arr, None, downcast) if isinstance(arr, np.memmap) else arr
     if log2_scale is not None or nan_on_overflow is not None:
         raise RuntimeError(_FP8_SCALE_ONLY_MSG.format(dtype=dtype))
     if isinstance(x, np.memmap) and not copy:
@@ -155,7 +164,14 @@ def flatten_once(items: Iterable[Any]) -> list[Any]:
     return out
 
 
-__all__ = ["to_numpy", "table_to_string", "downcast_np_dtypes", "HW_DEVICE_CONNECTION_TIMEOUT"]
+__all__ = [
+    "to_numpy",
+    "table_to_string",
+    "downcast_np_dtypes",
+    "HW_DEVICE_CONNECTION_TIMEOUT",
+    "np_dtype_float8_143",
+    "np_dtype_float8_152",
+]
 
 
 def _to_device_info(device_type: str, num_ipus: int = 1, use_popdist: bool = False) -> Any:

@@ -19,9 +19,9 @@ pattern (PopART's name)            level    rewrite
 ``OpToIdentity``                   default  same-shape ``Reshape``, same-type ``Cast``,
                                             identity ``Transpose``, one-input ``Concat``,
                                             ``x * 1``, ``x / 1``, and the
-                                            ``ReplicatedAllReduceTP`` of identical inputs
-                                            (forward of ``f``, gradient of ``g``) ->
-                                            ``Identity``
+                                            ``ReplicatedAllReduceTP``/``...Strided`` of
+                                            identical inputs (forward of ``f``, gradient
+                                            of ``g``) -> ``Identity``
 ``TransposeToIdentityOrReshape``   default  ``Transpose`` moving only size-1 axes ->
                                             ``Reshape``
 ``NegativeOneScale``               default  ``x * -1`` -> ``Neg``
@@ -48,6 +48,7 @@ from popxl._op import Op
 from popxl.tensor import Constant
 
 from ._ir_edit import insert_before, modified_storages, remove_op, replace_op_kind, replace_uses
+from .ops._native import ALL_REDUCE_PAIRS
 
 Level = Literal["no_patterns", "minimal", "default", "all"]
 LEVELS: dict[str, int] = {"no_patterns": 0, "minimal": 1, "default": 2, "all": 3}
@@ -133,7 +134,7 @@ def _is_noop(op: Op) -> popxl.Tensor | None:
         return ins[0]
     if key == "concat" and len(ins) == 1:
         return ins[0]
-    if op.type == "ReplicatedAllReduceTP" and op.attrs.get("identical_inputs"):
+    if key in ALL_REDUCE_PAIRS and op.attrs["identical_inputs"]:
         return ins[0]  # the original's canBeReplacedByIdentity: inputs already agree
     return _scaled_input(op, 1.0)
 

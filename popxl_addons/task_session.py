@@ -131,7 +131,8 @@ def _replace_dir(src: str, dst: str) -> None:
 
 
 def _restore_dtype(array: np.ndarray, var: popxl.Tensor) -> np.ndarray:
-    """``.npz`` files store ml_dtypes arrays (float8) as raw bytes; view them as the variable's dtype."""
+    """Checkpoints that stored float8 data as raw bytes (``V1``, as ``.npz`` files keep
+    ml_dtypes arrays) are viewed as the variable's host dtype (the structured float8 form)."""
     want = var.dtype.as_numpy()
     if array.dtype.kind == "V" and array.dtype.itemsize == want.itemsize:
         return array.view(want)

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -40,6 +41,7 @@ from popxl.transforms._storage import roots
 
 from . import control
 from .lowering import Env, LoweringContext, _View, lower_op, special
+from .replica_sums import Deferred, Summed, portable, value_of
 
 Array = Any
 POLICIES = ("scan", "inline")
@@ -150,6 +152,35 @@ def plan_of(graph: Graph) -> tuple[dict[Op, Run], set[Op]]:
     return runs, members
 
 
+def stacked_feeds(graph: Graph, _memo: dict[int, list[list[Tensor]]] | None = None) -> list:
+    """For every stacked input of every run in ``graph``, and of the runs in the graphs it
+    calls (``call``, ``repeat``, ``conditional``: their inputs traced back to ``graph``'s
+    tensors), the tensors of ``graph`` fed to the rows, in call order; these are the
+    variables worth storing stacked (``state_layout``)."""
+    memo = {} if _memo is None else _memo
+    if id(graph) in memo:
+        return memo[id(graph)]
+    feeds = [run.stacked(j) for run in runs_of(graph).values() for j in _stacked_slots(run)]
+    known = {tuple(map(id, rows)) for rows in feeds}
+    for op in graph._ops:
+        if op.opdef.special not in ("call", "repeat", "conditional"):
+            continue
+        offsets = op.attrs.get("input_offsets", (0,) * len(op.attrs["graphs"]))
+        for sub, offset in zip(op.attrs["graphs"], offsets):
+            outer = dict(zip(sub._inputs, op.inputs[offset : offset + len(sub._inputs)]))
+            for rows in stacked_feeds(sub, memo):
+                mapped = [outer.get(t) for t in rows]
+                if all(t is not None for t in mapped) and tuple(map(id, mapped)) not in known:
+                    known.add(tuple(map(id, mapped)))
+                    feeds.append(mapped)  # type: ignore[arg-type]
+    memo[id(graph)] = feeds
+    return feeds
+
+
+def _stacked_slots(run: Run) -> list[int]:
+    return [j for j, slot in enumerate(run.slots) if slot.kind == "stack"]
+
+
 def _carry_source(calls: Sequence[Op], index: int) -> int | None:
     """The output index ``m`` with ``calls[k].inputs[index] is calls[k-1].outputs[m]``."""
     first = calls[1].inputs[index]
@@ -249,6 +280,10 @@ class _Row:
     def __call__(self, stack: Array) -> Array:
         return stack[self.index]
 
+    def of_deferred(self, stack: Deferred) -> Deferred | None:
+        """This row of a stack kept with its replica sums (``Env.read_raw``)."""
+        return _index(stack, self.index) if isinstance(stack, Summed) else None
+
 
 @dataclass(frozen=True)
 class _SetRow:
@@ -321,13 +356,17 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
         1 for s in sources.values() if s and not s[1]
     )
     xs = [_stacked_input(env, run.stacked(i), sources[i], reverse) for i in stacked]
+    if not any(s.kind == "carry" for s in run.slots) and _lower_as_map(
+        ctx, env, run, stacked, sources, reverse, xs
+    ):
+        return
     whole = _whole_stacks(env, run)  # shared inputs that are all the rows of a stack
     in_whole = {i for _, indices, _ in whole for i in indices}
     fixed_stacks = [(indices, env.values[key]) for key, indices, ref in whole if not ref]  # type: ignore[index]
     carried_stacks = [(key, indices) for key, indices, ref in whole if ref]
     carry_in = [(i, s) for i, s in enumerate(run.slots) if s.kind == "carry" and i not in in_whole]
     init = tuple(env.read(calls[0].inputs[i]) for i, _ in carry_in)
-    init_stacks = tuple(env.values[key] for key, _ in carried_stacks)  # type: ignore[index]
+    init_stacks = tuple(env.read(key) for key, _ in carried_stacks)  # type: ignore[arg-type]
     fixed = {
         i: env.read(calls[0].inputs[i])
         for i, s in enumerate(run.slots)
@@ -346,10 +385,13 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
             inputs[i] = v
         stacks = fixed_stacks + [(ix, v) for (_, ix), v in zip(carried_stacks, stack_values)]
         ctx.fx = fx
-        outs, finals, stack_finals = lower_graph_with_stacks(ctx, graph, inputs, stacks)
-        new = tuple(outs[s.source] if s.source >= 0 else finals[i] for i, s in carry_in)
+        outs, finals, stack_finals = lower_graph_with_stacks(ctx, graph, inputs, stacks, True)
+        new = tuple(value_of(outs[s.source] if s.source >= 0 else finals[i]) for i, s in carry_in)
         new_stacks = tuple(stack_finals[len(fixed_stacks) :])
-        ys = (tuple(outs[m] for m in run.ys), tuple(finals[i] for i in stacked_modified))
+        ys = (
+            tuple(_portable(ctx, outs[m]) for m in run.ys),
+            tuple(_portable(ctx, finals[i]) for i in stacked_modified),
+        )
         return (new, new_stacks, ctx.fx), ys
 
     start = (init, init_stacks, ctx.fx)
@@ -365,9 +407,173 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
     for m, value in zip(run.ys, ys):
         add_stack(env, _in_scan_order([op.outputs[m] for op in calls], reverse), value)
         if m in {s.source for _, s in carry_in}:
-            env.values[calls[-1].outputs[m]] = value[0 if reverse else n - 1]
+            env.values[calls[-1].outputs[m]] = _index(value, 0 if reverse else n - 1)
     for i, value in zip(stacked_modified, finals):
         _write_stacked(env, run.stacked(i), sources[i], reverse, value)
+
+
+class _HasEffects(Exception):
+    """The called graph reads or writes effect state (streams, remote buffers)."""
+
+
+def _lower_as_map(
+    ctx: LoweringContext,
+    env: Env,
+    run: Run,
+    stacked: list[int],
+    sources: dict[int, tuple[StackKey, bool] | None],
+    reverse: bool,
+    xs: list[Array],
+) -> bool:
+    """Lower a run without carries (every call independent: a per-layer optimizer step)
+    as one ``jax.vmap`` over the stacked inputs, so each op of the graph is one kernel over
+    the whole stack, updated in place, instead of a loop of per-row slices and updates.
+    Returns False (lowering nothing) when the graph touches effect state, whose order
+    across calls a map would lose."""
+    calls = run.ops
+    fixed = {i: env.read(calls[0].inputs[i]) for i, s in enumerate(run.slots) if s.kind == "same"}
+    stacked_modified = [i for i in run.modified if run.slots[i].kind == "stack"]
+    outer_fx = ctx.fx
+
+    def body(x: tuple) -> tuple:
+        inputs: list[Array] = [None] * len(run.slots)
+        for i, v in fixed.items():
+            inputs[i] = v
+        for i, v in zip(stacked, x):
+            inputs[i] = v
+        ctx.fx = dict(outer_fx)
+        outs, finals, _ = lower_graph_with_stacks(ctx, run.graph, inputs, [], True)
+        if ctx.fx.keys() != outer_fx.keys() or any(ctx.fx[k] is not v for k, v in outer_fx.items()):
+            raise _HasEffects
+        return (
+            tuple(_portable(ctx, outs[m]) for m in run.ys),
+            tuple(_portable(ctx, finals[i]) for i in stacked_modified),
+        )
+
+    try:
+        ys, finals = jax.vmap(body)(tuple(xs))
+    except _HasEffects:
+        return False
+    finally:
+        ctx.fx = outer_fx
+    for m, value in zip(run.ys, ys):
+        add_stack(env, _in_scan_order([op.outputs[m] for op in calls], reverse), value)
+    for i, value in zip(stacked_modified, finals):
+        _write_stacked(env, run.stacked(i), sources[i], reverse, value)
+    return True
+
+
+def input_stacks(
+    env: Env, tensors: Sequence[Tensor], eligible: Sequence[int], modified: set[int]
+) -> list[tuple[StackKey, list[int], bool]]:
+    """Among ``tensors`` at the ``eligible`` indices, groups that are all the rows of one
+    stack, each row once: (key, their indices in row order, whether they are modified).
+    A group whose members are partly modified is left out."""
+    rows: dict[StackKey, dict[int, int]] = {}
+    kinds: dict[StackKey, set[bool]] = {}
+    repeated: set[StackKey] = set()
+    for i in eligible:
+        t = tensors[i]
+        view = env.views.get(t)
+        if view is None or not isinstance(view.forward, _Row) or t in env.values:
+            continue
+        key = view.parents[0]
+        if not isinstance(key, StackKey):
+            continue
+        by_row = rows.setdefault(key, {})
+        if view.forward.index in by_row:
+            repeated.add(key)
+        by_row[view.forward.index] = i
+        kinds.setdefault(key, set()).add(i in modified)
+    return [
+        (key, [by_row[r] for r in range(key.size)], kinds[key].pop())
+        for key, by_row in rows.items()
+        if key not in repeated and sorted(by_row) == list(range(key.size)) and len(kinds[key]) == 1
+    ]
+
+
+@special("repeat")
+def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
+    """``control``'s loop, except that inputs which are all the rows of a stack (a GA loop
+    over a micro-batch graph receiving every layer's weights) enter the body as the one
+    stacked array, so runs of calls inside the body scan it without stacking rows."""
+    graph = op.attrs["graphs"][0]
+    n_out = len(graph._outputs)
+    by_ref = sorted(op.modified_inputs)
+    groups = []
+    if policy() != "inline" and ctx.placement is None:
+        groups = input_stacks(env, op.inputs, range(n_out, len(op.inputs)), set(by_ref))
+    if not groups:
+        control._lower_repeat(ctx, env, op)
+        return
+    grouped = {i for _, indices, _ in groups for i in indices}
+    initial = [None if i in grouped else env.read(t) for i, t in enumerate(op.inputs)]
+    fixed_stacks = [(ix, env.values[key]) for key, ix, ref in groups if not ref]  # type: ignore[index]
+    carried = [(key, ix) for key, ix, ref in groups if ref]
+    ref_plain = [i for i in by_ref if i not in grouped]
+
+    def body(_step: int, carry: tuple) -> tuple:
+        outs_in, ref_values, stack_values, fx = carry
+        current = list(initial)
+        current[:n_out] = outs_in
+        for index, value in zip(ref_plain, ref_values):
+            if index >= n_out:
+                current[index] = value
+        stacks = fixed_stacks + [(ix, v) for (_, ix), v in zip(carried, stack_values)]
+        ctx.fx = fx
+        outs, finals, stack_finals = lower_graph_with_stacks(ctx, graph, current, stacks)
+        new_stacks = tuple(stack_finals[len(fixed_stacks) :])
+        return tuple(outs), tuple(finals[i] for i in ref_plain), new_stacks, ctx.fx
+
+    start = (
+        tuple(initial[:n_out]),
+        tuple(initial[i] for i in ref_plain),
+        tuple(env.read(key) for key, _ in carried),  # type: ignore[arg-type]
+        ctx.fx,
+    )
+    count = op.attrs["repeat_count"]
+    outs, ref_values, stack_values, ctx.fx = (
+        lax.fori_loop(0, count, body, start) if count else start
+    )
+    for index, value in zip(ref_plain, ref_values):
+        env.write(op.inputs[index], value)
+    for (key, _), value in zip(carried, stack_values):
+        env.values[key] = value  # type: ignore[index]
+    for t, value in zip(op.outputs, outs):
+        env.values[t] = value
+
+
+@special("conditional")
+def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
+    """``control``'s branches, except that inputs of a branch which are all the rows of a
+    stack enter it as the one stacked array (see ``_lower_repeat``)."""
+    graphs = op.attrs["graphs"]
+    offsets = op.attrs["input_offsets"]
+    spans = [range(at, at + len(g._inputs)) for g, at in zip(graphs, offsets)]
+    groups = []
+    if policy() != "inline" and ctx.placement is None:
+        groups = [input_stacks(env, op.inputs, span, set()) for span in spans]
+    if not any(groups):
+        control._lower_conditional(ctx, env, op)
+        return
+    predicate = env.read(op.inputs[0]).reshape(())
+
+    def branch(graph: Graph, span: range, stacks: list) -> Any:
+        grouped = {i for _, indices, _ in stacks for i in indices}
+        values = [None if i in grouped else env.read(op.inputs[i]) for i in span]
+        stacked = [([i - span.start for i in ix], env.values[key]) for key, ix, _ in stacks]
+
+        def run(fx: Any) -> tuple:
+            ctx.fx = fx
+            outs, _, _ = lower_graph_with_stacks(ctx, graph, values, stacked)
+            return tuple(outs), ctx.fx
+
+        return run
+
+    then_branch, else_branch = (branch(g, s, k) for g, s, k in zip(graphs, spans, groups))
+    outs, ctx.fx = lax.cond(predicate, then_branch, else_branch, ctx.fx)
+    for t, value in zip(op.outputs, outs):
+        env.values[t] = value
 
 
 def _whole_stacks(env: Env, run: Run) -> list[tuple[StackKey, list[int], bool]]:
@@ -401,9 +607,11 @@ def lower_graph_with_stacks(
     graph: Graph,
     inputs: Sequence[Array],
     stacks: Sequence[tuple[list[int], Array]],
+    raw: bool = False,
 ) -> tuple[list[Array], list[Array], list[Array]]:
     """``lower_graph`` where the inputs at each stack's indices are the rows of one stacked
-    value. Returns (outputs, final values of the other inputs, final stacked values)."""
+    value. Returns (outputs, final values of the other inputs, final stacked values);
+    with ``raw`` outputs and final inputs may be deferred (``replica_sums``)."""
     env = Env(graph)
     for t, value in zip(graph._inputs, inputs):
         if value is not None:
@@ -411,9 +619,25 @@ def lower_graph_with_stacks(
     keys = [add_stack(env, [graph._inputs[i] for i in indices], v) for indices, v in stacks]
     for op in graph._ops:
         lower_op(ctx, env, op)
-    outs = [env.read(t) for t in graph._outputs]
-    finals = [env.read(t) if v is not None else None for t, v in zip(graph._inputs, inputs)]
-    return outs, finals, [env.values[k] for k in keys]  # type: ignore[index]
+    read = env.read_raw if raw else env.read
+    outs = [read(t) for t in graph._outputs]
+    finals = [read(t) if v is not None else None for t, v in zip(graph._inputs, inputs)]
+    return outs, finals, [env.read(k) for k in keys]  # type: ignore[arg-type]
+
+
+def _portable(ctx: LoweringContext, value: Any) -> Any:
+    """A value leaving a scan or map: deferred values keep their replica sums."""
+    axis = ctx.axis_name if ctx.collective_impl == "gather" else None
+    return portable(value, axis, ctx.replicas)
+
+
+def _index(value: Any, index: int) -> Any:
+    """Row ``index`` of a stacked array or ``Summed``."""
+    return jax.tree_util.tree_map(lambda a: a[index], value)
+
+
+def _reversed(value: Any) -> Any:
+    return jax.tree_util.tree_map(lambda a: a[::-1], value)
 
 
 def _in_scan_order(items: list, reverse: bool) -> list:
@@ -427,7 +651,7 @@ def _stacked_input(
     if source is not None:
         key, is_reversed = source
         value = env.values[key]  # type: ignore[index]
-        return value if is_reversed == reverse else value[::-1]
+        return value if is_reversed == reverse else _reversed(value)
     return jnp.stack([env.read(t) for t in _in_scan_order(tensors, reverse)])
 
 
@@ -441,10 +665,19 @@ def _write_stacked(
     """Write a by-ref stacked input's final rows (in the scan's order) back."""
     if source is not None:
         key, is_reversed = source
-        env.values[key] = value if is_reversed == reverse else value[::-1]  # type: ignore[index]
+        env.values[key] = value if is_reversed == reverse else _reversed(value)  # type: ignore[index]
         return
-    for t, row in zip(_in_scan_order(tensors, reverse), value):
-        env.write(t, row)
+    for row, t in enumerate(_in_scan_order(tensors, reverse)):
+        env.write(t, _index(value, row))
 
 
-__all__ = ["policy", "set_policy", "runs_of", "plan_run", "lower_run", "add_stack", "stack_of"]
+__all__ = [
+    "policy",
+    "set_policy",
+    "runs_of",
+    "stacked_feeds",
+    "plan_run",
+    "lower_run",
+    "add_stack",
+    "stack_of",
+]

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from popxl._float8_host import to_ml
 from popxl._op import Op, OpDef
 from popxl.graph import Graph
 from popxl.ops.collectives import sums_every_replica
@@ -69,6 +70,13 @@ class Env:
 
     def read_raw(self, t: Tensor) -> Array:
         value = self.values.get(t)
+        if value is None and t in self.views:  # a row of a deferred stack (runtime.calls)
+            view = self.views[t]
+            pick = getattr(view.forward, "of_deferred", None)
+            parent = self.values.get(view.parents[0])
+            row = pick(parent) if pick is not None and isinstance(parent, Deferred) else None
+            if row is not None:
+                return row
         return value if isinstance(value, Deferred) else self.read(t)
 
     def read(self, t: Tensor) -> Array:
@@ -81,7 +89,7 @@ class Env:
         if view is not None:
             return view.forward(*(self.read(p) for p in view.parents), **view.attrs)
         if isinstance(t, Constant):
-            value = self.values[t] = jnp.asarray(t._data)
+            value = self.values[t] = jnp.asarray(to_ml(t._data))
             return value
         raise KeyError(f"tensor {t.id} has no value yet (it is read before it is written)")
 
@@ -126,7 +134,7 @@ class LoweringContext:
 
 def _checked(value: Array, t: Tensor) -> Array:
     """Cast the lowering's result to the inferred dtype; shapes must already agree."""
-    want = t.dtype.as_numpy()
+    want = t.dtype._np_device
     if value.dtype != want:
         value = value.astype(want)
     if tuple(value.shape) != t.shape:
@@ -248,7 +256,7 @@ def lower_graph(
 
 
 def zeros_for(t: Tensor) -> Array:
-    return jnp.zeros(t.shape, t.dtype.as_numpy())
+    return jnp.zeros(t.shape, t.dtype._np_device)
 
 
 def host_value(array: Array) -> np.ndarray:

@@ -299,7 +299,7 @@ def _make_step(
             sid = out_stream.tensor_id
             ctx.d2h_slots[sid] = nht
             shape = (nht, *out_stream.shape)
-            ctx.fx[host_io.buffer_key(sid)] = jnp.zeros(shape, out_stream.dtype.as_numpy())
+            ctx.fx[host_io.buffer_key(sid)] = jnp.zeros(shape, out_stream.dtype._np_device)
             ctx.fx[host_io.count_key(sid)] = jnp.zeros((), jnp.int32)
         for buffer, value in zip(buffers, state[n_vars:]):
             ctx.fx[remote.buffer_key(buffer.remote_buffer_id)] = value
@@ -318,8 +318,8 @@ def _make_step(
 
     n_state = n_vars + len(buffers)
     shapes = [_entry_shape(variables, e) for e in entries]
-    shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype.as_numpy()) for b in buffers]
-    inputs = [(s.shape, s.dtype.as_numpy()) for s in h2d]
+    shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype._np_device) for b in buffers]
+    inputs = [(s.shape, s.dtype._np_device) for s in h2d]
     per_variable = written_state(ir, variables, buffers)
     written = tuple(any(per_variable[i] for i in e) for e in entries)
     written += per_variable[len(variables) :]
@@ -380,7 +380,7 @@ def _entry_shape(variables: list[Variable], entry: tuple[int, ...]) -> tuple:
     """(shape, numpy dtype) of one state entry."""
     v = variables[entry[0]]
     lead = (len(entry),) if len(entry) > 1 else ()
-    return (*lead, *v.shape), v.dtype.as_numpy()
+    return (*lead, *v.shape), v.dtype._np_device
 
 
 def written_state(
@@ -606,7 +606,7 @@ def abstract_state(program: Program) -> tuple:
     if program.slots:  # (ipus, size) per slot: already per device
         layout = program.slots
         shapes = [(s[1:], dt) for s, dt in map(layout.slot_shape, range(len(layout.slots)))]
-    shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype.as_numpy()) for b in program.buffers]
+    shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype._np_device) for b in program.buffers]
     lead = (program.ipus,) if program.ipus else (r,)
     return tuple(
         jax.ShapeDtypeStruct((lead if batched else ()) + shape, dt)
@@ -619,5 +619,5 @@ def abstract_inputs(program: Program) -> tuple:
     lead = (r,) if r > 1 else ()
     nht = program.ir.num_host_transfers
     return tuple(
-        jax.ShapeDtypeStruct((nht, *lead, *s.shape), s.dtype.as_numpy()) for s in program.h2d
+        jax.ShapeDtypeStruct((nht, *lead, *s.shape), s.dtype._np_device) for s in program.h2d
     )

@@ -18,6 +18,45 @@ import numpy as np
 
 from popxl.tensor import Variable
 
+SLOT_MISMATCH_MSG = (
+    "Remote variable {tid} is {dtype}{shape} on each replica, but its slot {offset} of remote "
+    "buffer {bid} holds {bdtype}{bshape}. The variable's value must fit its slot exactly: "
+    "create the buffer with popxl.remote_buffer({shape}, popxl.{dtype}), or, if the leading "
+    "axis of the data was meant to hold one value per replica group, use a replica grouping "
+    "with that many groups (the variable's grouping, {grouping}, has {groups})."
+)
+
+
+def check_slot_shapes(variables: list[Variable]) -> None:
+    """Every (unsharded) remote variable matches its buffer's slot shape and dtype.
+
+    PopXL did not check this; PopART then copied the slot's byte size from the start of
+    the variable's data (and back), so a larger variable was cut short silently and a
+    smaller one read past its end. Neither is a meaningful value, so it is an error here.
+
+    Raises:
+        ValueError: a variable whose shape or dtype differs from its buffer's.
+    """
+    for var in variables:
+        buffer = var._remote_buffer
+        if buffer is None or var._replica_sharded:
+            continue
+        if var.shape != buffer.tensor_shape or var.dtype is not buffer.tensor_dtype:
+            grouping = var.replica_grouping
+            raise ValueError(
+                SLOT_MISMATCH_MSG.format(
+                    tid=var.id,
+                    dtype=var.dtype.name,
+                    shape=var.shape,
+                    offset=var._remote_offset,
+                    bid=buffer.remote_buffer_id,
+                    bdtype=buffer.tensor_dtype.name,
+                    bshape=buffer.tensor_shape,
+                    grouping=grouping,
+                    groups=f"{grouping.num_groups} group" + "s" * (grouping.num_groups != 1),
+                )
+            )
+
 
 def _group_value(var: Variable, host: np.ndarray, replica: int, per_replica: bool) -> np.ndarray:
     grouping = var.replica_grouping

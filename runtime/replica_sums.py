@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -111,6 +112,39 @@ class Accumulation(Deferred):
         return self.total
 
 
+@dataclass(frozen=True)
+class Summed(Deferred):
+    """A value with its replica sum, both arrays: what a deferred value becomes where it
+    leaves a scanned or mapped run of calls (``runtime.calls``). It is a pytree of its two
+    arrays, so ``lax.scan`` and ``jax.vmap`` stack and slice it like any output, and a
+    later all-reduce of it still takes the sum instead of gathering every replica's value.
+    """
+
+    own: Array
+    total: Array
+
+    def value(self) -> Array:
+        return self.own
+
+    def replica_sum(self, axis_name: str, replicas: int) -> Array:
+        return self.total
+
+
+jax.tree_util.register_pytree_node(
+    Summed, lambda s: ((s.own, s.total), None), lambda _, leaves: Summed(*leaves)
+)
+
+
+def portable(value: Any, axis_name: str | None, replicas: int) -> Any:
+    """``value`` as arrays only: a deferred value as a ``Summed`` (under replication, where
+    ``axis_name`` is set), an array as it is."""
+    if not isinstance(value, Deferred) or isinstance(value, Summed):
+        return value
+    if axis_name is None:
+        return value.value()
+    return Summed(value.value(), value.replica_sum(axis_name, replicas))
+
+
 # accumulate op key → (a, b) of its rule ``t ← a·t + b·x``, from the factor ``f``
 LINEAR_ACCUMULATES = {
     "accumulate_": lambda f: (1.0, f),
@@ -142,9 +176,11 @@ __all__ = [
     "LINEAR_ACCUMULATES",
     "Accumulation",
     "Deferred",
+    "Summed",
     "WeightGrad",
     "deferred_accumulation",
     "is_batched",
+    "portable",
     "replica_sum",
     "value_of",
 ]

@@ -29,6 +29,7 @@ import numpy as np
 
 from popxl import _log
 from popxl._dot import checkpoint
+from popxl._float8_host import checked_structured, is_float8, to_ml, to_structured
 from popxl._popart_compat import SessionCompat
 from popxl.ir import Ir
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
@@ -62,6 +63,11 @@ NOT_VARIABLE_MSG = (
 WRITE_DTYPE_MSG = (
     "The data for variable {tid} has dtype {got}, but the variable is {want}. Convert it "
     "first, e.g. data.astype(np.{want})."
+)
+WRITE_FLOAT8_MSG = (
+    "The data for variable {tid} has dtype {got}, but the variable is {want}: write float8 "
+    "data, an array of dtype popxl.dtypes.np_dtype_{want} (convert float data with "
+    "popxl.fp8_utils.host_pow2scale_cast_to_fp8) or of the matching ml_dtypes type."
 )
 WRITE_SHAPE_MSG = (
     "The shape of the input array {got} must match the shape of the tensor {tid} on the "
@@ -132,6 +138,7 @@ class Session(SessionCompat):
         self._nht = ir.num_host_transfers
         self._host: dict[Variable, np.ndarray] = {v: self._initial_host(v) for v in ir._variables}
         self._remote_vars = [v for v in ir._variables if v._remote_buffer is not None]
+        remote_state.check_slot_shapes(self._remote_vars)
         # Remote buffers keep their contents while detached (streaming memory).
         self._buffers_host = [
             np.zeros(a.shape[1:] if self._program.ipus else a.shape, a.dtype)
@@ -317,6 +324,7 @@ class Session(SessionCompat):
         return value[self._program.homes[index] or 0]
 
     def _device_layout(self, var: Variable, host: np.ndarray) -> Any:
+        host = to_ml(host)  # float8: the ml_dtypes view the device takes
         if self._program.ipus:  # the slot layout places it (``Program.pack``)
             return host
         replicas = self._program.replicas
@@ -337,7 +345,7 @@ class Session(SessionCompat):
             else:
                 value = value[0]
         # A copy: the device buffer is donated to the next run.
-        value = np.array(value)
+        value = to_structured(np.array(value))
         value.flags.writeable = False
         return value
 
@@ -366,7 +374,7 @@ class Session(SessionCompat):
             remote_state.write_slots(
                 buffers[self._buffer_index(var)],
                 var,
-                self._host[var],
+                to_ml(self._host[var]),
                 replicas,
                 self._per_replica(var),
             )
@@ -386,8 +394,13 @@ class Session(SessionCompat):
         self._buffers_host = [np.array(b) for b in values[n_vars:]]
         replicas = self._program.replicas
         for var in self._remote_vars:
-            host = remote_state.read_slots(
-                self._buffers_host[self._buffer_index(var)], var, replicas, self._per_replica(var)
+            host = to_structured(
+                remote_state.read_slots(
+                    self._buffers_host[self._buffer_index(var)],
+                    var,
+                    replicas,
+                    self._per_replica(var),
+                )
             )
             host.flags.writeable = False
             self._set_host(var, host)
@@ -437,7 +450,8 @@ class Session(SessionCompat):
         buffers, _ = self._execute(inputs, downcast_inputs)
         nht = self._nht
         return {
-            s: np.array(stream_io.host_layout(b, nht)) for s, b in zip(self._program.d2h, buffers)
+            s: to_structured(np.array(stream_io.host_layout(b, nht)))
+            for s, b in zip(self._program.d2h, buffers)
         }
 
     def run_with_outputs(
@@ -636,6 +650,12 @@ class Session(SessionCompat):
                 )
             data = np.array(data).astype(want)
         arr = np.asarray(data)
+        if var.dtype.name.startswith("float8"):
+            if not is_float8(arr.dtype):
+                raise TypeError(
+                    WRITE_FLOAT8_MSG.format(tid=var.id, got=arr.dtype, want=var.dtype.name)
+                )
+            arr = checked_structured(arr, var.dtype)  # either float8 form, stored structured
         if arr.dtype != want:
             raise TypeError(WRITE_DTYPE_MSG.format(tid=var.id, got=arr.dtype, want=want))
         if arr.shape != var.shape_on_host:

@@ -28,31 +28,29 @@ Entry = tuple[int, ...]  # indices into the program's variables; one index: not 
 def variable_groups(
     graph: Graph, variables: Sequence[Variable], compatible: Callable[[Variable], Any]
 ) -> list[Entry]:
-    """Groups of variables to stack: the stacked inputs of ``graph``'s runs that are
-    distinct variables of one shape, dtype and ``compatible(v)``, each variable in the
-    first group found for it, in creation order."""
+    """Groups of variables to stack: the stacked inputs of runs (in ``graph`` or in the
+    graphs it calls, ``calls.stacked_feeds``) that are distinct variables of one shape,
+    dtype and ``compatible(v)``, each variable in the first group found for it, in
+    creation order."""
     if calls.policy() == "inline":
         return []
     index = {v: i for i, v in enumerate(variables)}
     taken: set[Variable] = set()
     groups: list[Entry] = []
-    for run in calls.runs_of(graph).values():
-        for j, slot in enumerate(run.slots):
-            if slot.kind != "stack":
-                continue
-            members = [t for t in run.stacked(j) if isinstance(t, Variable) and t in index]
-            if len(members) != len(run.ops):
-                continue
-            if len(set(members)) != len(members) or taken.intersection(members):
-                continue
-            first = members[0]
-            key = (first.shape, first.dtype, compatible(first))
-            if any((t.shape, t.dtype, compatible(t)) != key for t in members):
-                continue
-            # In creation order (layer 0 first, usually), whichever run met them first: the
-            # forward and gradient runs then scan the same stack in opposite directions.
-            groups.append(tuple(sorted(index[t] for t in members)))
-            taken.update(members)
+    for rows in calls.stacked_feeds(graph):
+        members = [t for t in rows if isinstance(t, Variable) and t in index]
+        if len(members) != len(rows):
+            continue
+        if len(set(members)) != len(members) or taken.intersection(members):
+            continue
+        first = members[0]
+        key = (first.shape, first.dtype, compatible(first))
+        if any((t.shape, t.dtype, compatible(t)) != key for t in members):
+            continue
+        # In creation order (layer 0 first, usually), whichever run met them first: the
+        # forward and gradient runs then scan the same stack in opposite directions.
+        groups.append(tuple(sorted(index[t] for t in members)))
+        taken.update(members)
     return groups
 
 
@@ -109,4 +107,4 @@ def seed_env(
 
 def read_entries(env: Any, keys: Sequence[Any]) -> list:
     """Final values of the entries (a plain variable is read through the environment)."""
-    return [env.values[k] if isinstance(k, calls.StackKey) else env.read(k) for k in keys]
+    return [env.read(k) for k in keys]  # a stack may hold a ``replica_sums.Summed``

@@ -74,5 +74,5 @@ def stochastic_round(x: Any, target: Any, seed: int) -> Any:
 
 def lower_cast(env: Env, op: Op) -> None:
     """The lowering of a stochastically rounding cast."""
-    target = op.attrs["data_type"].as_numpy()
+    target = op.attrs["data_type"]._np_device
     apply_results(env, op, stochastic_round(env.read(op.inputs[0]), target, op.id))

@@ -4,6 +4,9 @@ The host layout of a stream is ``[num_host_transfers if > 1][replication_factor 
 [*stream_shape]``. Inputs are converted (64-bit data downcast to 32-bit), checked against
 that layout with PopXL's rules, and rearranged into the step's ``[slots, (replicas,)
 *shape]`` form. Nothing here touches the device, so a rejected run changes no state.
+
+Float8 streams take PopXL's structured arrays (``np_dtype_float8_*``) or ml_dtypes float8
+arrays, and give back the structured form; the step sees ml_dtypes views of the same bytes.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from popxl import _float8_host
 from popxl.streams import DeviceToHostStream, HostToDeviceStream, Stream
 from popxl.utils import downcast_np_dtypes, to_numpy
 
@@ -33,6 +37,11 @@ SHAPE_MSG = (
 DTYPE_MSG = (
     "The array for {kind} stream {sid} has dtype {got}, but the stream carries {want}. "
     "Convert it first, e.g. array.astype(np.{want})."
+)
+DTYPE_MSG_FLOAT8 = (
+    "The array for {kind} stream {sid} has dtype {got}, but the stream carries {want}: pass "
+    "float8 data, an array of dtype popxl.dtypes.np_dtype_{want} (convert float data with "
+    "popxl.fp8_utils.host_pow2scale_cast_to_fp8) or of the matching ml_dtypes type."
 )
 
 
@@ -77,7 +86,22 @@ def check_shape(arr: np.ndarray, stream: Stream, nht: int, replicas: int, kind: 
     )
 
 
+def _float8_array(value: Any, stream: Stream) -> np.ndarray:
+    """Float8 input in either form, as an ml_dtypes view for the step."""
+    arr = value if isinstance(value, np.ndarray) else to_numpy(value, copy=False)
+    want = stream.dtype
+    if not _float8_host.is_float8(arr.dtype):
+        raise TypeError(
+            DTYPE_MSG_FLOAT8.format(
+                kind="input", sid=stream.tensor_id, got=arr.dtype, want=want.name
+            )
+        )
+    return _float8_host.to_ml(_float8_host.checked_structured(arr, want))
+
+
 def _convert(value: Any, stream: Stream, downcast: bool) -> np.ndarray:
+    if stream.dtype.name.startswith("float8"):
+        return _float8_array(value, stream)
     want = stream.dtype.as_numpy()
     if isinstance(value, np.ndarray):  # the common case, without to_numpy's overhead
         arr = value
@@ -136,7 +160,9 @@ def check_outputs(
                 f"The output array for {stream} must be a NumPy array, got {type(arr).__name__}. "
                 "Use session.create_host_outputs() to make them."
             )
-        if arr.dtype != stream.dtype.as_numpy():
+        if stream.dtype.name.startswith("float8"):
+            _float8_output(arr, stream)
+        elif arr.dtype != stream.dtype.as_numpy():
             raise TypeError(
                 DTYPE_MSG.format(
                     kind="output", sid=stream.tensor_id, got=arr.dtype, want=stream.dtype.as_numpy()
@@ -147,9 +173,25 @@ def check_outputs(
             raise ValueError(f"The output array for {stream} is read-only; pass a writeable array.")
 
 
+def _float8_output(arr: np.ndarray, stream: Stream) -> None:
+    """A float8 output array may be of either float8 form, but of the stream's format."""
+    if not _float8_host.is_float8(arr.dtype):
+        raise TypeError(
+            DTYPE_MSG_FLOAT8.format(
+                kind="output", sid=stream.tensor_id, got=arr.dtype, want=stream.dtype.name
+            )
+        )
+    _float8_host.checked_structured(arr, stream.dtype)
+
+
 def host_layout(buffer: np.ndarray, nht: int) -> np.ndarray:
-    """Step output ``[nht, (replicas,) *shape]`` → host layout (drop the nht axis if 1)."""
-    return buffer if nht > 1 else buffer[0]
+    """Step output ``[nht, (replicas,) *shape]`` → host layout (drop the nht axis if 1).
+
+    The buffer is fetched before the axis is dropped: indexing a device array dispatches
+    an XLA computation, which was most of ``session.run``'s own time for small steps.
+    """
+    host = np.asarray(buffer)
+    return host if nht > 1 else host[0]
 
 
 def fill_output(target: np.ndarray, buffer: np.ndarray, count: int, nht: int) -> None:
@@ -157,6 +199,8 @@ def fill_output(target: np.ndarray, buffer: np.ndarray, count: int, nht: int) ->
     written = min(int(count), nht)
     if written == 0:
         return
+    target = _float8_host.to_ml(target)  # a view: float8 bytes land in the user's array
+    buffer = np.asarray(buffer)  # one fetch, then host slicing (see ``host_layout``)
     if nht > 1:
         region = target[:written]
         region[...] = buffer[:written].reshape(region.shape)

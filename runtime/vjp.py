@@ -51,7 +51,7 @@ def _lower_vjp(ctx: LoweringContext, env: Env, op: Op) -> None:
         values = [env.read(t) for t in op.inputs[:n]]
         cot_inputs = list(op.inputs[n:])
     else:
-        values = [jnp.zeros(r.shape, r.dtype.as_numpy()) for r in recipe.roots]
+        values = [jnp.zeros(r.shape, r.dtype._np_device) for r in recipe.roots]
         cot_inputs = list(op.inputs)
     root_set = set(recipe.roots)
     results = recipe.results
@@ -109,4 +109,4 @@ def _deferred_weight_grad(
     sub = Env()
     sub.values.update(zip(recipe.roots, values))
     _link(sub, lhs, set(recipe.roots))
-    return index, WeightGrad(sub.read(lhs), cotangents[0], rhs.dtype.as_numpy())
+    return index, WeightGrad(sub.read(lhs), cotangents[0], rhs.dtype._np_device)

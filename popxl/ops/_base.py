@@ -180,7 +180,12 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def same_dtype(op_name: str, *specs: TensorSpec) -> DType:
-    """The common dtype of ``specs``; raises ``PopXLException`` if they differ (no promotion)."""
+    """The common dtype of ``specs``; raises ``PopXLException`` if they differ.
+
+    PopART checked binary ops this way and never promoted. Its two exceptions are made by the
+    callers: ``mul`` of float16 by a float32 scalar (float16 result) and ``matmul`` of
+    float16 with float32 (the left operand's dtype).
+    """
     first = specs[0].dtype
     for other in specs[1:]:
         if other.dtype is not first:

@@ -70,7 +70,7 @@ def _cast_infer(t: Any, log2_scale: Any, *, data_type: dtypes.dtype) -> list:
 
 
 def _lower_pow2scale_then_cast(x: Any, log2_scale: Any, *, data_type: dtypes.dtype) -> Any:
-    target = data_type.as_numpy()
+    target = data_type._np_device
     scaled = _scaled_f32(x, log2_scale)
     # Out-of-range values become NaN (the float8 formats have no infinity), as on the IPU.
     limit = float(ml_dtypes.finfo(target).max)
@@ -123,7 +123,7 @@ def pow2scale_cast_to_fp8(t: Tensor, log2_scale: Tensor, data_type: dtypes.dtype
 
 
 def _lower_cast_then_pow2scale(x: Any, log2_scale: Any, *, data_type: dtypes.dtype) -> Any:
-    return _scaled_f32(x, log2_scale).astype(data_type.as_numpy())
+    return _scaled_f32(x, log2_scale).astype(data_type._np_device)
 
 
 CAST_THEN_POW2SCALE = define(

@@ -23,7 +23,7 @@ def _init(
     *, shape: tuple[int, ...], dtype: DType, meta_shape: tuple[int, ...], init_type: str
 ) -> Any:
     # 'undef' memory is unspecified on the IPU; zeros keep runs deterministic.
-    return jnp.zeros(shape, dtype.as_numpy())
+    return jnp.zeros(shape, dtype._np_device)
 
 
 INIT = define("init", "Init", _init_infer, _init, grad="none")

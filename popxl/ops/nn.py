@@ -42,12 +42,21 @@ def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     return out
 
 
+def _matmul_dtype(a: Any, b: Any) -> dtypes.dtype:
+    """PopART's MatMul took the left operand's dtype without comparing it with the right
+    one's; a float16/float32 mix therefore computes in the left dtype. Other mixes (integer
+    by float) are refused, as no IPU matmul accepted them."""
+    if a.dtype is not b.dtype and {a.dtype, b.dtype} <= set(FLOATS):
+        return a.dtype
+    return same_dtype("MatMul", a, b)
+
+
 def _matmul_infer(a: Any, b: Any, *, output_type: dtypes.dtype | None, partials_type: Any) -> list:
-    dt = same_dtype("MatMul", a, b)
-    return [spec(_matmul_shape(a.shape, b.shape), output_type or dt)]
+    return [spec(_matmul_shape(a.shape, b.shape), output_type or _matmul_dtype(a, b))]
 
 
 def _matmul(x: Any, y: Any, *, output_type: Any, partials_type: Any) -> Any:
+    y = y.astype(x.dtype)
     accumulate = jnp.float32 if partials_type is dtypes.float32 or partials_type is None else None
     if x.dtype == jnp.float16 and accumulate is not None:
         return jnp.matmul(x, y, preferred_element_type=accumulate).astype(x.dtype)
@@ -67,15 +76,17 @@ def matmul(
     """Matrix product with NumPy ``matmul`` rules (1-D promotion, batch broadcasting).
 
     Args:
-        lhs, rhs: inputs of the same dtype.
+        lhs, rhs: inputs of the same dtype, or one float16 and one float32: then, as in
+            PopART, the product is computed in (and has) ``lhs``'s dtype.
         available_memory_proportion: an IPU tiling hint, recorded on the op
             (``op.hints``); XLA plans memory itself, so it has no effect on the result.
-        output_type: dtype of the result (default: the inputs' dtype).
+        output_type: dtype of the result (default: ``lhs``'s dtype).
         partials_type: accumulation type, ``float32`` (default) or ``float16``.
 
     Raises:
         ValueError: a ``partials_type`` other than float16/float32.
-        PopXLException: mismatched dtypes or inner dimensions.
+        PopXLException: mismatched inner dimensions, or dtypes that differ other than
+            float16/float32.
     """
     if partials_type is not None and partials_type not in (dtypes.float16, dtypes.float32):
         raise ValueError(f"partials_type must be float16 or float32, got {partials_type}.")

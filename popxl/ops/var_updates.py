@@ -3,7 +3,9 @@
 The ``*_`` ops (and ``adam_var_update``) update ``t`` in place and return a new handle on
 the same storage, so both ``t`` and the returned tensor see the new value. They never
 broadcast: ``t`` and ``X`` have the same shape, but their dtypes may differ (mixed
-precision; the arithmetic runs in float32 or wider and the result is cast to ``t``'s dtype).
+precision; the arithmetic runs in float32 or wider and the result is cast to ``t``'s dtype;
+the moving averages and Adam's bias correction instead round to a float16 moment's dtype
+after every operation, as the IPU computed them in float16).
 
 Scalar factors may be Python numbers (fixed when the program is built) or scalar tensors
 (read at run time). None of these ops has a gradient.
@@ -97,11 +99,41 @@ def _accumulate_lowering(rule: Any) -> Any:
     return lower
 
 
+def _rounder(dtype: Any) -> Any:
+    """Rounding to ``dtype`` of a value computed wider, or nothing for float32 and wider."""
+    if jnp.finfo(dtype).bits >= 32:
+        return lambda a: a
+    return lambda a: a.astype(dtype).astype(jnp.float32)
+
+
+def _moving_average_lowering(square: bool) -> Any:
+    """The IPU's moving averages: the whole expression ran in the accumulator's dtype,
+    factors included (``f`` and ``1 - f``, the latter taken at float32 first), and a float16
+    accumulator rounded after every operation (PopART's AccumulateOpx). Those roundings
+    matter to Adam: ``adam_updater`` divides by the same rounded ``1 - beta1``."""
+
+    def lower(t: Any, x: Any, *scalars: Any, tensor_args: tuple[str, ...], f: Any) -> Any:
+        r = _rounder(t.dtype)
+        dt = _compute_dtype(t, x)
+        factor = _params(scalars, tensor_args, {"f": f}, jnp.float32)["f"]
+        a, b = r(factor.astype(dt)), r((1 - factor).astype(dt))
+        x = r(x.astype(dt))
+        new = r(b * x)
+        if square:
+            new = r(new * x)
+        return (r(a * t.astype(dt)) + new).astype(t.dtype)
+
+    return lower
+
+
 INPLACE = {"modifies": ((0, 0),), "alias_outputs": ((0, 0),), "grad": "none"}
 
+LOWERINGS = {key: _accumulate_lowering(rule) for key, rule in ACCUMULATE_RULES.items()}
+LOWERINGS["accumulate_moving_average_"] = _moving_average_lowering(square=False)
+LOWERINGS["accumulate_moving_average_square_"] = _moving_average_lowering(square=True)
 OPS = {
-    key: define(key, "Accumulate", _accumulate_infer, _accumulate_lowering(rule), **INPLACE)
-    for key, rule in ACCUMULATE_RULES.items()
+    key: define(key, "Accumulate", _accumulate_infer, lower, **INPLACE)
+    for key, lower in LOWERINGS.items()
 }
 
 
@@ -334,14 +366,15 @@ def _updater(
     weight = rest_list.pop(0) if with_weight else None
     dt = _compute_dtype(m, v, *([weight] if weight is not None else []))
     p = _params(tuple(rest_list), tensor_args, floats, dt)
-    m_dtype = m.dtype
+    m_dtype, round_m, round_v = m.dtype, _rounder(m.dtype), _rounder(v.dtype)
     m, v = m.astype(dt), v.astype(dt)
     if step is not None:
         step = step + jnp.ones((), step.dtype)  # incremented before use
         t = step.reshape(()).astype(dt)
-        m = m / (1 - p["beta1"] ** t)
+        # As PopART's AdamUpdaterOpx: each bias correction in its moment's dtype.
+        m = round_m(m / round_m(1 - p["beta1"] ** t))
         if mode != "adamax":
-            v = v / (1 - p["beta2"] ** t)
+            v = round_v(v / round_v(1 - p["beta2"] ** t))
     denominator = v if mode == "adamax" else jnp.sqrt(v)
     updater = m / (denominator + p["epsilon"])
     if weight is not None and p["weight_decay"] is not None:

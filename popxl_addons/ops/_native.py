@@ -82,12 +82,36 @@ REDUCTION_ONLY_MSG = (
 )
 
 
-def _lower_all_reduce_pair(
-    x: Any, *, op: str, groups: Groups, identical_inputs: bool, impl: str, **_: Any
-) -> Any:
-    if identical_inputs:  # every replica already holds the reduced value
-        return x
-    return all_reduce(x, op, groups, impl)
+# Keys of the all-reduce pair ops (``OpToIdentityPattern`` rewrites their identity form).
+ALL_REDUCE_PAIRS: set[str] = set()
+
+NEED_PATTERN_MSG = (
+    "You need to run the `OpToIdentityPattern` pattern before running the IR: a {type} op "
+    "with identical_inputs=True is still in the IR (the forward of "
+    "{identical_inputs}, or the gradient of {identical_grad_inputs}). It becomes the identity "
+    "it stands for only when popxl_addons.patterns.apply_pre_alias_patterns(ir) rewrites "
+    "it; call that after autodiff and before creating the Session."
+)
+
+
+def _need_pattern(type_: str, public: str) -> Any:
+    """The lowering of an all-reduce pair's identity form, which the original refused to
+    compile (its Opx raised): only ``OpToIdentityPattern`` turned it into an identity."""
+
+    def lower(
+        x: Any, *, op: str, groups: Groups, identical_inputs: bool, impl: str, **_: Any
+    ) -> Any:
+        if identical_inputs:
+            raise core_error(
+                NEED_PATTERN_MSG.format(
+                    type=type_,
+                    identical_inputs=f"{public}_identical_inputs",
+                    identical_grad_inputs=f"{public}_identical_grad_inputs",
+                )
+            )
+        return all_reduce(x, op, groups, impl)
+
+    return lower
 
 
 def _swapped_adjoint(op: Op, cotangents: list[Tensor]) -> Sequence[Tensor | None]:
@@ -101,11 +125,14 @@ def _swapped_adjoint(op: Op, cotangents: list[Tensor]) -> Sequence[Tensor | None
     return record(op.opdef, {"t": cot}, attrs, [f"{cot.name}_{op.opdef.key}"])
 
 
-def define_all_reduce_pair(key: str, type_: str) -> OpDef:
+def define_all_reduce_pair(key: str, type_: str, public: str) -> OpDef:
     """An all-reduce that is an identity when ``identical_inputs`` (its inputs are known to
     be equal on the group's replicas); its gradient is the same op with
-    ``identical_inputs``/``identical_grad_inputs`` swapped."""
-    opdef = replica_op(key, type_, same_spec, _lower_all_reduce_pair, grad="adjoint")
+    ``identical_inputs``/``identical_grad_inputs`` swapped. As in the original, the identity
+    form must be rewritten by ``OpToIdentityPattern`` before a session compiles it
+    (``public`` is the name its user-facing functions start with, for the error)."""
+    opdef = replica_op(key, type_, same_spec, _need_pattern(type_, public), grad="adjoint")
+    ALL_REDUCE_PAIRS.add(key)
     register_adjoint(key, _swapped_adjoint)
     return opdef
 

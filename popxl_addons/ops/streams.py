@@ -16,9 +16,14 @@ def host_load(
     """Create an h2d stream ``<name>_stream`` shaped like host data ``t`` and load it.
 
     Returns:
-        (``t`` converted to ``dtype``, the stream, the loaded tensor).
+        (``t`` converted to ``dtype``, the stream, the loaded tensor). For a float8 ``dtype``
+        float data is converted with ``host_pow2scale_cast_to_fp8`` (float8 data, structured
+        or ml_dtypes, is kept), giving PopXL's structured float8 array.
     """
-    data = np.asarray(t).astype(dtype.as_numpy())
+    if dtype.name.startswith("float8"):
+        data = popxl.utils.to_numpy(t, dtype)
+    else:
+        data = np.asarray(t).astype(dtype.as_numpy())
     stream = popxl.h2d_stream(data.shape, dtype, f"{name}_stream")
     return data, stream, ops.host_load(stream, name)
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 from . import enums as enums
 from . import optim as optim
 from ._program import identity_loss as identity_loss
+from .blocks import BeginBlock as BeginBlock
+from .blocks import Block as Block
 from .data import AsynchronousDataAccessor as AsynchronousDataAccessor
 from .data import DataLoader as DataLoader
 from .enums import AutoStage as AutoStage
@@ -56,6 +58,8 @@ def isRunningOnIpu() -> bool:  # noqa: N802 (PopTorch's name)
 __all__ = [
     "AsynchronousDataAccessor",
     "AutoStage",
+    "BeginBlock",
+    "Block",
     "CommGroupType",
     "ConnectionType",
     "DataLoader",

@@ -31,11 +31,24 @@ import numpy as np
 import popxl
 import popxl_addons as addons
 from popxl import ops
+from popxl.context import get_current_context
 from popxl_addons.transforms.repeat_graph import repeat_graph
 
-from ._storage import flush, place, read, write
+from . import _staged
+from ._staged import block_ranges
+from ._storage import (
+    flush,
+    full_shape,
+    is_off_chip,
+    place,
+    read,
+    read_stored,
+    shard_group,
+    write_stored,
+)
+from .blocks import recording
 from .enums import CommGroupType, OutputMode, ReductionType
-from .optim import Optimizer, group_of_each
+from .optim import Optimizer, group_of_each, sharded_update
 from .options import Options, TensorLocationSettings, _TensorLocationOptions, resolved_output_mode
 
 LOSS_MISSING_MSG = (
@@ -116,6 +129,10 @@ class Built:
     step: popxl.Variable | None = None
     loss_index: int | None = None
     locations: _TensorLocationOptions = field(default_factory=_TensorLocationOptions)
+    # Automatic loss scaling: finite optimiser steps in a row (None: the scale is fixed).
+    good_steps: popxl.Variable | None = None
+    # The execution strategy's blocks, stages and IPUs (and pipeline schedule), if any.
+    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -177,24 +194,50 @@ def build(
     """Build the program of ``module`` for micro-batch input ``specs``."""
     training = optimizer is not None
     layout = Layout.of(options, training)
+    options.tensor_locations.check_io_tiles()
     ir = popxl.Ir(replication=layout.replicas)
     options.apply_to_session_options(ir._pb_ir.getSessionOptions(), training)
     main = ir.main_graph
     scope = options.model_name or ""
     with main, popxl.name_scope(scope) if scope else contextlib.nullcontext():
         inputs = [popxl.h2d_stream(s.shape, s.dtype, f"input{i}") for i, s in enumerate(specs)]
-        with _collect_losses() as losses:
+        with _collect_losses() as losses, recording() as recorder:
             facts, fwd = module.create_graph(*specs)
         loss_index = _loss_index(module, fwd, losses) if training else None
         for name, (kind, size) in groupings.items():
             facts.to_dict()[name].replica_grouping = replica_grouping(ir, kind, size)
-        locations = options.tensor_locations
+        plans = block_ranges(recorder.marks, fwd.graph)
+        if plans:
+            _staged.place_blocks(plans, options.strategy, recorder.marks)
+        locations = _locations(options)
         named = _init(facts, options.random_seed, locations.weight)
         built = Built(ir, inputs, [], [], layout.stores_per_call, named, loss_index=loss_index)
         built.locations = locations
-        _build_body(built, fwd, optimizer, layout)
+        if len(plans) > 1 or any(p.ipu for p in plans):
+            # Ops not placed explicitly (loops, the optimiser's scalars) get no IPU, so
+            # the variables they read are placed by the ops that use them.
+            with popxl.ipu(None):
+                _build_staged_body(built, fwd, optimizer, layout, options, plans)
+        else:
+            _build_body(built, fwd, optimizer, layout, options)
     ir.num_host_transfers = layout.device_iterations * layout.accumulation
     return built
+
+
+def _locations(options: Options) -> _TensorLocationOptions:
+    """The tensor locations the program uses: as set, except that phased execution keeps
+    weights, optimiser state and accumulators whose storage is not set in remote buffers
+    (and activations too with an ``OffChipAfter*`` liveness)."""
+    locations = options.tensor_locations.model_copy(deep=True)
+    strategy = options.strategy
+    kinds = ["weight", "optimizer", "accumulator"] if _staged.is_phased(strategy) else []
+    if _staged.offloads_activations(strategy):
+        kinds.append("activation")
+    for kind in kinds:
+        settings = getattr(locations, kind)
+        if settings.on_chip is None:
+            settings.on_chip = False
+    return locations
 
 
 def _init(
@@ -227,13 +270,15 @@ def _loss_index(module: Any, fwd: Any, losses: list) -> int:
     return index
 
 
-def _build_body(built: Built, fwd: Any, optimizer: Optimizer | None, layout: Layout) -> None:
+def _build_body(
+    built: Built, fwd: Any, optimizer: Optimizer | None, layout: Layout, options: Options
+) -> None:
     main = built.ir.main_graph
     specs = [popxl.TensorSpec(o.shape, o.dtype) for o in fwd.graph.outputs]
     built.output_specs = specs
     built.outputs = [popxl.d2h_stream(s.shape, s.dtype, f"output{i}") for i, s in enumerate(specs)]
     keep = _output_holders(specs, layout.mode)
-    trainer = _Trainer(built, fwd, optimizer) if optimizer is not None else None
+    trainer = _Trainer(built, fwd, optimizer, options) if optimizer is not None else None
     # Micro-batch: load, forward (and backward), handle the outputs.
     xs = [ops.host_load(s, f"x{i}") for i, s in enumerate(built.inputs)]
     on_chip = {k: read(v) for k, v in built.weights.items()}
@@ -241,23 +286,183 @@ def _build_body(built: Built, fwd: Any, optimizer: Optimizer | None, layout: Lay
     if trainer is not None:
         trainer.backward(info)
     _handle_outputs(built, info.outputs[: len(specs)], keep, layout.mode)
-    repeat_graph(main, layout.accumulation)
+    _repeat(main, layout.accumulation)
+    _finish(built, trainer, keep, layout, looped=False)
+
+
+def _finish(
+    built: Built, trainer: _Trainer | None, keep: list, layout: Layout, looped: bool
+) -> None:
+    """After the micro-batch loop: the optimiser step, then the device-iteration loops
+    with the stores each output mode needs. ``looped``: the first of those loops is
+    already built (an inference pipeline over the device iterations)."""
+    main = built.ir.main_graph
     # One device iteration: reduce and update.
     if trainer is not None:
         trainer.optimizer_step(layout)
     # Device iterations, with the stores each output mode needs.
+    first = 1 if looped else None
     if layout.mode == OutputMode.All:
-        repeat_graph(main, layout.device_iterations)
+        _repeat(main, first or layout.device_iterations)
         return
     if layout.mode == OutputMode.Sum:
-        repeat_graph(main, layout.device_iterations)
+        _repeat(main, first or layout.device_iterations)
         _store(built, keep)
         for k in keep:
             ops.var_updates.accumulator_scale_(k, 0.0)
         return
-    repeat_graph(main, layout.period)
+    _repeat(main, first or layout.period)
     _store(built, keep)
-    repeat_graph(main, layout.device_iterations // layout.period)
+    _repeat(main, layout.device_iterations // layout.period)
+
+
+def _build_staged_body(
+    built: Built,
+    fwd: Any,
+    optimizer: Optimizer | None,
+    layout: Layout,
+    options: Options,
+    plans: list[_staged.BlockPlan],
+) -> None:
+    """``_build_body`` for a model split into blocks placed by an execution strategy (see
+    ``_staged``)."""
+    strategy = options.strategy
+    specs = [popxl.TensorSpec(o.shape, o.dtype) for o in fwd.graph.outputs]
+    built.output_specs = specs
+    built.outputs = [popxl.d2h_stream(s.shape, s.dtype, f"output{i}") for i, s in enumerate(specs)]
+    keep = _output_holders(specs, layout.mode)
+    trainer = (
+        _Trainer(built, fwd, optimizer, options, whole=False) if optimizer is not None else None
+    )
+    stage_ids = sorted({p.stage for p in plans})
+    for p in plans:
+        p.stage = stage_ids.index(p.stage)
+    blocks = _staged.split(fwd.graph, plans)
+    weights_of = {t: key for key, t in fwd.args.to_dict().items()}
+    if trainer is not None:
+        loss = fwd.graph.outputs[built.loss_index]
+        _staged.differentiate(blocks, loss, set(weights_of))
+        for block in blocks:
+            for t in block.inputs:
+                if t in weights_of:
+                    trainer.ipu_of.setdefault(weights_of[t], block.plan.ipu)
+    pipelined = _staged.is_pipelined(strategy) and len(stage_ids) > 1
+    training = trainer is not None
+    if training:
+        steps = layout.accumulation
+    elif layout.mode in (OutputMode.All, OutputMode.Sum):
+        steps = layout.device_iterations
+    else:
+        steps = layout.period
+    built.description = _staged.describe(plans, strategy)
+    if pipelined:
+        n = 2 * len(stage_ids) - 1 if training else len(stage_ids)
+        _staged.pipeline_steps_check(n, steps, training)
+        with addons.pipelined_execution(steps) as pipeline:
+            _staged_micro_batch(built, blocks, fwd, trainer, keep, layout, pipeline, weights_of)
+        built.description += "\n" + pipeline.print_schedule()
+    else:
+        _staged_micro_batch(built, blocks, fwd, trainer, keep, layout, None, weights_of)
+        _repeat(built.ir.main_graph, layout.accumulation)
+    _finish(built, trainer, keep, layout, looped=pipelined and not training)
+
+
+def _staged_micro_batch(
+    built: Built,
+    blocks: list[_staged.BlockGraph],
+    fwd: Any,
+    trainer: _Trainer | None,
+    keep: list,
+    layout: Layout,
+    pipeline: Any,
+    weights_of: dict[popxl.Tensor, str],
+) -> None:
+    """One micro-batch through the blocks: host loads, forward calls, outputs, and the
+    backward calls in reverse order."""
+    stager = _staged.Stager(pipeline, len({b.plan.stage for b in blocks}))
+    data = [t for t in fwd.graph.inputs if t not in weights_of][: len(built.inputs)]
+    consumers: dict[popxl.Tensor, set[int]] = {}
+    for block in blocks:
+        for t in block.inputs:
+            consumers.setdefault(t, set()).add(block.plan.ipu)
+    out_index = {t: i for i, t in enumerate(fwd.graph.outputs)}
+    vals, infos = _staged.Values(), {}
+    for b, block in enumerate(blocks):
+        plan = block.plan
+        with stager.forward(plan):
+            for i, t in enumerate(data):
+                if not vals.has(t) and (t in block.inputs or b == 0 and t not in consumers):
+                    vals.set(t, ops.host_load(built.inputs[i], f"x{i}"), plan.ipu)
+                    _copy_ahead(vals, t, consumers)
+            args = [
+                read(built.weights[weights_of[t]]) if t in weights_of else vals.on(t, plan.ipu)
+                for t in block.inputs
+            ]
+            info = ops.call_with_info(block.graph, *args)
+            infos[b] = info
+            for t, out in zip(block.outputs, info.outputs):
+                vals.set(t, out, plan.ipu)
+                _copy_ahead(vals, t, consumers)
+                if t in out_index:
+                    _handle_output(built, out_index[t], out, keep, layout.mode)
+    if trainer is not None:
+        _staged_backward(built, blocks, trainer, stager, infos, vals, weights_of)
+
+
+def _copy_ahead(vals: Any, t: popxl.Tensor, consumers: dict[popxl.Tensor, set[int]]) -> None:
+    """Copy ``t`` to the other IPUs that read it, in its producer's stage."""
+    for ipu in sorted(consumers.get(t, ())):
+        vals.on(t, ipu)
+
+
+def _staged_backward(
+    built: Built,
+    blocks: list[_staged.BlockGraph],
+    trainer: _Trainer,
+    stager: Any,
+    infos: dict[int, Any],
+    vals: Any,
+    weights_of: dict[popxl.Tensor, str],
+) -> None:
+    loss = trainer.fwd.graph.outputs[built.loss_index]
+    grads = _staged.Values()
+    for b in reversed(range(len(blocks))):
+        block = blocks[b]
+        if block.grad is None:
+            continue
+        plan = block.plan
+        with stager.backward(plan):
+            provided = []
+            for t in block.provided:
+                if t is loss:
+                    provided.append(trainer.seed())
+                elif grads.has(t):
+                    provided.append(grads.on(t, plan.ipu))
+                else:
+                    provided.append(_staged.zeros_like(t))
+            if stager.pipeline is not None:
+                acts = stager.pipeline.stash_and_restore_activations(infos[b], block.grad)
+            else:
+                acts = block.grad.inputs_dict(infos[b])
+            acts = _offload_activations(acts, built.locations.activation)
+            outs = ops.call(block.grad.graph, *provided, inputs_dict=acts)
+            for t, g in zip(block.required, outs):
+                if t in weights_of:
+                    trainer.accumulate(weights_of[t], g)
+                    continue
+                if grads.has(t):
+                    g = grads.on(t, plan.ipu) + g
+                grads.set(t, g, plan.ipu)
+                grads.on(t, vals.homes[t])  # back to the producer's IPU, in this stage
+
+
+def _repeat(graph: popxl.Graph, count: int) -> None:
+    """``repeat_graph``, leaving the weights-from/to-host fragment ops (which load and
+    store on-chip replica-sharded variables' shards) outside the loop."""
+    fragments = [op for op in graph._ops if op.execution_context != "Normal"]
+    graph._ops = [op for op in graph._ops if op.execution_context == "Normal"]
+    repeat_graph(graph, count)
+    graph._ops = [*fragments, *graph._ops]
 
 
 def _output_holders(specs: list[popxl.TensorSpec], mode: OutputMode) -> list[popxl.Variable]:
@@ -277,12 +482,16 @@ def _handle_outputs(
     built: Built, outs: Sequence[popxl.Tensor], keep: list, mode: OutputMode
 ) -> None:
     for i, out in enumerate(outs):
-        if mode == OutputMode.All:
-            ops.host_store(built.outputs[i], out)
-        elif mode == OutputMode.Sum:
-            ops.var_updates.accumulate_(keep[i], out)
-        else:
-            ops.var_updates.copy_var_update_(keep[i], out)
+        _handle_output(built, i, out, keep, mode)
+
+
+def _handle_output(built: Built, i: int, out: popxl.Tensor, keep: list, mode: OutputMode) -> None:
+    if mode == OutputMode.All:
+        ops.host_store(built.outputs[i], out)
+    elif mode == OutputMode.Sum:
+        ops.var_updates.accumulate_(keep[i], out)
+    else:
+        ops.var_updates.copy_var_update_(keep[i], out)
 
 
 def _store(built: Built, keep: list) -> None:
@@ -294,14 +503,21 @@ def _store(built: Built, keep: list) -> None:
 class _Trainer:
     """The training half of the program: gradients, accumulators, optimiser update."""
 
-    def __init__(self, built: Built, fwd: Any, optimizer: Optimizer) -> None:
+    def __init__(
+        self, built: Built, fwd: Any, optimizer: Optimizer, options: Options, whole: bool = True
+    ) -> None:
         self.built, self.fwd, self.opt = built, fwd, optimizer
+        self.training = options.training
+        # Weight name -> the IPU its accumulator and update run on (staged programs).
+        self.ipu_of: dict[str, int] = {}
+        self._copies: dict[tuple, popxl.Tensor] = {}
         names = list(built.weights)
         if not names:
             raise ValueError(NO_WEIGHTS_MSG.format(cls=type(fwd).__name__))
         built.groups = group_of_each(optimizer, names)
         loss = fwd.graph.outputs[built.loss_index]
-        self.bwd = addons.autodiff(fwd, grads_provided=[loss], grads_required=fwd.args.tensors)
+        if whole:  # staged programs differentiate block by block instead
+            self.bwd = addons.autodiff(fwd, grads_provided=[loss], grads_required=fwd.args.tensors)
         self.keys = [_key_of(fwd, t) for t in fwd.args.tensors]
         self.loss_dtype = loss.dtype
         acc = optimizer.accum_type
@@ -320,13 +536,16 @@ class _Trainer:
                 if is_global and i > 0:
                     continue
                 key = (0 if is_global else i, attr)
-                if opt.variable_attrs.isConstant(attr):
+                adapted = attr == "loss_scaling" and self.training.automatic_loss_scaling
+                if opt.variable_attrs.isConstant(attr) and not adapted:
                     built.constants[key] = value
                 else:
                     single = is_global or len(opt.param_groups) == 1
                     name = f"optim.{attr}" if single else f"optim.group{i}.{attr}"
                     built.hyper[key] = popxl.variable(np.float32(value), popxl.float32, name)
         built.step = popxl.variable(np.float32(0.0), popxl.float32, "optim.step")
+        if self.training.automatic_loss_scaling:
+            built.good_steps = popxl.variable(np.float32(0.0), popxl.float32, "optim.good_steps")
 
     def _make_state(self) -> None:
         built = self.built
@@ -342,84 +561,270 @@ class _Trainer:
     def hyper(self, group: int, attr: str) -> Any:
         key = (0, attr) if attr in self.opt.global_defaults else (group, attr)
         if key in self.built.hyper:
-            return self.built.hyper[key]
+            return self.here(self.built.hyper[key])
         return self.built.constants[key]
 
-    def backward(self, info: Any) -> None:
+    def here(self, t: Any) -> Any:
+        """``t`` on the current IPU: in a staged program, an ``ipu_copy`` of a tensor known
+        to live on another IPU (the optimiser's scalars live on IPU 0)."""
+        if not self.ipu_of or not isinstance(t, popxl.Tensor):
+            return t
+        current = get_current_context().ipu_id
+        try:
+            home = t._placement("ipu")
+        except Exception:  # not placed yet: it will live where it is first used
+            return t
+        if home is None or home == current:
+            return t
+        key = (t, current, popxl.gcg())
+        if key not in self._copies:
+            self._copies[key] = ops.ipu_copy(t, current, home)
+        return self._copies[key]
+
+    def seed(self) -> popxl.Tensor:
+        """The loss gradient: the loss scaling, in the loss's dtype."""
         scale = self.hyper(0, "loss_scaling")
         if isinstance(scale, popxl.Tensor):
-            seed = ops.cast(scale, self.loss_dtype)
-        else:
-            seed = popxl.constant(np.asarray(scale, self.loss_dtype.as_numpy()), self.loss_dtype)
-        args = self.bwd.grad_graph_info.inputs_dict(info)
-        grads = self.bwd.call(seed, args=args)
-        for key, g in zip(self.keys, grads):
-            acc = read(self.accums[key])
-            ops.var_updates.accumulate_(acc, g)
-            flush(self.accums[key], acc)
+            return ops.cast(scale, self.loss_dtype)
+        return popxl.constant(np.asarray(scale, self.loss_dtype.as_numpy()), self.loss_dtype)
 
-    def optimizer_step(self, layout: Layout) -> None:
-        built, opt = self.built, self.opt
-        mean = layout.reduction == ReductionType.Mean
-        grads, loaded = {}, {}
-        for name in built.groups:
-            acc = loaded[name] = read(self.accums[name])
-            group = self.accums[name].replica_grouping
+    def backward(self, info: Any) -> None:
+        args = _offload_activations(
+            self.bwd.grad_graph_info.inputs_dict(info), self.built.locations.activation
+        )
+        grads = self.bwd.call(self.seed(), args=args)
+        for key, g in zip(self.keys, grads):
+            self.accumulate(key, g)
+
+    def accumulate(self, key: str, g: popxl.Tensor) -> None:
+        """Add a micro-batch gradient of weight ``key`` to its accumulator."""
+        accum = self.accums[key]
+        group = shard_group(accum)
+        if group is not None:  # a sharded accumulator keeps this replica's reduced shard
+            g = ops.collectives.replicated_reduce_scatter(g, "add", group, True)
+        acc = read_stored(accum)
+        ops.var_updates.accumulate_(acc, g)
+        flush(accum, acc)
+
+    def _on(self, name: str) -> Any:
+        """The IPU context of weight ``name``'s accumulator and update."""
+        return popxl.ipu(self.ipu_of[name]) if name in self.ipu_of else contextlib.nullcontext()
+
+    def _sharding(self, name: str) -> popxl.ReplicaGrouping | None:
+        """The group a weight's update runs sharded over: that of the weight, its
+        accumulator or its optimiser state, whichever is replica-sharded (else None)."""
+        tensors = [self.built.weights[name], self.accums[name], *self.built.state[name].values()]
+        return next((g for g in map(shard_group, tensors) if g is not None), None)
+
+    def _reduced_grad(self, name: str, acc: popxl.Tensor, layout: Layout) -> popxl.Tensor:
+        """The step's gradient of weight ``name`` from its accumulator ``acc`` (as stored):
+        reduced over the replicas sharing the weight, this replica's shard of it if the
+        update is sharded, unscaled and divided for a Mean reduction."""
+        accum = self.accums[name]
+        group = accum.replica_grouping
+        sharding = self._sharding(name)
+        if shard_group(accum) is not None:
+            g = acc  # reduce-scattered micro-batch by micro-batch
+        elif sharding is not None:
+            g = ops.collectives.replicated_reduce_scatter(acc, "add", sharding, True)
+        else:
             if layout.replicas > 1 and group.group_size > 1:
                 ops.collectives.replicated_all_reduce_(acc, op="add", group=group)
-            g = acc if acc.dtype == popxl.float32 else ops.cast(acc, popxl.float32)
-            # Replicas sharing a weight value reduce their gradients together.
-            divisor = layout.accumulation * group.group_size if mean else 1
-            grads[name] = g * _inverse(self.hyper(0, "loss_scaling"), divisor)
-        grads = _clip(grads, self.hyper(0, "max_grad_norm"))
+            g = acc
+        g = g if g.dtype == popxl.float32 else ops.cast(g, popxl.float32)
+        # Replicas sharing a weight value reduce their gradients together.
+        mean = layout.reduction == ReductionType.Mean
+        divisor = layout.accumulation * group.group_size if mean else 1
+        return g * _inverse(self.hyper(0, "loss_scaling"), divisor)
+
+    def optimizer_step(self, layout: Layout) -> None:
+        built = self.built
+        grads, loaded, shards = {}, {}, {}
+        for name in built.groups:
+            with self._on(name):
+                loaded[name] = read_stored(self.accums[name])
+                grads[name] = self._reduced_grad(name, loaded[name], layout)
+            shards[name] = self._sharding(name)
+        finite = None
+        if built.good_steps is not None:
+            bad = {n: self._bad_count(n, g) for n, g in grads.items()}
+            finite = _all_finite(list(bad.values()), any(shards.values()), layout.replicas)
+        grads = self._clip(grads, shards)
         assert built.step is not None
-        ops.var_updates.accumulate_(built.step, popxl.constant(np.float32(1.0)))
+        one = popxl.constant(np.float32(1.0))
+        ops.var_updates.accumulate_(built.step, one if finite is None else _f32(finite))
         for name, group_index in built.groups.items():
-            var = built.weights[name]
-            w = read(var)
-            w32 = w if w.dtype == popxl.float32 else ops.cast(w, popxl.float32)
-            h = {a: self.hyper(group_index, a) for a in opt.attributes(group_index)}
-            state = {slot: read(v) for slot, v in built.state[name].items()}
-            new = opt.update(w32, grads[name], state, h, built.step)
-            write(var, w, new)
-            for slot, v in built.state[name].items():
-                flush(v, state[slot])
+            with self._on(name):
+                self._update(name, group_index, grads[name], shards[name], finite)
+        if finite is not None:
+            self._adapt_scale(finite)
         for name, var in self.accums.items():
-            zeroed = loaded[name] if name in loaded else read(var)
-            ops.var_updates.accumulator_zero_(zeroed)
-            flush(var, zeroed)
+            with self._on(name):
+                zeroed = loaded[name] if name in loaded else read_stored(var)
+                ops.var_updates.accumulator_zero_(zeroed)
+                flush(var, zeroed)
+
+    def _bad_count(self, name: str, g: popxl.Tensor) -> popxl.Tensor:
+        """How many elements of ``g`` are inf or NaN (counted on the weight's IPU, then
+        moved to IPU 0)."""
+        with self._on(name):
+            bad = ops.sum(_f32(ops.logical_not(ops.isfinite(g))))
+        return self.here(bad)
+
+    def _clip(
+        self, grads: dict[str, Any], shards: dict[str, popxl.ReplicaGrouping | None]
+    ) -> dict[str, Any]:
+        """Scale the gradients so their global norm is at most ``max_grad_norm``."""
+        max_norm = self.hyper(0, "max_grad_norm")
+        if not isinstance(max_norm, popxl.Tensor) and max_norm == float("inf"):
+            return grads
+        total = None
+        for name, g in grads.items():
+            with self._on(name):
+                s = ops.sum(g * g)
+                if shards[name] is not None:  # add up the shards of every replica of the group
+                    s = ops.collectives.replicated_all_reduce(s, "add", shards[name])
+            s = self.here(s)
+            total = s if total is None else total + s
+        assert total is not None
+        norm = ops.sqrt(total)
+        coef = max_norm / (norm + 1e-6)
+        one = popxl.constant(np.float32(1.0))
+        coef = ops.where(ops.greater(coef, one), one, coef)
+        clipped = {}
+        for name, g in grads.items():
+            with self._on(name):
+                clipped[name] = g * self.here(coef)
+        return clipped
+
+    def _update(
+        self,
+        name: str,
+        group_index: int,
+        grad: popxl.Tensor,
+        sharding: popxl.ReplicaGrouping | None,
+        finite: popxl.Tensor | None,
+    ) -> None:
+        """Update weight ``name`` and its optimiser state: whole tensors, or (``sharding``)
+        this replica's shards, with the new weight gathered where it is kept whole."""
+        built, opt = self.built, self.opt
+        var = built.weights[name]
+        w_loaded = read_stored(var)
+        w = _as_shard(var, w_loaded, sharding)
+        w32 = w if w.dtype == popxl.float32 else ops.cast(w, popxl.float32)
+        h = {a: self.hyper(group_index, a) for a in opt.attributes(group_index)}
+        slots = built.state[name]
+        state_loaded = {slot: read_stored(v) for slot, v in slots.items()}
+        state = {slot: _as_shard(slots[slot], t, sharding) for slot, t in state_loaded.items()}
+        keep = finite is not None
+        before = {slot: ops.identity(t) for slot, t in state.items()} if keep else {}
+        with sharded_update(sharding):
+            new = opt.update(w32, grad, state, h, self.here(built.step))
+        if finite is not None:
+            # An overflowing step changes nothing: keep the old weight and state.
+            finite = self.here(finite)
+            new = ops.where(finite, new, w32)
+            for slot, old in before.items():
+                ops.var_updates.copy_var_update_(state[slot], ops.where(finite, state[slot], old))
+        _put_back(var, w_loaded, new, sharding)
+        for slot, v in slots.items():
+            if sharding is not None and shard_group(v) is None:
+                _put_back(v, state_loaded[slot], state[slot], sharding)
+            else:
+                flush(v, state_loaded[slot])
+
+    def _adapt_scale(self, finite: popxl.Tensor) -> None:
+        """Automatic loss scaling: back off on overflow, grow after a run of good steps."""
+        scale, good = self.built.hyper[(0, "loss_scaling")], self.built.good_steps
+        assert good is not None
+        t = self.training
+        zero = popxl.constant(np.float32(0.0))
+        counted = ops.where(finite, good + 1.0, zero)
+        grow = ops.greater(counted, popxl.constant(np.float32(t.als_growth_interval - 0.5)))
+        factor = ops.where(
+            finite,
+            ops.where(
+                grow,
+                popxl.constant(np.float32(t.als_growth_factor)),
+                popxl.constant(np.float32(1.0)),
+            ),
+            popxl.constant(np.float32(t.als_backoff_factor)),
+        )
+        ops.var_updates.copy_var_update_(scale, scale * factor)
+        ops.var_updates.copy_var_update_(good, ops.where(grow, zero, counted))
 
 
 def _zeros_like(
     w: popxl.Variable, dtype: popxl.dtype, name: str, settings: TensorLocationSettings
 ) -> popxl.Variable:
-    """Zeros with ``w``'s shape and replica grouping (one value per group), placed as
-    ``settings`` say."""
+    """Zeros with ``w``'s (whole) shape and replica grouping (one value per group), placed
+    as ``settings`` say."""
     group = w.replica_grouping
     lead = (group.num_groups,) if group.num_groups > 1 else ()
-    data = np.zeros(lead + w.shape, dtype.as_numpy())
+    data = np.zeros(lead + full_shape(w), dtype.as_numpy())
     return place(data, dtype, name, group, settings)
+
+
+def _as_shard(
+    var: popxl.Variable, loaded: popxl.Tensor, sharding: popxl.ReplicaGrouping | None
+) -> popxl.Tensor:
+    """``loaded`` (``var`` as stored) in the form the update uses: as is, or this
+    replica's shard of the whole tensor when the update is sharded but ``var`` is not."""
+    if sharding is None or shard_group(var) is not None:
+        return loaded
+    return ops.collectives.replica_sharded_slice(loaded, sharding)
+
+
+def _put_back(
+    var: popxl.Variable,
+    loaded: popxl.Tensor,
+    value: popxl.Tensor,
+    sharding: popxl.ReplicaGrouping | None,
+) -> None:
+    """Write ``value`` (in the update's form) to ``var`` (read as ``loaded``)."""
+    if sharding is not None and shard_group(var) is None:
+        whole = ops.collectives.replicated_all_gather(value, group=sharding, output_shape="concat")
+        value = ops.reshape(whole, var.shape)
+    write_stored(var, loaded, value)
+
+
+def _offload_activations(
+    args: dict[popxl.Tensor, popxl.Tensor], settings: TensorLocationSettings
+) -> dict[popxl.Tensor, popxl.Tensor]:
+    """``setActivationLocation`` off chip: the forward values the backward needs (not the
+    weights) pass through streaming memory: stored after the forward, loaded for the
+    backward."""
+    moved = {}
+    for key, t in args.items():
+        if isinstance(t, popxl.Variable) or not is_off_chip(settings, t.shape):
+            moved[key] = t
+            continue
+        buffer = popxl.remote_buffer(t.shape, t.dtype, 1)
+        ops.remote_store(buffer, 0, t)
+        moved[key] = ops.remote_load(buffer, 0, f"{t.name}_reloaded")
+    return moved
+
+
+def _f32(t: popxl.Tensor) -> popxl.Tensor:
+    return ops.cast(t, popxl.float32)
+
+
+def _all_finite(bad: list[popxl.Tensor], sharded: bool, replicas: int) -> popxl.Tensor:
+    """A bool scalar: no gradient has an inf or NaN, from each gradient's count of them.
+    With sharded gradients every replica counts its shards' bad values and the counts are
+    summed, so all replicas agree."""
+    total = bad[0]
+    for b in bad[1:]:
+        total = total + b
+    if sharded and replicas > 1:
+        total = ops.collectives.replicated_all_reduce(total, "add")
+    return ops.equal(total, popxl.constant(np.float32(0.0)))
 
 
 def _inverse(loss_scaling: Any, divisor: int) -> Any:
     if isinstance(loss_scaling, popxl.Tensor):
         return 1.0 / (loss_scaling * float(divisor))
     return 1.0 / (float(loss_scaling) * divisor)
-
-
-def _clip(grads: dict[str, Any], max_norm: Any) -> dict[str, Any]:
-    if not isinstance(max_norm, popxl.Tensor) and max_norm == float("inf"):
-        return grads
-    total = None
-    for g in grads.values():
-        s = ops.sum(g * g)
-        total = s if total is None else total + s
-    assert total is not None
-    norm = ops.sqrt(total)
-    coef = max_norm / (norm + 1e-6)
-    one = popxl.constant(np.float32(1.0))
-    coef = ops.where(ops.greater(coef, one), one, coef)
-    return {k: g * coef for k, g in grads.items()}
 
 
 def _key_of(fwd: Any, t: popxl.Tensor) -> str:

@@ -134,6 +134,13 @@ class DataLoader:
             raise ValueError(
                 REBATCHED_MSG.format(size=rebatched_worker_size, combined=self._combined)
             )
+        if rebatched_worker_size is not None and rebatched_worker_size < 1:
+            raise ValueError(
+                f"rebatched_worker_size must be a positive integer, got {rebatched_worker_size}."
+            )
+        self._rebatched = self.mode == DataLoaderMode.AsyncRebatched and batch_sampler is None
+        # Samples per batch a worker loads: the accessor rebatches them to ``_combined``.
+        self._worker_batch = (rebatched_worker_size or self._combined) if self._rebatched else 0
         if auto_distributed_partitioning:
             self.process_id = options.distributed.process_id
             self.num_processes = options.distributed.num_processes
@@ -144,7 +151,10 @@ class DataLoader:
         if self.mode != DataLoaderMode.Sync:
             kwargs = dict(async_options or {})
             kwargs.setdefault("load_indefinitely", False)
-            self._accessor = AsynchronousDataAccessor(_SyncBatches(self), **kwargs)
+            if self._rebatched:
+                kwargs["rebatched_size"] = self._combined
+            source = _WorkerBatches(self) if self._rebatched else _SyncBatches(self)
+            self._accessor = AsynchronousDataAccessor(source, **kwargs)
 
     @property
     def combinedBatchSize(self) -> int:  # noqa: N802
@@ -169,12 +179,17 @@ class DataLoader:
             order = order[:usable][self.process_id :: self.num_processes]
         return order
 
-    def _index_batches(self) -> list[np.ndarray]:
+    def _index_batches(self, worker_batches: bool = False) -> list[np.ndarray]:
+        """Index batches of the combined size, or (``worker_batches``) the same indices cut
+        into worker batches for the accessor to rebatch."""
         if self.batch_sampler is not None:
             return [np.asarray(b) for b in self.batch_sampler]
         order = self._indices()
         c = self._combined
         count = len(order) // c if self.drop_last else -(-len(order) // c)
+        if worker_batches:
+            order, c = order[: count * c], self._worker_batch
+            count = -(-len(order) // c)
         return [order[i * c : (i + 1) * c] for i in range(count)]
 
     def __len__(self) -> int:
@@ -192,11 +207,13 @@ class DataLoader:
             return self.dataset[indices]
         return self.collate_fn([self.dataset[int(i)] for i in indices])
 
-    def _sync_iter(self) -> Iterator[Any]:
+    def _sync_iter(self, worker_batches: bool = False) -> Iterator[Any]:
+        """This epoch's batches: combined batches, or (``worker_batches``) the workers'
+        batches of ``rebatched_worker_size`` samples."""
         if not _is_map_style(self.dataset):
-            yield from self._iterable_batches()
+            yield from self._iterable_batches(worker_batches)
             return
-        batches = self._index_batches()
+        batches = self._index_batches(worker_batches)
         self._epoch += 1
         if not batches and len(self.dataset):
             raise ValueError(
@@ -209,17 +226,28 @@ class DataLoader:
             for b in batches:
                 yield self._fetch(b)
 
-    def _iterable_batches(self) -> Iterator[Any]:
-        buffer: list[Any] = []
+    def _iterable_batches(self, worker_batches: bool = False) -> Iterator[Any]:
+        """Deal this process's samples to the workers; each batches its own share.
+
+        Worker batches (``AsyncRebatched``) keep every sample: the accessor drops the
+        remainder. Otherwise each worker drops its own short last batch if ``drop_last``.
+        """
+        size = self._worker_batch if worker_batches else self._combined
+        drop = self.drop_last and not worker_batches
+        workers: list[list[Any]] = [[] for _ in range(max(1, self.num_workers))]
+        mine = 0
         for i, sample in enumerate(self.dataset):
             if self.num_processes > 1 and i % self.num_processes != self.process_id:
                 continue
-            buffer.append(sample)
-            if len(buffer) == self._combined:
+            worker = mine % len(workers)
+            mine += 1
+            workers[worker].append(sample)
+            if len(workers[worker]) == size:
+                yield self.collate_fn(workers[worker])
+                workers[worker] = []
+        for buffer in workers:
+            if buffer and not drop:
                 yield self.collate_fn(buffer)
-                buffer = []
-        if buffer and not self.drop_last:
-            yield self.collate_fn(buffer)
 
     def __iter__(self) -> Iterator[Any]:
         if self._accessor is not None:
@@ -245,6 +273,17 @@ class _SyncBatches:
         return len(self.loader)
 
 
+class _WorkerBatches(_SyncBatches):
+    """``AsyncRebatched``: the workers' batches, which the accessor rebatches."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.loader._sync_iter(worker_batches=True)
+
+    @property
+    def drop_last(self) -> bool:
+        return self.loader.drop_last
+
+
 _END = object()
 
 
@@ -264,7 +303,11 @@ class AsynchronousDataAccessor:
         early_preload: start loading at construction instead of at the first ``iter``.
         sharing_strategy: accepted for compatibility; the worker is a thread, so data is
             shared in memory whatever the strategy.
-        rebatched_size: regroup the dataset's single samples into batches of this size.
+        rebatched_size: return batches of exactly this many samples. The dataset's items are
+            single samples (stacked), or, when the dataset is a ``DataLoader``'s worker
+            batches (``AsyncRebatched``), batches that are concatenated and split at batch
+            boundaries. A short last batch is dropped unless the ``DataLoader`` says
+            ``drop_last=False``.
 
     An exception in the worker is re-raised in the caller by the next ``next()``.
     ``terminate()`` stops the worker and joins it.
@@ -297,10 +340,19 @@ class AsynchronousDataAccessor:
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def _pieces(self) -> Iterator[Any]:
+        """The dataset's items as batches (single samples become batches of one)."""
+        if isinstance(self.dataset, _WorkerBatches):
+            return iter(self.dataset)
+        return (collate([s]) for s in self.dataset)
+
+    def _drop_last(self) -> bool:
+        return getattr(self.dataset, "drop_last", True)
+
     def _source(self) -> Iterator[Any]:
         while True:
             if self.rebatched_size:
-                yield from _rebatch(iter(self.dataset), self.rebatched_size)
+                yield from _rebatch(self._pieces(), self.rebatched_size, self._drop_last())
             else:
                 yield from self.dataset
             if not self.load_indefinitely:
@@ -360,10 +412,45 @@ class AsynchronousDataAccessor:
         self._stop.set()
 
 
-def _rebatch(samples: Iterator[Any], size: int) -> Iterator[Any]:
-    buffer: list[Any] = []
-    for s in samples:
-        buffer.append(s)
-        if len(buffer) == size:
-            yield collate(buffer)
-            buffer = []
+def _rows(batch: Any) -> int:
+    if isinstance(batch, (tuple, list)):
+        return _rows(batch[0])
+    if isinstance(batch, dict):
+        return _rows(next(iter(batch.values())))
+    return len(batch)
+
+
+def _cut(batch: Any, start: int, stop: int) -> Any:
+    if isinstance(batch, (tuple, list)):
+        return tuple(_cut(b, start, stop) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _cut(v, start, stop) for k, v in batch.items()}
+    return batch[start:stop]
+
+
+def _concat(batches: list[Any]) -> Any:
+    first = batches[0]
+    if isinstance(first, (tuple, list)):
+        return tuple(_concat([b[i] for b in batches]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _concat([b[k] for b in batches]) for k in first}
+    return np.concatenate([_numpy(b) for b in batches])
+
+
+def _rebatch(pieces: Iterator[Any], size: int, drop_last: bool) -> Iterator[Any]:
+    """Batches of exactly ``size`` rows from ``pieces`` (batches of any size), splitting a
+    piece across two batches where needed; the short remainder is yielded unless
+    ``drop_last``."""
+    held: list[Any] = []
+    count = 0
+    for piece in pieces:
+        start, rows = 0, _rows(piece)
+        while start < rows:
+            take = min(size - count, rows - start)
+            held.append(_cut(piece, start, start + take))
+            count, start = count + take, start + take
+            if count == size:
+                yield _concat(held)
+                held, count = [], 0
+    if held and not drop_last:
+        yield _concat(held)

@@ -64,7 +64,9 @@ class VariableRetrievalMode(enum.IntEnum):
 
 class DataLoaderMode(enum.IntEnum):
     """``Sync``: load in the caller; ``Async``: prefetch in a background worker;
-    ``AsyncRebatched``: the worker loads single samples and the accessor batches them."""
+    ``AsyncRebatched``: the workers load batches of ``rebatched_worker_size`` samples and the
+    accessor concatenates and splits them into combined batches (for iterable datasets
+    only the last combined batch's remainder is dropped, not each worker's)."""
 
     Sync = 0
     Async = 1

@@ -488,6 +488,8 @@ class PoplarExecutor:
         for i in range(len(optimizer.param_groups)):
             for attr, value in optimizer.attributes(i).items():
                 key = (0, attr) if attr in optimizer.global_defaults else (i, attr)
+                if key == (0, "loss_scaling") and built.good_steps is not None:
+                    continue  # automatic loss scaling owns the running scale
                 if key in built.hyper:
                     writes[built.hyper[key]] = np.float32(value)
                 elif built.constants[key] != value:
@@ -512,7 +514,13 @@ class PoplarExecutor:
         state = {
             n: {k: np.array(data[v]) for k, v in slots.items()} for n, slots in built.state.items()
         }
-        return {"state": state, "step": int(data[built.step])}
+        result = {"state": state, "step": int(data[built.step])}
+        if built.good_steps is not None:
+            scale, good = built.hyper[(0, "loss_scaling")], built.good_steps
+            values = self._session.get_tensors_data([scale, good])
+            result["loss_scaling"] = float(values[scale])
+            result["good_steps"] = int(values[good])
+        return result
 
     def _load_optimizer_state(self, state_dict: Mapping[str, Any]) -> None:
         built = self._built
@@ -524,6 +532,9 @@ class PoplarExecutor:
                 writes[built.state[name][slot]] = np.asarray(value)
         assert built.step is not None
         writes[built.step] = np.float32(state_dict.get("step", 0))
+        if built.good_steps is not None and "loss_scaling" in state_dict:
+            writes[built.hyper[(0, "loss_scaling")]] = np.float32(state_dict["loss_scaling"])
+            writes[built.good_steps] = np.float32(state_dict.get("good_steps", 0))
         self._session.write_variables_data(writes)
         if self._optimizer is not None:
             self._write_hyper(built, self._optimizer)
@@ -582,7 +593,14 @@ class PoplarExecutor:
         """The program's main graph and every subgraph, as ``Graph.print_schedule`` text."""
         ir = self.ir
         graphs = [ir.main_graph, *[g for g in ir._graphs.values() if g is not ir.main_graph]]
-        return "\n".join(g.print_schedule() for g in graphs)
+        text = "\n".join(g.print_schedule() for g in graphs)
+        built = self._built
+        return f"{built.description}\n{text}" if built is not None and built.description else text
+
+    def memory_report(self) -> Any:
+        """The compiled program's ``Session.memory_report()``: bytes of on-chip variables
+        and of remote buffers (streaming memory) per IPU, and XLA's peak."""
+        return self._require_session("memory_report").memory_report()
 
     def getTensorNames(self) -> list[str]:  # noqa: N802
         """Every tensor name of the program."""

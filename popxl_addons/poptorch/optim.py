@@ -17,9 +17,11 @@ clipped to ``max_grad_norm``); see each class.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import fnmatch
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -181,6 +183,9 @@ class Optimizer:
             "state": state.get("state", {}),
             "step": state.get("step", 0),
         }
+        if "loss_scaling" in state:  # automatic loss scaling: the running scale
+            result["loss_scaling"] = state["loss_scaling"]
+            result["good_steps"] = state["good_steps"]
         return result
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -257,6 +262,31 @@ def _f32(x: Hyper) -> popxl.Tensor:
     if isinstance(x, popxl.Tensor):
         return x
     return popxl.constant(np.float32(x), popxl.float32)
+
+
+_NORM_GROUP: contextvars.ContextVar[popxl.ReplicaGrouping | None] = contextvars.ContextVar(
+    "poptorch_norm_group", default=None
+)
+
+
+@contextlib.contextmanager
+def sharded_update(group: popxl.ReplicaGrouping | None) -> Iterator[None]:
+    """Within: ``update`` sees replica shards of ``group`` (``None``: whole tensors), so
+    whole-tensor sums (LAMB's norms) add up the shards of every replica of the group."""
+    token = _NORM_GROUP.set(group)
+    try:
+        yield
+    finally:
+        _NORM_GROUP.reset(token)
+
+
+def whole_sum(t: popxl.Tensor) -> popxl.Tensor:
+    """The sum of every element of the whole tensor ``t`` (a shard in ``sharded_update``)."""
+    total = ops.sum(t)
+    group = _NORM_GROUP.get()
+    if group is None:
+        return total
+    return ops.collectives.replicated_all_reduce(total, "add", group)
 
 
 def _write(slot: popxl.Tensor, value: popxl.Tensor) -> None:
@@ -572,9 +602,9 @@ class LAMB(Adam):
         r = m / (ops.sqrt(v) + h["eps"])
         if _nonzero(h["weight_decay"]):
             r = r + w * h["weight_decay"]
-        w_norm = ops.sqrt(ops.sum(w * w))
+        w_norm = ops.sqrt(whole_sum(w * w))
         w_norm = _min(w_norm, _f32(h["max_weight_norm"]))
-        r_norm = ops.sqrt(ops.sum(r * r))
+        r_norm = ops.sqrt(whole_sum(r * r))
         zero = popxl.constant(np.float32(0.0))
         valid = ops.logical_and(ops.greater(w_norm, zero), ops.greater(r_norm, zero))
         safe = ops.maximum(r_norm, popxl.constant(np.float32(1e-30)))

@@ -54,6 +54,14 @@ STRATEGY_MSG = (
     "setExecutionStrategy expects a PipelinedExecution, ShardedExecution, "
     "SerialPhasedExecution or ParallelPhasedExecution, got {got}."
 )
+ACTIVATION_RTS_MSG = (
+    "Activations cannot use replicated tensor sharding: each replica computes its own "
+    "activations. Shard weights, optimiser state or accumulators instead."
+)
+IO_TILES_MSG = (
+    "The {kind} location loads or stores through IO tiles, but no IO tiles are reserved. "
+    "Reserve some with options.TensorLocations.numIOTiles(32)."
+)
 PARTIALS_MSG = "setPartialsType accepts float32 ('float') or float16 ('half'), got {got!r}."
 CONFIG_LINE_MSG = (
     "{path}:{line}: {text!r} is not an option call. Each line must be one setter call "
@@ -91,9 +99,14 @@ class TensorLocationSettings(_Base):
 
     ``useOnChipStorage(False)`` (with ``minElementsForOffChip``) puts weights, optimiser
     state and accumulators in remote buffers (streaming memory) that the program loads where
-    they are used and stores after updates. Activations are intermediate values of one step
-    and stay on chip. Replicated tensor sharding and IO tiles are recorded only: programs
-    that need them use popxl's RTS variables and ``io_tiles`` directly.
+    they are used and stores after updates; for activations, the forward values the
+    backward reads are stored after the forward and loaded back for the backward.
+    ``useReplicatedTensorSharding(True)`` (with ``minElementsForReplicatedTensorSharding``)
+    shards weights, optimiser state and accumulators over the replicas of their group:
+    gradients are reduce-scattered, each replica updates its shard and weights are
+    all-gathered where used. ``useIOTilesToLoad`` / ``useIOTilesToStore`` run the remote
+    loads / stores on the IO tiles (reserve them with ``numIOTiles``). See
+    ``popxl_addons.poptorch._storage``.
 
     >>> TensorLocationSettings().useOnChipStorage(False).on_chip
     False
@@ -165,8 +178,18 @@ class _TensorLocationOptions(_Base):
     def setActivationLocation(  # noqa: N802
         self, location: TensorLocationSettings
     ) -> _TensorLocationOptions:
+        """Off chip: the forward values the backward needs go through streaming memory."""
+        if location.replicated_tensor_sharding:
+            raise ValueError(ACTIVATION_RTS_MSG)
         self.activation = location
         return self
+
+    def check_io_tiles(self) -> None:
+        """Raise if a location loads or stores through IO tiles but none are reserved."""
+        for kind in ("weight", "optimizer", "accumulator", "activation"):
+            s = getattr(self, kind)
+            if (s.io_tiles_to_load or s.io_tiles_to_store) and self.num_io_tiles == 0:
+                raise ValueError(IO_TILES_MSG.format(kind=kind))
 
     def numIOTiles(self, num_tiles: int) -> _TensorLocationOptions:  # noqa: N802
         """Reserve ``num_tiles`` IO tiles per IPU (bounds ``popxl.io_tiles()``)."""
@@ -184,14 +207,26 @@ class _TrainingOptions(_Base):
     mean_reduction_strategy: MeanReductionStrategy | None = Field(
         None,
         description=(
-            "Recorded; the program always sums the micro-batch gradients in the accumulator "
+            "Accepted without effect here: the program always sums the micro-batch gradients "
+            "in the accumulator "
             "and divides once per step (Post)."
         ),
     )
     automatic_loss_scaling: bool = Field(
-        False, description="Recorded; loss scaling here is the optimiser's loss_scaling."
+        False,
+        description=(
+            "Adapt the loss scaling while training: starting from the optimiser's "
+            "loss_scaling, a step whose gradients are not all finite is skipped and the "
+            "scale multiplied by als_backoff_factor; after als_growth_interval finite steps "
+            "in a row it is multiplied by als_growth_factor."
+        ),
     )
-    convolution_dithering: bool = Field(False, description="Recorded; no effect on one device.")
+    als_growth_interval: int = Field(2000, ge=1, description="Finite steps before growing.")
+    als_growth_factor: float = Field(2.0, gt=1.0, description="Scale growth on success.")
+    als_backoff_factor: float = Field(0.5, gt=0.0, lt=1.0, description="Scale cut on overflow.")
+    convolution_dithering: bool = Field(
+        False, description="Accepted without effect here: no convolution dithering in XLA."
+    )
 
     def gradientAccumulation(self, gradient_accumulation: int) -> _TrainingOptions:  # noqa: N802
         """Accumulate ``gradient_accumulation`` micro-batches per optimiser step."""
@@ -216,8 +251,29 @@ class _TrainingOptions(_Base):
         self.mean_reduction_strategy = MeanReductionStrategy(mean_reduction_strategy)
         return self
 
-    def setAutomaticLossScaling(self, enabled: bool) -> _TrainingOptions:  # noqa: N802
+    def setAutomaticLossScaling(  # noqa: N802
+        self,
+        enabled: bool,
+        growth_interval: int | None = None,
+        growth_factor: float | None = None,
+        backoff_factor: float | None = None,
+    ) -> _TrainingOptions:
+        """Adapt the loss scaling to the gradients (see ``automatic_loss_scaling``).
+
+        The optimiser's ``loss_scaling`` is the initial scale and becomes a device variable
+        that the program updates after every optimiser step: on a step whose reduced
+        gradients hold an inf or NaN the weights, optimiser state and step count are left
+        unchanged and the scale is multiplied by ``backoff_factor`` (default 0.5); after
+        ``growth_interval`` (default 2000) finite steps in a row it is multiplied by
+        ``growth_factor`` (default 2). ``optimizer.state_dict()["loss_scaling"]`` reads it.
+        """
         self.automatic_loss_scaling = enabled
+        if growth_interval is not None:
+            self.als_growth_interval = _positive("growth_interval", growth_interval)
+        if growth_factor is not None:
+            self.als_growth_factor = growth_factor
+        if backoff_factor is not None:
+            self.als_backoff_factor = backoff_factor
         return self
 
     def setConvolutionDithering(self, enabled: bool) -> _TrainingOptions:  # noqa: N802
@@ -232,11 +288,15 @@ class _PrecisionOptions(_Base):
     stochastic_rounding: bool = Field(
         False, description="Session enableStochasticRounding (float16 results)."
     )
-    fp_exceptions: bool = Field(False, description="Recorded; JAX does not trap on NaN.")
-    half_float_casting: HalfFloatCastingBehavior | None = Field(
-        None, description="Deprecated in PopTorch; recorded only."
+    fp_exceptions: bool = Field(
+        False, description="Accepted without effect here: JAX does not trap on NaN."
     )
-    running_statistics_always_float: bool = Field(False, description="Deprecated; recorded.")
+    half_float_casting: HalfFloatCastingBehavior | None = Field(
+        None, description="Accepted without effect here: deprecated in PopTorch."
+    )
+    running_statistics_always_float: bool = Field(
+        False, description="Accepted without effect here: deprecated in PopTorch."
+    )
 
     def setPartialsType(self, dtype: Any) -> _PrecisionOptions:  # noqa: N802
         """Matmul/convolution partials: ``float32`` or ``float16`` (also their names)."""
@@ -316,7 +376,8 @@ class _DistributedOptions(_Base):
 
 
 class _JitOptions(_Base):
-    """``Options.Jit`` (deprecated in PopTorch): recorded only."""
+    """``Options.Jit`` (deprecated in PopTorch). Accepted without effect here: models are
+    popxl_addons Modules, never traced."""
 
     trace_model: bool = True
 
@@ -355,14 +416,22 @@ class Options(_Base):
     log_dir: str = Field("", description="Session logDir.")
     model_name: str = Field("", description="Prefix of the program's name scope.")
     connection_type: ConnectionType = Field(ConnectionType.Always)
-    sync_pattern: SyncPattern = Field(SyncPattern.Full, description="Recorded only.")
-    auto_round_num_ipus: bool = Field(False, description="Recorded only.")
+    sync_pattern: SyncPattern = Field(
+        SyncPattern.Full,
+        description="Accepted without effect here: JAX devices need no sync pattern.",
+    )
+    auto_round_num_ipus: bool = Field(
+        False, description="Accepted without effect here: any number of virtual IPUs runs."
+    )
     available_memory_proportion: dict[str, float] = Field(
-        default_factory=dict, description="Recorded only (no tile memory planner here)."
+        default_factory=dict, description="Accepted without effect here: no tile memory planner."
     )
     strategy: Strategy = Field(
         default_factory=PipelinedExecution,
-        description="Recorded and validated; the program runs every block in order.",
+        description=(
+            "How the blocks a model marks (poptorch.Block / BeginBlock) are placed on IPUs and "
+            "run: sharded, pipelined or phased (see popxl_addons.poptorch._staged)."
+        ),
     )
     training: _TrainingOptions = Field(default_factory=_TrainingOptions)
     precision: _PrecisionOptions = Field(default_factory=_PrecisionOptions)

@@ -1,10 +1,13 @@
 """Execution strategies: ``Stage``, ``Phase`` and the four ways of running them.
 
 A strategy names the model's blocks (``Stage("A", "B").ipu(1)``), groups stages into
-phases, and says how they run. The program built here runs every block in order on one
-device and records the strategy on the options (``Options.strategy``); the validation
-PopTorch did when the strategy was declared (IPU parity of parallel phases, stage counts
-per phase) happens here.
+phases, and says how they run. A model marks its blocks with ``poptorch.Block`` /
+``poptorch.BeginBlock`` (see ``blocks``); ``trainingModel`` / ``inferenceModel`` then cut
+the forward graph into per-block subgraphs placed on the stages' IPUs and run them
+sharded, pipelined (``popxl_addons.pipelined_execution``) or phased (weights in remote
+buffers per phase); see ``_staged``. A model that marks no blocks runs on one IPU
+whatever the strategy. The validation PopTorch did when the strategy was declared (IPU
+parity of parallel phases, stage counts per phase) happens here.
 
 >>> s = ParallelPhasedExecution(Phase(Stage("0"), Stage("1")), Phase(Stage("2"), Stage("3")))
 >>> _ = s.phase(0).ipus(0, 2)
@@ -120,8 +123,21 @@ class ShardedExecution(PipelinedExecution):
 
 class _PhasedExecution(ExecutionStrategy):
     phases: list[Phase] = Field(default_factory=list)
-    liveness: Liveness = Liveness.AlwaysLive
-    separate_backward_phase: bool = False
+    liveness: Liveness = Field(
+        Liveness.AlwaysLive,
+        description=(
+            "AlwaysLive: activations stay on chip; any OffChipAfter* value: the activations "
+            "the backward needs are stored to streaming memory after the forward and "
+            "loaded back for the backward."
+        ),
+    )
+    separate_backward_phase: bool = Field(
+        False,
+        description=(
+            "Accepted without effect here: PopTorch only renumbers the backward phases; the "
+            "program here always runs the backward of each phase in reverse phase order."
+        ),
+    )
 
     def __init__(self, *phases: Any, **data: Any) -> None:
         if phases:

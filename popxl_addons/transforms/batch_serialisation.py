@@ -263,6 +263,17 @@ class _Plan:
         with self.tiles():
             return index + 1
 
+    def outer_graph(self, fill: Callable[[popxl.Tensor, popxl.Tensor, list], None]) -> popxl.Graph:
+        """The graph the caller calls: its inputs (start index, seed, passed tensors), then
+        ``fill(index, seed, passed)`` builds the steps in sequence."""
+        ir = self.graph.graph.ir
+        outer = ir.create_empty_graph(suffix_graph_name(self.graph.graph.name, "_repeat_graph"))
+        with outer, popxl.in_sequence():
+            index, seed, passed = self.outer_inputs()
+            fill(index, seed, passed)
+        self.outer_passed = passed
+        return outer
+
     def build_serial(self) -> popxl.Graph:
         """load, compute, store; ``steps`` times in a loop."""
         ir = self.graph.graph.ir
@@ -275,13 +286,11 @@ class _Plan:
             self.store(index, stored)
             return self.next_index(index), next_seed
 
-        outer = ir.create_empty_graph(suffix_graph_name(self.graph.graph.name, "_repeat_graph"))
-        with outer, popxl.in_sequence():
-            index, seed, passed = self.outer_inputs()
+        def fill(index: popxl.Tensor, seed: popxl.Tensor, passed: list) -> None:
             body = ir.create_graph(step, index, seed, passed)
             ops.repeat(body, self.steps, index, seed, *passed)
-        self.outer_passed = passed
-        return outer
+
+        return self.outer_graph(fill)
 
     def build_overlapped(self) -> popxl.Graph:
         """Loads of the next step and stores of the previous one beside each compute."""
@@ -304,9 +313,7 @@ class _Plan:
             stored_now = self.to_io(self.compute(loaded, passed, seed))
             return (self.next_index(index), next_seed, *self.to_compute(loaded_next), *stored_now)
 
-        outer = ir.create_empty_graph(suffix_graph_name(self.graph.graph.name, "_repeat_graph"))
-        with outer, popxl.in_sequence():
-            index, seed, passed = self.outer_inputs()
+        def fill(index: popxl.Tensor, seed: popxl.Tensor, passed: list) -> None:
             loaded = self.to_compute(self.load(index))
             index = self.next_index(index)
             seed_0, seed = self.step_seed(seed)
@@ -330,8 +337,8 @@ class _Plan:
             with self.tiles():
                 previous = previous + 1
             self.store(previous, stored)
-        self.outer_passed = passed
-        return outer
+
+        return self.outer_graph(fill)
 
     def result(self, graph: popxl.Graph) -> BatchSerialResult:
         remap = dict(zip(self.passed, self.outer_passed))

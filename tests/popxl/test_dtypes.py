@@ -22,8 +22,8 @@ TABLE = {
     "uint16": (True, False, False, False, np.uint16),
     "uint32": (True, False, False, False, np.uint32),
     "uint64": (True, False, False, False, np.uint64),
-    "float8_143": (False, True, True, False, ml_dtypes.float8_e4m3fnuz),
-    "float8_152": (False, True, True, False, ml_dtypes.float8_e5m2fnuz),
+    "float8_143": (False, True, True, False, [("float8_143", "u1")]),
+    "float8_152": (False, True, True, False, [("float8_152", "u1")]),
     "float16": (False, True, True, False, np.float16),
     "float32": (False, True, True, False, np.float32),
     "float64": (False, True, True, False, np.float64),
@@ -79,6 +79,8 @@ def test_from_name_unknown():
         (np.zeros((), np.complex64), popxl.complex64),
         (ml_dtypes.float8_e4m3fnuz, popxl.float8_143),
         (np.dtype(ml_dtypes.float8_e5m2fnuz), popxl.float8_152),
+        (dtypes.np_dtype_float8_143, popxl.float8_143),
+        (np.zeros(2, [("float8_152", "u1")]), popxl.float8_152),
     ],
 )
 def test_as_dtype(value, expected):
@@ -119,8 +121,16 @@ def test_dtypes_are_hashable_dict_keys():
 
 
 def test_float8_host_dtypes():
-    assert dtypes.np_dtype_float8_143 == np.dtype(ml_dtypes.float8_e4m3fnuz)
-    assert dtypes.np_dtype_float8_152 == np.dtype(ml_dtypes.float8_e5m2fnuz)
+    # PopXL's structured form: one raw byte per element, in a field named after the format.
+    assert dtypes.np_dtype_float8_143 == np.dtype([("float8_143", "u1")])
+    assert dtypes.np_dtype_float8_152 == np.dtype([("float8_152", "u1")])
+    assert popxl.utils.np_dtype_float8_143 is dtypes.np_dtype_float8_143
+    assert popxl.utils.np_dtype_float8_152 is dtypes.np_dtype_float8_152
+    assert popxl.float8_143.itemsize == popxl.float8_152.itemsize == 1
+    # The runtime's (JAX's) view of the same bytes.
+    assert popxl.float8_143._np_device == np.dtype(ml_dtypes.float8_e4m3fnuz)
+    assert popxl.float8_152._np_device == np.dtype(ml_dtypes.float8_e5m2fnuz)
+    assert popxl.float32._np_device == popxl.float32.as_numpy()
 
 
 def test_testing_dtype_lists():

@@ -321,6 +321,30 @@ def test_grouped_remote_variable_retrieval_modes(retrieval_mode):
         np.testing.assert_array_equal(got, data[[0, 1, 0, 1]] + xs[:, None])
 
 
+@pytest.mark.parametrize(
+    "shape, dtype, grouping_args",
+    [((2, 2, 2), F32, (1, 2)), ((2, 2), popxl.float16, (1, 2)), ((2, 4), F32, (1, 1))],
+)
+def test_remote_variable_must_fit_its_slot(shape, dtype, grouping_args):
+    """A single group of 2 given (2, 2, 2) data in a (2, 2) buffer (upstream's
+    test_d2hWeightBuffer_elision): PopART silently copied the first slot-size bytes."""
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        buffer = popxl.remote_buffer((2, 2), F32)
+        grouping = ir.replica_grouping(*grouping_args)
+        var = popxl.remote_variable(np.ones(shape), buffer, dtype=dtype, replica_grouping=grouping)
+        _store(ops.remote_load(buffer, 0))
+    per_replica = shape[1:] if grouping.num_groups > 1 else shape
+    groups = "1 group" if grouping.num_groups == 1 else f"{grouping.num_groups} groups"
+    with pytest.raises(ValueError) as info:
+        popxl.Session(ir, "ipu_model")
+    assert str(info.value).startswith(
+        f"Remote variable {var.id} is {dtype.name}{per_replica} on each replica, but its slot 0 "
+        "of remote buffer 1 holds float32(2, 2)."
+    )
+    assert f"has {groups})." in str(info.value)
+
+
 # Replica-sharded variables ------------------------------------------------------------------
 
 

@@ -186,15 +186,20 @@ def test_float8_host_data_gives_its_format_as_the_dtype():
     f8 = popxl.fp8_utils.host_pow2scale_cast_to_fp8(np.array([1.0, -3.0]), popxl.float8_152)
     with ir.main_graph:
         c = popxl.constant(f8)
-        v = popxl.variable(np.ones(2, popxl.float8_143.as_numpy()), name="v")
+        v = popxl.variable(np.ones(2, popxl.float8_143._np_device), name="v")  # ml_dtypes form
         assert c.dtype is popxl.float8_152 and v.dtype is popxl.float8_143
         assert popxl.constant(f8, popxl.float8_152).dtype is popxl.float8_152
         assert popxl.variable(np.ones(2, np.float32), popxl.float8_152).dtype is popxl.float8_152
         out = popxl.d2h_stream((2,), popxl.float8_152, "out")
         ops.host_store(out, c)
     with popxl.Session(ir) as session:
-        np.testing.assert_array_equal(session.run()[out].astype(np.float32), [1.0, -3.0])
-        np.testing.assert_array_equal(session.get_tensor_data(v).astype(np.float32), [1.0, 1.0])
+        from_fp8 = popxl.fp8_utils.host_pow2scale_cast_from_fp8
+        result = session.run()[out]
+        assert result.dtype == popxl.dtypes.np_dtype_float8_152
+        np.testing.assert_array_equal(from_fp8(result), [1.0, -3.0])
+        data = session.get_tensor_data(v)
+        assert data.dtype == popxl.dtypes.np_dtype_float8_143
+        np.testing.assert_array_equal(from_fp8(data), [1.0, 1.0])
 
 
 def test_variable_extras():

@@ -56,9 +56,9 @@ def test_float8_only_arguments():
     with pytest.raises(RuntimeError):
         to_numpy(np.ones(2, np.float32), nan_on_overflow=True)
     out = to_numpy(np.array([1.0, 2.0], np.float32), popxl.float8_143)
-    assert out.dtype == popxl.float8_143.as_numpy()
-    np.testing.assert_array_equal(out.astype(np.float32), [1.0, 2.0])
-    with pytest.raises(TypeError):
+    assert out.dtype == popxl.float8_143.as_numpy() == popxl.utils.np_dtype_float8_143
+    np.testing.assert_array_equal(out.view(np.uint8), [64, 72])  # 1.0 and 2.0 in float8_143
+    with pytest.raises(TypeError, match="must be float8 data .* or float16/32/64 data"):
         to_numpy(np.array([1, 2], np.int32), popxl.float8_143)
 
 

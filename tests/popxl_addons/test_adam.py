@@ -31,11 +31,17 @@ def np_adam(
     """Reference Adam(W): returns the weight and state after each gradient in ``grads``.
 
     Float hyper-parameters enter as float32 values, as on the IPU (so ``1 - beta2`` is
-    ``1 - float32(beta2)``); the arithmetic is float64.
+    ``1 - float32(beta2)``); the arithmetic is float64. The first moment follows PopART's
+    kernels: its moving average, factors included, and its bias correction ran in its
+    own dtype, rounding after every operation (which matters for float16).
     """
     f32 = np.float32
     one_minus_beta1, one_minus_beta2 = float(f32(1) - f32(beta1)), float(f32(1) - f32(beta2))
     beta1, beta2 = float(f32(beta1)), float(f32(beta2))
+
+    def r(x):  # rounded to the first moment's dtype
+        return np.asarray(x, np.float64).astype(m_dtype).astype(np.float64)
+
     w = w.astype(np.float64)
     m = np.zeros_like(w)
     v = np.zeros_like(w)
@@ -44,14 +50,12 @@ def np_adam(
         g = g.astype(np.float64) / loss_scaling
         if norms is not None:
             g = g * norm_max / max(norms[i], norm_max)
-        # The gradient is rounded to the first moment's dtype before it is accumulated.
-        g_m = g.astype(m_dtype).astype(np.float64)
-        m = (beta1 * m + one_minus_beta1 * g_m).astype(m_dtype).astype(np.float64)
+        m = r(r(r(beta1) * m) + r(r(one_minus_beta1) * r(g)))
         v = beta2 * v + one_minus_beta2 * g * g
         m_hat, v_hat = m, v
         if bias_correction:
             step += 1
-            m_hat, v_hat = m / (1 - beta1**step), v / (1 - beta2**step)
+            m_hat, v_hat = r(m / r(1 - beta1**step)), v / (1 - beta2**step)
         w = w - lr * (m_hat / (np.sqrt(v_hat) + eps) + weight_decay * w)
     return {"var": w, "first_order": m, "second_order": v, "step": step}
 
@@ -137,7 +141,7 @@ def test_adam_default_first_moment_is_float16(problem):
     assert results[-1]["first_order"].dtype == np.float16
     for n, result in enumerate(results, 1):
         expected = np_adam(w0, grads[:n], lr=0.05, m_dtype=np.float16)
-        assert_state_close(result, expected, m_tol=(1e-3, 1e-4), rtol=1e-3, atol=1e-4)
+        assert_state_close(result, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_adam_global_norm_clipping_with_loss_scaling(problem):
@@ -318,3 +322,34 @@ def test_adam_on_a_replica_sharded_variable_matches_the_full_update():
             session.run({stream: g.reshape(2, 6)})  # replica r holds the r-th half
     expected = np_adam(w0, grads, lr=0.1, m_dtype=np.float16)
     np.testing.assert_allclose(session.get_tensor_data(var), expected["var"], rtol=1e-3, atol=1e-4)
+
+
+def test_float16_first_moment_rounds_like_the_ipu():
+    """One step on the data of Graphcore's own unit test (seed 42, lr 2, no weight decay).
+
+    A float16 first moment puts ``m̂ ≈ g`` on the float16 grid; near ``g = 0.767`` its steps
+    are ``2**-11``, so the best float16 value is 1.9e-4 (relative) off and ``lr = 2`` doubles
+    that: the upstream test's 1.5e-4 tolerance against torch is out of reach of any float16
+    moment. PopART's roundings (float16 factors that cancel between the moving average and
+    the bias correction) land at that best value; one rounding of ``0.1 * g`` would not.
+    """
+    rng = np.random.RandomState(42)
+    w0 = rng.normal(0, 1, (2, 2)).astype(np.float32)
+    g = rng.normal(0, 1, (2, 2)).astype(np.float32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        var = popxl.variable(w0, name="var")
+        grad = popxl.variable(g, name="grad")
+        facts, graph = AdamOptimizerStep().create_graph(var, grad, lr=2, eps=1e-5, weight_decay=0.0)
+        graph.bind(facts.init()).call(var, grad)
+    with popxl.Session(ir, "ipu_model") as session:
+        session.run()
+        got = session.get_tensor_data(var)
+    hyper = dict(lr=2, eps=1e-5, weight_decay=0.0)
+    ipu = np_adam(w0, [g], m_dtype=np.float16, **hyper)["var"]
+    exact = np_adam(w0, [g], m_dtype=np.float64, **hyper)["var"]
+    np.testing.assert_allclose(got, ipu, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got[1, 1], -0.4773178, rtol=0, atol=1e-6)
+    assert 3.5e-4 < np.abs(got - exact).max() < 3.9e-4
+    best = np.float16(g[1, 1]).astype(np.float64)  # the nearest float16 to g[1, 1]
+    assert abs(best / g[1, 1] - 1) > 1.8e-4

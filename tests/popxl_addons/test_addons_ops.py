@@ -115,3 +115,17 @@ def test_host_load_makes_a_named_stream_and_casts_the_data():
     with popxl.Session(ir, "ipu_model") as session:
         out = session.run({stream: host})[out_stream]
     np.testing.assert_allclose(out, data * 2)
+
+
+def test_host_load_converts_float_data_to_float8():
+    data = np.array([0.5, -3.0, np.nan, 1000.0])
+    ir = popxl.Ir()
+    with ir.main_graph:
+        host, stream, t = addons.ops.host_load(data, popxl.float8_143, "x")
+        out_stream = addons.ops.host_store(t)
+    # PopXL's structured float8 data: 0.5, -3.0, then NaN (0x80) twice (1000 > 240).
+    assert host.dtype == popxl.dtypes.np_dtype_float8_143
+    assert host.view(np.uint8).tolist() == [56, 204, 128, 128]
+    with popxl.Session(ir, "ipu_model") as session:
+        out = session.run({stream: host})[out_stream]
+    np.testing.assert_equal(out, host)

@@ -32,6 +32,7 @@ from popxl_addons.ops.replicated_strided_collectives import (
     replicated_all_reduce_strided_identical_inputs,
     replicated_reduce_scatter_strided,
 )
+from popxl_addons.patterns import apply_pre_alias_patterns
 
 from ..replication_helpers import mode, run_replicated  # noqa: F401  (the `mode` fixture)
 
@@ -44,9 +45,11 @@ def run_with_grad(
     inputs: Sequence[np.ndarray],
     cot: np.ndarray,
     diff: Sequence[int] = (0,),
+    patterns: bool = True,
 ) -> tuple[np.ndarray, list[np.ndarray], str]:
     """Forward output, gradients of inputs ``diff`` for the output cotangent ``cot`` (all
-    in host layout ``(replicas, ...)``), and the gradient graph's schedule."""
+    in host layout ``(replicas, ...)``), and the gradient graph's schedule before the
+    pre-alias patterns (which the all-reduce pairs need, as in the original) ran."""
     ir = popxl.Ir(replication=replicas)
     lead = 1 if replicas > 1 else 0  # host layout: (replicas, ...) only when replicated
     with ir.main_graph:
@@ -68,10 +71,13 @@ def run_with_grad(
         out_streams = [popxl.d2h_stream(o.shape, o.dtype, f"out{i}") for i, o in enumerate(outs)]
         for s, o in zip(out_streams, outs):
             ops.host_store(s, o)
+    schedule = info.graph.print_schedule()
+    if patterns:
+        apply_pre_alias_patterns(ir)
     with popxl.Session(ir, "ipu_model") as session:
         values = session.run({**dict(zip(streams, inputs)), cot_stream: cot})
     results = [values[s] for s in out_streams]
-    return results[0], results[1:], info.graph.print_schedule()
+    return results[0], results[1:], schedule
 
 
 def _data(*shape: int, seed: int = 0) -> np.ndarray:
@@ -111,6 +117,30 @@ def test_all_reduce_tp_pairs(name: str, group_size: int) -> None:
     np.testing.assert_allclose(y, reduced(x) if fwd_reduces else x, rtol=1e-6)
     np.testing.assert_allclose(dx, reduced(cot) if bwd_reduces else cot, rtol=1e-6)
     assert "ReplicatedAllReduceTP." in schedule
+
+
+NEED_PATTERN = (
+    "You need to run the `OpToIdentityPattern` pattern before running the IR: a {type} op "
+    "with identical_inputs=True is still in the IR"
+)
+
+
+@pytest.mark.parametrize(
+    "fn, type_",
+    [
+        (replicated_all_reduce_identical_inputs, "ReplicatedAllReduceTP"),  # in the forward
+        (replicated_all_reduce_identical_grad_inputs, "ReplicatedAllReduceTP"),  # its gradient
+        (replicated_all_reduce_strided_identical_inputs, "ReplicatedAllReduceStrided"),
+    ],
+)
+def test_identity_form_needs_the_op_to_identity_pattern(fn: Any, type_: str) -> None:
+    """As the original's Opx: the session refuses an all-reduce pair's identity form that
+    ``OpToIdentityPattern`` has not rewritten (here: no ``apply_pre_alias_patterns``)."""
+    x, cot = _data(2, 3), _data(2, 3, seed=1)
+    with pytest.raises(PopXLException) as info:
+        run_with_grad(2, fn, [x], cot, patterns=False)
+    assert str(info.value).startswith(NEED_PATTERN.format(type=type_))
+    assert "call that after autodiff and before creating the Session" in str(info.value)
 
 
 def test_all_reduce_tp_accepts_only_add() -> None:

@@ -7,6 +7,7 @@ import pytest
 import popxl
 import popxl_addons as addons
 from popxl import ops
+from popxl.errors import PopXLException
 from popxl_addons.patterns import apply_pre_alias_patterns
 
 F32 = popxl.float32
@@ -272,7 +273,8 @@ def test_tensor_parallel_identity_all_reduces_become_identities_and_keep_values(
         return [out[s] for s in streams]
 
     ir, _, _, x_h2d, streams = build()
-    before = run(ir, x_h2d, streams)
+    with pytest.raises(PopXLException, match="You need to run the `OpToIdentityPattern`"):
+        run(ir, x_h2d, streams)  # as the original: the identity forms must be rewritten
     ir, fwd, grad, x_h2d, streams = build()
     counts = apply_pre_alias_patterns(ir)
     assert counts["OpToIdentity"] == 2  # f's forward, g's gradient
@@ -282,5 +284,3 @@ def test_tensor_parallel_identity_all_reduces_become_identities_and_keep_values(
     y, dx = run(ir, x_h2d, streams)
     np.testing.assert_allclose(y, np.broadcast_to(2 * data.sum(0), (4, 2)))
     np.testing.assert_allclose(dx, np.broadcast_to(2 * data.sum(0), (4, 2)))
-    np.testing.assert_allclose(y, before[0])
-    np.testing.assert_allclose(dx, before[1])

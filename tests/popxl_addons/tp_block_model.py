@@ -36,6 +36,7 @@ from popxl_addons.ops.replicated_all_reduce_TP import (
     replicated_all_reduce_identical_inputs,
 )
 from popxl_addons.ops.rotary_pos_embed import rotary_pos_embed, trig_tables
+from popxl_addons.patterns import apply_pre_alias_patterns
 
 
 @dataclass(frozen=True)
@@ -286,6 +287,7 @@ def build_tp_block(
         loss = fwd.outputs[0]
         loss_stream = popxl.d2h_stream(loss.shape, loss.dtype, "loss")
         ops.host_store(loss_stream, loss)
+    apply_pre_alias_patterns(ir)  # f's forward and g's gradient become identities
     session = popxl.Session(ir, "ipu_model")
     replicated = {x_stream: np.stack([x] * cfg.tp), label_stream: np.stack([labels] * cfg.tp)}
     return TPBlock(session, replicated, loss_stream, streams)

@@ -16,7 +16,7 @@ import pytest
 import popxl
 import popxl.ops as ops
 import popxl_addons as addons
-from runtime import calls
+from runtime import calls, replica_sums
 from runtime.program import build_program
 
 H, B, LAYERS, STEPS, LR = 4, 3, 3, 3, 0.1
@@ -36,9 +36,11 @@ def sgd(w: popxl.TensorByRef, g: popxl.Tensor, count: popxl.TensorByRef, replica
     ops.var_updates.accumulate_(count, popxl.constant(1.0, popxl.float32))
 
 
-def training_program(replicas: int):
+def training_program(replicas: int, counts_per_layer: bool = False):
     """Forward through LAYERS calls of one layer graph, the gradient graph (with
-    accumulation) called per layer in reverse, SGD graphs called per weight and layer."""
+    accumulation) called per layer in reverse, SGD graphs called per weight and layer
+    (sharing one by-ref counter, or with ``counts_per_layer`` one counter per layer: then
+    the SGD calls are independent of each other)."""
     ir = popxl.Ir(replication=replicas)
     with ir.main_graph:
         stream = popxl.h2d_stream((B, H), popxl.float32, "x")
@@ -51,6 +53,10 @@ def training_program(replicas: int):
         weights = [facts.init(f"l{i}") for i in range(LAYERS)]
         accums = [acc_facts.init(f"l{i}.grad") for i in range(LAYERS)]
         count = popxl.variable(0.0, popxl.float32, "count")
+        counts = [
+            popxl.variable(0.0, popxl.float32, f"count{i}") if counts_per_layer else count
+            for i in range(LAYERS)
+        ]
         infos, h = [], x
         for i in range(LAYERS):
             infos.append(layer.bind(weights[i]).call_with_info(h))
@@ -63,18 +69,19 @@ def training_program(replicas: int):
             spec = weights[0][key]
             step = ir.create_graph(sgd, spec, spec, count, replicas)
             for i in range(LAYERS):
-                ops.call(step, weights[i][key], accums[i][f"accum.{key}"], count)
+                ops.call(step, weights[i][key], accums[i][f"accum.{key}"], counts[i])
         for i in range(LAYERS):  # writes to single rows of a stacked variable
             ops.var_updates.copy_var_update_(
                 accums[i]["mean_accum_counter"], popxl.constant(0.0, popxl.float32)
             )
-    variables = [t for named in weights + accums for t in named.tensors] + [count]
+    variables = [t for named in weights + accums for t in named.tensors]
+    variables += counts if counts_per_layer else [count]
     return ir, stream, out, weights, variables
 
 
-def train(policy: str, replicas: int, monkeypatch: pytest.MonkeyPatch):
+def train(policy: str, replicas: int, monkeypatch: pytest.MonkeyPatch, per_layer: bool = False):
     monkeypatch.setattr(calls, "_policy", policy)
-    ir, stream, out, weights, variables = training_program(replicas)
+    ir, stream, out, weights, variables = training_program(replicas, per_layer)
     session = popxl.Session(ir, "ipu_model")
     rng = np.random.default_rng(0)
     session.write_variables_data({
@@ -95,7 +102,18 @@ def train(policy: str, replicas: int, monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_scanned_training_matches_inlined(replicas, monkeypatch):
     monkeypatch.setenv("POPXL_REPLICATION", "vmap")
+    sums_taken = []
+    original = replica_sums.Summed.replica_sum
+
+    def spy(self, axis_name, replicas):
+        sums_taken.append(self)
+        return original(self, axis_name, replicas)
+
+    monkeypatch.setattr(replica_sums.Summed, "replica_sum", spy)
     outs_scan, vars_scan, program = train("scan", replicas, monkeypatch)
+    # Under replication the gradient accumulators leave the scanned gradient calls with
+    # their replica sums, which the SGD calls' all-reduces take (runtime/replica_sums.py).
+    assert bool(sums_taken) == (replicas > 1)
     outs_inline, vars_inline, inlined = train("inline", replicas, monkeypatch)
     stacked = [e for e in program.entries if len(e) > 1]
     # w, b, their accumulators and the accumulation counters are stored stacked.
@@ -109,6 +127,50 @@ def test_scanned_training_matches_inlined(replicas, monkeypatch):
     assert float(vars_scan[-1]) == 2 * LAYERS * STEPS
     # Training moved the weights.
     assert not np.allclose(vars_scan[0], vars_inline[0] * 0)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_independent_calls_are_mapped_and_match_inlined(replicas, monkeypatch):
+    """SGD calls with a counter per layer carry nothing from call to call: they are lowered
+    as one ``vmap`` over the stacked weights (one kernel per op for every layer)."""
+    monkeypatch.setenv("POPXL_REPLICATION", "vmap")
+    mapped = []
+    original = calls._lower_as_map
+
+    def spy(*args, **kwargs):
+        mapped.append(original(*args, **kwargs))
+        return mapped[-1]
+
+    monkeypatch.setattr(calls, "_lower_as_map", spy)
+    outs_scan, vars_scan, _ = train("scan", replicas, monkeypatch, per_layer=True)
+    # The SGD runs of w and of b, once per trace of the step.
+    assert mapped[:2] == [True, True] and all(mapped)
+    outs_inline, vars_inline, _ = train("inline", replicas, monkeypatch, per_layer=True)
+    for a, b in zip(outs_scan + vars_scan, outs_inline + vars_inline):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    # Every layer's counter counted its own two SGD calls per step.
+    assert [float(v) for v in vars_scan[-LAYERS:]] == [2.0 * STEPS] * LAYERS
+
+
+def test_calls_with_effects_are_scanned_not_mapped(monkeypatch):
+    """A graph that loads from a host stream must see the calls in order: no map."""
+    monkeypatch.setattr(calls, "_policy", "scan")
+    ir = popxl.Ir()
+    ir.num_host_transfers = 3
+    with ir.main_graph:
+        stream = popxl.h2d_stream((2,), popxl.float32, "x")
+        ws = [popxl.variable(np.zeros(2, np.float32), name=f"w{i}") for i in range(3)]
+
+        def load_into(w: popxl.TensorByRef) -> None:
+            ops.var_updates.copy_var_update_(w, ops.host_load(stream))
+
+        graph = ir.create_graph(load_into, ws[0])
+        for w in ws:
+            ops.call(graph, w)
+    with popxl.Session(ir, "ipu_model") as session:
+        session.run({stream: np.arange(6, dtype=np.float32).reshape(3, 2)})
+        data = session.get_tensors_data(ws)
+    np.testing.assert_array_equal(np.stack([data[w] for w in ws]), [[0, 1], [2, 3], [4, 5]])
 
 
 def test_runs_are_planned_with_carries_shared_and_stacked_inputs(monkeypatch):
@@ -175,3 +237,99 @@ def test_policy_names_are_checked(monkeypatch):
     monkeypatch.setenv("POPXL_CALLS", "unrolled")
     with pytest.raises(ValueError, match="POPXL_CALLS must be one of scan, inline, got 'unrolled'"):
         calls.policy()
+
+
+def looped_program(kind: str):
+    """LAYERS calls of the layer graph (and, for ``repeat``, its gradient calls into by-ref
+    accumulators) inside an ``ops.repeat`` body run twice per step, or inside the taken
+    branch of an ``ops.conditional``; then per-layer SGD in the main graph."""
+    from popxl_addons.named_tensors import NamedTensors
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.linspace(-1, 1, B * H, dtype=np.float32).reshape(B, H), name="x")
+        out = popxl.d2h_stream((B, H), popxl.float32, "y")
+        facts, layer = Layer().create_graph(x)
+        acc_facts, bwd = addons.autodiff_with_accumulation(
+            layer, layer.args.tensors, grads_required=[layer.graph.inputs[0]]
+        )
+        weights = [facts.init(f"l{i}") for i in range(LAYERS)]
+        accums = [acc_facts.init(f"l{i}.grad") for i in range(LAYERS)]
+
+        def inputs_like(named_list, by_ref=False):
+            return [
+                NamedTensors.from_dict({
+                    k: popxl.graph_input(t.shape, t.dtype, by_ref=by_ref)
+                    for k, t in named.to_dict().items()
+                })
+                for named in named_list
+            ]  # fmt: skip
+
+        body = ir.create_empty_graph("body")
+        with body:
+            h = popxl.graph_input((B, H), popxl.float32)
+            w_in = inputs_like(weights)
+            a_in = inputs_like(accums, by_ref=True) if kind == "repeat" else []
+            infos = []
+            for i in range(LAYERS):
+                infos.append(layer.bind(w_in[i]).call_with_info(h))
+                h = infos[-1].outputs[0]
+            for i in reversed(range(len(a_in))):
+                (h,) = bwd.bind(a_in[i]).call(h, args=bwd.grad_graph_info.inputs_dict(infos[i]))
+            popxl.graph_output(h * 0.5)
+        feed = [t for named in weights + accums[: len(a_in)] for t in named.tensors]
+        if kind == "repeat":
+            (y,) = ops.repeat(body, 2, x, *feed)
+        else:
+            other = ir.create_graph(lambda t: t * 2.0, x)
+            (y,) = ops.conditional(popxl.constant(True), body, other, [x, *feed], [x])
+        ops.host_store(out, y)
+        if kind == "repeat":
+            for key in ("w", "b"):
+                step = ir.create_graph(
+                    lambda w, g: ops.scaled_add_(w, g, b=-LR), weights[0][key], weights[0][key]
+                )
+                for i in range(LAYERS):
+                    ops.call(step, weights[i][key], accums[i][f"accum.{key}"])
+    variables = [t for named in weights + accums for t in named.tensors]
+    return ir, out, weights, variables
+
+
+def train_looped(kind: str, policy: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(calls, "_policy", policy)
+    ir, out, weights, variables = looped_program(kind)
+    session = popxl.Session(ir, "ipu_model")
+    rng = np.random.default_rng(1)
+    session.write_variables_data({
+        t: rng.normal(0, 0.5, t.shape).astype(np.float32)
+        for named in weights
+        for t in named.tensors
+    })  # fmt: skip
+    with session:
+        outputs = [session.run()[out] for _ in range(STEPS)]
+    data = session.get_tensors_data(variables)
+    return outputs, [data[t] for t in variables], session._program
+
+
+@pytest.mark.parametrize("kind", ["repeat", "conditional"])
+def test_calls_inside_loops_and_branches_scan_stored_stacks(kind, monkeypatch):
+    """Runs inside a ``repeat`` body or a branch get their variables stored stacked and
+    receive each stack whole (no per-iteration stacking); same numbers as inlining."""
+    found = []
+    original = calls.input_stacks
+
+    def spy(*args, **kwargs):
+        found.append(original(*args, **kwargs))
+        return found[-1]
+
+    monkeypatch.setattr(calls, "input_stacks", spy)
+    outs_scan, vars_scan, program = train_looped(kind, "scan", monkeypatch)
+    stacked = [e for e in program.entries if len(e) > 1]
+    # w and b; for repeat also their accumulators and the accumulation counters
+    assert len(stacked) == (5 if kind == "repeat" else 2)
+    assert found and all(len(groups) == len(stacked) for groups in found if groups)
+    outs_inline, vars_inline, _ = train_looped(kind, "inline", monkeypatch)
+    for a, b in zip(outs_scan + vars_scan, outs_inline + vars_inline):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    if kind == "repeat":  # the accumulators and weights moved
+        assert not np.allclose(vars_scan[0], vars_inline[0] * 0)

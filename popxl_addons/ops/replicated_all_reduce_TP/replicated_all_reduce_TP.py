@@ -7,9 +7,10 @@ gradient an all-reduce (``f``: before a column-sharded matmul). With
 after a row-sharded matmul). With neither, both directions all-reduce. The gradient op is
 the same op with the flags swapped, as in the original.
 
-Deliberate difference: the original needed PopART's ``OpToIdentityPattern`` to run before
-the session was created (it raised otherwise); here an ``identical_inputs`` op lowers to an
-identity directly, with or without ``popxl_addons.patterns.apply_pre_alias_patterns``.
+As in the original, an op with ``identical_inputs`` (the forward of ``f``, the gradient of
+``g``) only becomes an identity through PopART's ``OpToIdentityPattern``: run
+``popxl_addons.patterns.apply_pre_alias_patterns(ir)`` after autodiff; a session created
+before that raises ``PopXLException`` (the original's Opx raised ``popart_exception``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from popxl.ops.collectives import CollectiveOps
 
 from .._native import define_all_reduce_pair, record_all_reduce_pair
 
-ALL_REDUCE_TP = define_all_reduce_pair("replicated_all_reduce_TP", "ReplicatedAllReduceTP")
+ALL_REDUCE_TP = define_all_reduce_pair(
+    "replicated_all_reduce_TP", "ReplicatedAllReduceTP", "replicated_all_reduce"
+)
 _ADD_ONLY = ("add",)
 
 

@@ -15,7 +15,7 @@ from ...named_tensors import NamedTensors
 from .._native import define_all_reduce_pair, record_all_reduce_pair
 
 ALL_REDUCE_STRIDED = define_all_reduce_pair(
-    "replicated_all_reduce_strided", "ReplicatedAllReduceStrided"
+    "replicated_all_reduce_strided", "ReplicatedAllReduceStrided", "replicated_all_reduce_strided"
 )
 _ADD_OR_MEAN = ("add", "mean")
 

@@ -1,7 +1,9 @@
 """Op-table cases: pow2scale_cast_to_fp8 / pow2scale_cast_from_fp8 and matmul_pow2scaled.
 
-Float8 inputs are built on the host with ``popxl.fp8_utils`` and fed through float8 streams;
-the casts are checked against the host conversions they must match bit for bit.
+Float8 inputs are built on the host with ``popxl.fp8_utils`` (PopXL's structured float8
+arrays) and fed through float8 streams; the casts are checked against the host conversions
+they must match bit for bit, with ``np.testing.assert_equal`` (``EDGES`` holds NaNs, which
+compare equal byte by byte).
 """
 
 import numpy as np
@@ -61,7 +63,8 @@ def _from_fp8_case(fmt, log2_scale, target):
 
 
 def _matmul_ref(a, b, s):
-    product = np.matmul(a.astype(np.float64), b.astype(np.float64)) * 2.0 ** int(s)
+    a, b = (host_pow2scale_cast_from_fp8(x, popxl.float64) for x in (a, b))
+    product = np.matmul(a, b) * 2.0 ** int(s)
     return product.astype(np.float32).astype(np.float16)
 
 

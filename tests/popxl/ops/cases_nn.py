@@ -41,6 +41,26 @@ MATMUL_CASES = [
         lambda a, v: (a @ v, v @ a.T),
         atol=1e-5,
     ),
+    # PopART's MatMul took the left operand's dtype and never compared the right one's.
+    OpCase(
+        "matmul_mixed_f32_by_f16",
+        ops.matmul,
+        [f32(3, 4, seed=9), f32(4, 5, seed=10).astype(np.float16)],
+        lambda a, b: a @ b.astype(np.float32),
+        atol=1e-5,
+        fp16_grad=False,
+    ),
+    OpCase(
+        "matmul_mixed_f16_by_f32",
+        ops.matmul,
+        [f32(3, 4, seed=11).astype(np.float16), f32(4, 5, seed=12)],
+        lambda a, b: (a.astype(np.float32) @ b.astype(np.float16).astype(np.float32)).astype(
+            np.float16
+        ),
+        rtol=1e-3,
+        atol=1e-3,
+        grad=False,  # finite differences of a float16 result are rounding noise
+    ),
     OpCase(
         "softmax",
         lambda t: ops.softmax(t, -1),

@@ -20,6 +20,23 @@ def _op_types(graph):
     return [op.type for op in graph.ops]
 
 
+# Matmul dtypes ---------------------------------------------------------------------------
+
+
+def test_matmul_float_mix_takes_the_left_dtype_and_other_mixes_are_refused():
+    with popxl.Ir().main_graph:
+        a32, b16 = _var(2, 3), _var(3, 4, dtype=popxl.float16, name="w")
+        assert ops.matmul(a32, b16).dtype == popxl.float32
+        assert ops.matmul(b16.T, a32.T).dtype == popxl.float16
+        assert ops.matmul(a32, b16, output_type=popxl.float16).dtype == popxl.float16
+        ints = popxl.variable(np.ones((3, 4), np.int32), popxl.int32, name="i")
+        with pytest.raises(
+            PopXLException,
+            match="MatMul: np broadcasting failed, incompatible types float32 and int32",
+        ):
+            ops.matmul(a32, ints)
+
+
 # Convolutions ----------------------------------------------------------------------------
 
 

@@ -176,7 +176,8 @@ def test_updates_persist_in_variables_across_runs():
 
 def test_float_factors_and_mixed_precision_follow_the_ipu():
     """A float32 X entering a float16 accumulator is rounded to float16 first, and float
-    factors are float32 values: ``1 - f`` is ``1 - float32(f)``, not the Python double."""
+    factors are float32 values: ``1 - f`` is ``1 - float32(f)``, not the Python double; a
+    float16 moving average also rounds that factor to float16 (PopART ran it in float16)."""
     ir = popxl.Ir()
     with ir.main_graph:
         m = popxl.variable(np.zeros(3, np.float16), name="m")
@@ -188,10 +189,34 @@ def test_float_factors_and_mixed_precision_follow_the_ipu():
         session.run()
     f32, f16 = np.float32, np.float16
     x16 = f32(f16(f32(0.1)))  # 0.0999755859375
-    want_m = f16(x16 * (f32(1) - f32(0.9)))
+    want_m = f16(x16 * f32(f16(f32(1) - f32(0.9))))
     want_v = (f32(1) - f32(0.999)) * f32(0.1) * f32(0.1)
     np.testing.assert_array_equal(session.get_tensor_data(m), np.full(3, want_m))
     np.testing.assert_allclose(session.get_tensor_data(v), np.full(3, want_v), rtol=1e-7)
     # The float64 computation would have given other values, so the test tells them apart.
     assert f16(0.1 * 0.1) != want_m
     assert abs((1 - 0.999) * 0.01 - want_v) / want_v > 1e-6
+
+
+def test_float16_moving_average_rounds_after_every_operation():
+    """``m = f16(f16(f16(f) * m) + f16(f16(1 - f) * f16(x)))``, PopART's float16 kernel; a
+    float32 accumulator from the same values stays in float32."""
+    f32, f16 = np.float32, np.float16
+    rng = np.random.default_rng(0)
+    m0, x = rng.normal(size=(2, 256)).astype(np.float32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        m16 = popxl.variable(m0.astype(f16), name="m16")
+        m32 = popxl.variable(m0, name="m32")
+        xs = popxl.constant(x, name="x")
+        vu.accumulate_moving_average_(m16, xs, f=0.9)
+        vu.accumulate_moving_average_(m32, xs, f=0.9)
+    with popxl.Session(ir, "ipu_model") as session:
+        session.run()
+    a, b = f16(f32(0.9)), f16(f32(1) - f32(0.9))
+    want16 = (a * m0.astype(f16)) + (b * x.astype(f16))  # float16 arithmetic in NumPy
+    np.testing.assert_array_equal(session.get_tensor_data(m16), want16)
+    want32 = f32(0.9) * m0 + (f32(1) - f32(0.9)) * x
+    np.testing.assert_allclose(session.get_tensor_data(m32), want32, rtol=3e-7)
+    once = (f32(0.9) * m0 + (f32(1) - f32(0.9)) * x.astype(f16).astype(f32)).astype(f16)
+    assert np.count_nonzero(want16 != once) > 10  # the rounding rule is observable here

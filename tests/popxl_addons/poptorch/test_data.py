@@ -199,3 +199,86 @@ def test_torch_datasets_are_accepted():
     x, y = next(iter(poptorch.DataLoader(opts, TorchPairs(), batch_size=2)))
     assert isinstance(x, np.ndarray) and x.shape == (6, 2)
     np.testing.assert_array_equal(y, np.arange(6))
+
+
+class Stream:
+    """An iterable-style dataset of the samples 0 .. n-1 (one pass each epoch)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return (np.float32(i) for i in range(self.n))
+
+
+def test_iterable_workers_each_drop_their_remainder_unless_rebatched():
+    """103 samples dealt to 4 workers (26, 26, 26, 25), combined batch 2 x 5 = 10.
+
+    Async: each worker drops its own 6 or 5 leftover samples -> 4 x 2 = 8 batches (80 samples).
+    AsyncRebatched with workers loading 3 samples at a time: the accessor joins and splits
+    the worker batches -> 10 batches (100 samples), only the last 3 dropped."""
+    opts = poptorch.Options().deviceIterations(5)
+    kw = {"batch_size": 2, "num_workers": 4}
+    sync = list(poptorch.DataLoader(opts, Stream(103), **kw))
+    plain = poptorch.DataLoader(opts, Stream(103), mode=poptorch.DataLoaderMode.Async, **kw)
+    rebatched = poptorch.DataLoader(
+        opts,
+        Stream(103),
+        mode=poptorch.DataLoaderMode.AsyncRebatched,
+        rebatched_worker_size=3,
+        **kw,
+    )
+    a, r = list(plain), list(rebatched)
+    plain.terminate()
+    rebatched.terminate()
+    assert len(sync) == len(a) == 8 and len(r) == 10
+    assert all(b.shape == (10,) for b in a + r)
+    # Worker 0 holds samples 0, 4, 8, ...: its first batch, then worker 1's.
+    np.testing.assert_array_equal(a[0], np.arange(0, 40, 4))
+    np.testing.assert_array_equal(a[1], np.arange(1, 41, 4))
+    for x, y in zip(sync, a):
+        np.testing.assert_array_equal(x, y)
+    # Worker batches of 3: w0 [0 4 8], w1 [1 5 9], w2 [2 6 10], w3 [3 7 11], w0 [12 16 20]...
+    np.testing.assert_array_equal(r[0], [0, 4, 8, 1, 5, 9, 2, 6, 10, 3])
+    np.testing.assert_array_equal(r[1][:2], [7, 11])
+    seen = np.concatenate(r)
+    assert len(set(seen.tolist())) == 100 and set(seen.tolist()) <= set(range(103))
+
+
+def test_rebatched_keeps_the_short_batch_without_drop_last():
+    opts = poptorch.Options().deviceIterations(5)
+    loader = poptorch.DataLoader(
+        opts,
+        Stream(23),
+        batch_size=2,
+        num_workers=2,
+        drop_last=False,
+        mode=poptorch.DataLoaderMode.AsyncRebatched,
+        rebatched_worker_size=4,
+    )
+    batches = list(loader)
+    loader.terminate()
+    assert [len(b) for b in batches] == [10, 10, 3]
+    assert sorted(np.concatenate(batches).tolist()) == list(range(23))
+
+
+def test_rebatched_map_style_splits_worker_batches_into_the_sync_batches():
+    """Map-style: workers load 3 samples at a time, the accessor rebuilds batches of 8
+    (a worker batch is split across two combined batches) equal to the Sync batches."""
+    opts = poptorch.Options().deviceIterations(2)
+    sync = list(poptorch.DataLoader(opts, Pairs(30), batch_size=4, shuffle=True))
+    loader = poptorch.DataLoader(
+        opts,
+        Pairs(30),
+        batch_size=4,
+        shuffle=True,
+        mode=poptorch.DataLoaderMode.AsyncRebatched,
+        rebatched_worker_size=3,
+    )
+    got = list(loader)
+    loader.terminate()
+    assert len(got) == len(sync) == 3
+    for (xa, ya), (xs, ys) in zip(got, sync):
+        assert xa.shape == (8, 1) and ya.shape == (8,)
+        np.testing.assert_array_equal(xa, xs)
+        np.testing.assert_array_equal(ya, ys)

@@ -4,10 +4,10 @@ import doctest
 
 import pytest
 
-from popxl_addons.poptorch import data, optim, options, strategies
+from popxl_addons.poptorch import blocks, data, optim, options, strategies
 
 
-@pytest.mark.parametrize("module", [data, optim, options, strategies], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [blocks, data, optim, options, strategies], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0
