@@ -321,7 +321,10 @@ class Session(SessionCompat):
         """The device slot of state entry ``index`` that holds its value."""
         if not self._program.ipus:
             return value
-        return value[self._program.homes[index] or 0]
+        # Placed: variables are unpacked from their slots (``Program.unpack``); remote
+        # buffers are kept valid on every device, so row 0 holds them.
+        assert index >= self._program.n_entries, "placed variables are read by unpack"
+        return value[0]
 
     def _device_layout(self, var: Variable, host: np.ndarray) -> Any:
         host = to_ml(host)  # float8: the ml_dtypes view the device takes
