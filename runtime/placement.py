@@ -11,7 +11,12 @@ devices: device ``k`` is virtual IPU ``k``.
   every device, e.g. host loads and values computed from them everywhere). An op on IPU
   ``k`` that reads a value homed elsewhere first moves it to ``k`` with ``lax.ppermute``:
   ``ipu_copy`` is exactly such a device-to-device transfer, and implicit transfers keep
-  programs that read across IPUs without a copy correct.
+  programs that read across IPUs without a copy correct. The copies of one call of a
+  copies-only graph (a pipeline cycle's transfers) that share a shape and dtype travel in
+  one ``ppermute``, so the devices meet once per cycle rather than once per copy.
+* **Updates.** An in-place op skipped on a foreign device leaves its input unchanged;
+  elementwise variable updates (optimizer steps, accumulator resets) are computed on every
+  device and selected, which XLA fuses into one in-place pass (a branch would copy).
 * **State.** Each variable is owned by one IPU (the one whose ops leave its last write,
   found by tracing the step; else the first IPU to read it) and held only on that IPU's
   device: variables of equal dtype and size owned by different IPUs share one array
@@ -20,7 +25,8 @@ devices: device ``k`` is virtual IPU ``k``.
   and remote buffers stay valid on every device.
 
 Otherwise (one IPU, too few devices, replication, or ``POPXL_PLACEMENT=off``) the program
-runs on one device with identical results.
+runs on one device with identical results; replicated programs run unplaced, each replica
+on its own device when JAX has enough (see ``placement_ipus``).
 """
 
 from __future__ import annotations
@@ -62,13 +68,24 @@ def placement_ipus(ipus: int, replicas: int) -> int:
     """The number of devices to place the program on, or 0 to run it on one device.
 
     ``POPXL_PLACEMENT`` = ``auto`` (default: place when JAX has at least ``ipus`` devices),
-    ``off``, or ``on`` (place, or raise when there are too few devices). Replicated programs
-    are mapped over replicas instead (see ``runtime.program``) and are not placed.
+    ``off``, or ``on`` (place, or raise when there are too few devices or the program is
+    replicated). Replicated programs are mapped over replicas instead (``vmap`` on one
+    device, or ``shard_map`` with one device per replica, see ``runtime.program``): every
+    replica's IPUs then share that replica's device, so per-device memory holds all of a
+    replica's variables.
     """
     choice = os.environ.get("POPXL_PLACEMENT", "auto")
     if choice not in ("auto", "off", "on"):
         raise ValueError(f"POPXL_PLACEMENT must be auto, off or on, got {choice!r}.")
-    if choice == "off" or ipus < 2 or replicas > 1:
+    if choice == "off" or ipus < 2:
+        return 0
+    if replicas > 1:
+        if choice == "on":
+            raise ValueError(
+                f"POPXL_PLACEMENT=on: the program is replicated ({replicas} replicas) and "
+                "replicated programs are not placed: each replica runs all its IPUs on one "
+                "device (replicas on their own devices when JAX has enough). Use auto."
+            )
         return 0
     devices = len(jax.devices())
     if devices < ipus:

@@ -37,7 +37,7 @@ from popxl.tensor import Constant, Tensor, Variable
 
 from . import distributed, executable_cache, remote_state, state_layout, stream_io
 from .device import DeviceInfo, check_compatible, check_io_tiles, ipus_needed, select_device
-from .placement import ipus_used
+from .placement import ipu_mesh, ipus_used
 from .program import (
     Program,
     abstract_inputs,
@@ -185,11 +185,11 @@ class Session(SessionCompat):
                 engine_options,
                 f"{self.device_desc}:{self._device}:x64={self._program.uses_x64}",
             )
-            devices = (
-                list(replica_mesh(self._program.replicas).devices.flat)
-                if self._program.mode == "shard_map"
-                else [self._device]
-            )
+            devices = [self._device]
+            if self._program.mode == "shard_map":
+                devices = list(replica_mesh(self._program.replicas).devices.flat)
+            elif self._program.ipus:  # placed: one device per virtual IPU
+                devices = list(ipu_mesh(self._program.ipus).devices.flat)
             self._executable = executable_cache.load_or_compile(
                 cache, wanted, self._compiled, devices
             )
@@ -321,7 +321,10 @@ class Session(SessionCompat):
         """The device slot of state entry ``index`` that holds its value."""
         if not self._program.ipus:
             return value
-        return value[self._program.homes[index] or 0]
+        # Placed: variables are unpacked from their slots (``Program.unpack``); remote
+        # buffers are kept valid on every device, so row 0 holds them.
+        assert index >= self._program.n_entries, "placed variables are read by unpack"
+        return value[0]
 
     def _device_layout(self, var: Variable, host: np.ndarray) -> Any:
         host = to_ml(host)  # float8: the ml_dtypes view the device takes

@@ -119,3 +119,43 @@ def test_same_sized_variables_of_two_ipus_share_one_array(monkeypatch):
     np.testing.assert_array_equal(second, 1 + np.arange(4) * 4)
     np.testing.assert_array_equal(rows, [np.arange(4), 1 + np.arange(4) * 4])
     np.testing.assert_array_equal(session.get_tensor_data(w), np.arange(4))
+
+
+def test_placed_program_is_saved_to_and_loaded_from_the_executable_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("POPXL_PLACEMENT", "on")
+    results = []
+    for _ in range(2):
+        ir, x_in, out, (a, u, b, h) = _two_ipus()
+        opts = ir._pb_ir.getSessionOptions()
+        opts.enableEngineCaching, opts.cachePath = True, str(tmp_path)
+        with popxl.Session(ir, "ipu_model") as session:
+            assert session._program.ipus == 2 and session._executable is not None
+            results.append(session.run({x_in: np.ones(64, np.float32)})[out])
+            assert session.get_tensor_data(h)[0] == 2.0
+    assert len(list(tmp_path.glob("*.popef"))) == 1
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_allclose(results[0], np.full(64, (32 + 120) * 2 * 64, np.float32))
+
+
+@pytest.mark.parametrize("placement", ["off", "on"])
+def test_remote_variable_of_a_placed_program_reads_and_writes(monkeypatch, placement):
+    """A remote variable updated on IPU 1 next to an on-chip variable on IPU 0."""
+    monkeypatch.setenv("POPXL_PLACEMENT", placement)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        buf = popxl.remote_buffer((3,), popxl.float32, 2)
+        with popxl.ipu(0):
+            a = popxl.variable(np.ones(3, np.float32), name="a")
+            a += 1.0
+            y = (a * 1.0).copy_to_ipu(1)
+        with popxl.ipu(1):
+            r = popxl.remote_variable(np.full(3, 5.0, np.float32), buf, 1, name="r")
+            loaded = ops.remote_load(buf, 1)
+            ops.remote_store(buf, 1, loaded + y)
+    with popxl.Session(ir, "ipu_model") as session:
+        session.run()
+        assert session.get_tensor_data(r).tolist() == [7.0, 7.0, 7.0]
+        session.write_variables_data({r: np.zeros(3, np.float32)})
+        session.run()
+        got = session.get_tensors_data([a, r])
+    assert got[a].tolist() == [3.0, 3.0, 3.0] and got[r].tolist() == [3.0, 3.0, 3.0]

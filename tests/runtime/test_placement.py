@@ -110,3 +110,81 @@ def test_bad_placement_setting_is_an_error(monkeypatch):
         popxl.variable(1.0).copy_to_ipu(1, 0)
     with pytest.raises(ValueError, match="POPXL_PLACEMENT must be auto, off or on"):
         build_program(ir)
+
+
+def _replicated_two_ipus():
+    """2 replicas x 2 IPUs: w (on IPU 0) times each replica's input, summed over replicas on
+    IPU 1."""
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        x_in = popxl.h2d_stream((3,), popxl.float32)
+        out = popxl.d2h_stream((3,), popxl.float32)
+        with popxl.ipu(0):
+            w = popxl.variable(np.array([1.0, 2.0, 3.0], np.float32), name="w")
+            y = (ops.host_load(x_in) * w).copy_to_ipu(1)
+        with popxl.ipu(1):
+            ops.host_store(out, ops.collectives.replicated_all_reduce(y))
+    return ir, x_in, out
+
+
+@pytest.mark.parametrize("replication", ["vmap", "shard_map"])
+def test_replicated_programs_are_mapped_over_replicas_not_placed(monkeypatch, replication):
+    monkeypatch.setenv("POPXL_REPLICATION", replication)
+    ir, x_in, out = _replicated_two_ipus()
+    x = np.array([[1.0, 1.0, 1.0], [2.0, 0.0, -1.0]], np.float32)
+    with popxl.Session(ir, "ipu_model") as session:
+        got = session.run({x_in: x})[out]
+        assert (session._program.ipus, session._program.mode) == (0, replication)
+        report = session.memory_report()
+    np.testing.assert_allclose(got, np.broadcast_to([3.0, 2.0, 0.0], (2, 3)))
+    assert report.devices == 1 and [m.resident for m in report.ipus] == [12, 12]
+
+
+def test_placement_on_with_replication_is_an_error(monkeypatch):
+    monkeypatch.setenv("POPXL_PLACEMENT", "on")
+    ir, *_ = _replicated_two_ipus()
+    with pytest.raises(ValueError, match=r"replicated \(2 replicas\) and replicated programs"):
+        build_program(ir)
+
+
+def test_copies_of_one_call_travel_in_one_transfer(monkeypatch):
+    """A call of two opposite IPU copies of one shape (a pipeline cycle's activation and
+    gradient) is one collective-permute, and each copy arrives on its destination."""
+    monkeypatch.setenv("POPXL_PLACEMENT", "on")
+    ir = popxl.Ir()
+    main = ir.main_graph
+    with main:
+        out0 = popxl.d2h_stream((2,), popxl.float32)
+        out1 = popxl.d2h_stream((2,), popxl.float32)
+        with popxl.ipu(0):
+            a = popxl.variable(np.array([1.0, 2.0], np.float32), name="a") * 10.0
+        with popxl.ipu(1):
+            b = popxl.variable(np.array([3.0, 4.0], np.float32), name="b") * 100.0
+        copies = ir.create_empty_graph("copies")
+        with copies:
+            xa = popxl.graph_input((2,), popxl.float32, "xa")
+            xb = popxl.graph_input((2,), popxl.float32, "xb")
+            with popxl.ipu(0):
+                ya = ops.ipu_copy(xa, 1, 0)
+            with popxl.ipu(1):
+                yb = ops.ipu_copy(xb, 0, 1)
+            popxl.graph_output(ya)
+            popxl.graph_output(yb)
+        with popxl.ipu(0):
+            on1, on0 = ops.call(copies, a, b)
+        with popxl.ipu(1):
+            ops.host_store(out1, on1 + 1.0)
+        with popxl.ipu(0):
+            ops.host_store(out0, on0 + 1.0)
+    program = build_program(ir)
+    session = popxl.Session(ir, "ipu_model")
+    state = tuple(
+        jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=session._sharding)
+        for s in abstract_state(program)
+    )
+    hlo = program.step.lower(*program.split(state), abstract_inputs(program)).as_text()
+    assert hlo.count("collective_permute") == 1
+    with session:
+        got = session.run()
+    np.testing.assert_array_equal(got[out1], [11.0, 21.0])
+    np.testing.assert_array_equal(got[out0], [301.0, 401.0])
