@@ -100,8 +100,9 @@ def _accumulate_lowering(rule: Any) -> Any:
 
 
 def _rounder(dtype: Any) -> Any:
-    """Rounding to ``dtype`` of a value computed wider, or nothing for float32 and wider."""
-    if jnp.finfo(dtype).bits >= 32:
+    """Rounding to ``dtype`` of a value computed wider; nothing for float32 and wider, and
+    for integer accumulators (their single rounding is the final cast)."""
+    if not jnp.issubdtype(dtype, jnp.floating) or jnp.finfo(dtype).bits >= 32:
         return lambda a: a
     return lambda a: a.astype(dtype).astype(jnp.float32)
 
@@ -115,7 +116,7 @@ def _moving_average_lowering(square: bool) -> Any:
     def lower(t: Any, x: Any, *scalars: Any, tensor_args: tuple[str, ...], f: Any) -> Any:
         r = _rounder(t.dtype)
         dt = _compute_dtype(t, x)
-        factor = _params(scalars, tensor_args, {"f": f}, jnp.float32)["f"]
+        factor = _params(scalars, tensor_args, {"f": f}, dt)["f"]
         a, b = r(factor.astype(dt)), r((1 - factor).astype(dt))
         x = r(x.astype(dt))
         new = r(b * x)

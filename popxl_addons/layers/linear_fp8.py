@@ -12,12 +12,10 @@ import popxl
 from popxl import ops
 
 from ..module import Module
-from ..named_tensors import NamedTensors
 from ..ops.fp8_amax_scale import fp8_amax_scale
 from ..ops.fp8_mse_scale import fp8_mse_scale
-from ..utils import WeightsDict
-from ._mapping import has_bias, to_numpy
 from .init import truncated_normal
+from .linear import Linear
 
 SCALE_METRIC_MSG = (
     "The scale_metric option {metric} is not available. "
@@ -121,15 +119,8 @@ class LinearFP8(Module):
             self.var_grad["bias"] = ops.sum(dLdy, 0)
         return dx
 
-    @staticmethod
-    def torch_mapping(
-        variables: NamedTensors, nn_layer: Any, dtype: popxl.dtype = popxl.float32
-    ) -> WeightsDict:
-        """Host values from a ``torch.nn.Linear`` (its weight transposed)."""
-        weights = WeightsDict({variables.weight: to_numpy(nn_layer.weight, dtype).T})
-        if "bias" in variables.keys() and has_bias(nn_layer):
-            weights[variables.bias] = to_numpy(nn_layer.bias, dtype)
-        return weights
+    # The same variables as ``Linear`` (a weight, maybe a bias): the same torch mapping.
+    torch_mapping = staticmethod(Linear.torch_mapping)
 
 
 __all__ = ["LinearFP8"]

@@ -87,6 +87,21 @@ def test_linear_fp8_is_close_to_the_float_layer(metric: str) -> None:
     assert not np.allclose(grads["x"].astype(np.float32), want["x"], rtol=1e-4, atol=0)
 
 
+def test_linear_fp8_torch_mapping_is_the_linear_one() -> None:
+    torch = pytest.importorskip("torch")
+    nn_layer = torch.nn.Linear(6, 4, dtype=torch.float64)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        facts, _ = LinearFP8(4).create_graph(popxl.variable(np.zeros((2, 6), np.float16)))
+        variables = facts.init()
+    weights = LinearFP8.torch_mapping(variables, nn_layer, popxl.float16)
+    assert isinstance(weights, addons.WeightsDict)
+    want_w = nn_layer.weight.detach().numpy().T.astype(np.float16)
+    np.testing.assert_array_equal(weights[variables.weight], want_w)
+    want_b = nn_layer.bias.detach().numpy().astype(np.float16)
+    np.testing.assert_array_equal(weights[variables.bias], want_b)
+
+
 def test_linear_fp8_rejects_unknown_metrics() -> None:
     with pytest.raises(ValueError, match="scale_metric option max is not available"):
         LinearFP8(4, scale_metric="max")

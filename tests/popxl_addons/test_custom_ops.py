@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import jax
@@ -370,3 +371,28 @@ def test_group_quantize_numpy_round_trip_along_dim0() -> None:
     assert np.abs(back.astype(np.float32) - w).max() <= step / 2 + 1e-3
     with pytest.raises(ValueError, match="non-finite"):
         group_quantize_compress_numpy(np.full((2, 8), np.nan, np.float16), 8)
+
+
+def test_dense_sparse_matmul_float16_with_a_float16_csr():
+    """Graphcore's fp16 test built ``csr_matrix`` of a float16 array: SciPy 1.10 (its pin)
+    up to 1.12 kept float16, SciPy >= 1.13 refuses it (scipy/scipy#20200, #20207) before
+    any popxl code runs. The op takes any object with ``data``/``indices``/``indptr``, so a
+    float16 CSR stand-in runs the same computation."""
+    rng = _rng()
+    lhs = rng.standard_normal((2, 3)).astype(np.float16)
+    rhs = random_sparse(rng.standard_normal((3, 4)).astype(np.float16), density=0.5)
+    f32_csr = csr_matrix(rhs.astype(np.float32))
+    csr16 = SimpleNamespace(
+        data=f32_csr.data.astype(np.float16), indices=f32_csr.indices, indptr=f32_csr.indptr
+    )
+    ir = popxl.Ir()
+    with ir.main_graph:
+        stream = popxl.h2d_stream(lhs.shape, popxl.float16, "lhs")
+        out = dense_const_sparse_matmul(ops.host_load(stream), csr16, 4)
+        out_stream = popxl.d2h_stream(out.shape, out.dtype, "out")
+        ops.host_store(out_stream, out)
+    with popxl.Session(ir, "ipu_model") as session:
+        got = session.run({stream: lhs})[out_stream]
+    assert got.dtype == np.float16
+    expected = lhs.astype(np.float32) @ rhs.astype(np.float32)
+    np.testing.assert_allclose(got.astype(np.float32), expected, rtol=2e-3, atol=2e-3)
