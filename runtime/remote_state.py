@@ -20,28 +20,31 @@ from popxl.tensor import Variable
 
 SLOT_MISMATCH_MSG = (
     "Remote variable {tid} is {dtype}{shape} on each replica, but its slot {offset} of remote "
-    "buffer {bid} holds {bdtype}{bshape}. The variable's value must fit its slot exactly: "
-    "create the buffer with popxl.remote_buffer({shape}, popxl.{dtype}), or, if the leading "
+    "buffer {bid} holds {bdtype}{bshape}. The variable's value must fill its slot exactly "
+    "(the same dtype and number of elements; the shapes may differ): create the buffer with popxl.remote_buffer({shape}, popxl.{dtype}), or, if the leading "
     "axis of the data was meant to hold one value per replica group, use a replica grouping "
     "with that many groups (the variable's grouping, {grouping}, has {groups})."
 )
 
 
 def check_slot_shapes(variables: list[Variable]) -> None:
-    """Every (unsharded) remote variable matches its buffer's slot shape and dtype.
+    """Every (unsharded) remote variable fills its buffer's slot: same dtype and size.
 
-    PopXL did not check this; PopART then copied the slot's byte size from the start of
-    the variable's data (and back), so a larger variable was cut short silently and a
-    smaller one read past its end. Neither is a meaningful value, so it is an error here.
+    PopXL did not check this; PopART copied the slot's byte size from the start of the
+    variable's data (and back). With as many elements as the slot that is a row-major
+    reshape, which is what happens here (a ``(1, 1)`` variable in a ``(1,)`` buffer, as
+    upstream's test_replica_grouping does); otherwise a larger variable was cut short
+    silently and a smaller one read past its end, so that is an error here.
 
     Raises:
-        ValueError: a variable whose shape or dtype differs from its buffer's.
+        ValueError: a variable whose dtype or number of elements differs from its slot's.
     """
     for var in variables:
         buffer = var._remote_buffer
         if buffer is None or var._replica_sharded:
             continue
-        if var.shape != buffer.tensor_shape or var.dtype is not buffer.tensor_dtype:
+        same_size = math.prod(var.shape) == math.prod(buffer.tensor_shape)
+        if not same_size or var.dtype is not buffer.tensor_dtype:
             grouping = var.replica_grouping
             raise ValueError(
                 SLOT_MISMATCH_MSG.format(
@@ -87,8 +90,8 @@ def _fill_slot(
     if sharded and value.size != math.prod(slot_shape):
         flat = np.zeros(math.prod(slot_shape), buffer.dtype)
         flat[: value.size] = value.reshape(-1)
-        value = flat.reshape(slot_shape)
-    buffer[index] = value
+        value = flat
+    buffer[index] = value.reshape(slot_shape)  # same size: see check_slot_shapes
 
 
 def write_slots(
@@ -112,7 +115,7 @@ def _full_from_shards(var: Variable, buffer: np.ndarray, members: list[int]) -> 
 
 def _replica_value(var: Variable, buffer: np.ndarray, replica: int) -> np.ndarray:
     if not var._replica_sharded:
-        return buffer[replica, var._remote_offset]
+        return buffer[replica, var._remote_offset].reshape(var.shape)
     members = next(m for m in var.replica_grouping.members if replica in m)
     return _full_from_shards(var, buffer, members)
 
@@ -122,7 +125,7 @@ def read_slots(buffer: np.ndarray, var: Variable, replicas: int, per_replica: bo
     if replicas == 1:
         if var._replica_sharded:
             return _full_from_shards(var, buffer[None], [0])
-        return np.array(buffer[var._remote_offset])
+        return np.array(buffer[var._remote_offset].reshape(var.shape))
     if per_replica:
         return np.stack([_replica_value(var, buffer, r) for r in range(replicas)])
     groups = var.replica_grouping.members

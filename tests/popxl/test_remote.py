@@ -323,7 +323,7 @@ def test_grouped_remote_variable_retrieval_modes(retrieval_mode):
 
 @pytest.mark.parametrize(
     "shape, dtype, grouping_args",
-    [((2, 2, 2), F32, (1, 2)), ((2, 2), popxl.float16, (1, 2)), ((2, 4), F32, (1, 1))],
+    [((2, 2, 2), F32, (1, 2)), ((2, 2), popxl.float16, (1, 2)), ((2, 3), F32, (1, 1))],
 )
 def test_remote_variable_must_fit_its_slot(shape, dtype, grouping_args):
     """A single group of 2 given (2, 2, 2) data in a (2, 2) buffer (upstream's
@@ -343,6 +343,30 @@ def test_remote_variable_must_fit_its_slot(shape, dtype, grouping_args):
         "of remote buffer 1 holds float32(2, 2)."
     )
     assert f"has {groups})." in str(info.value)
+
+
+@pytest.mark.parametrize("grouping_args", [(1, 2), (1, 1)])
+def test_remote_variable_of_the_slot_size_but_another_shape(grouping_args):
+    """As PopART copied bytes, a variable with as many elements as its slot is stored
+    row-major (upstream's test_replica_grouping puts (1, 1) variables in (1,) slots)."""
+    ir = popxl.Ir(replication=2)
+    grouping = ir.replica_grouping(*grouping_args)
+    data = np.arange(4 * grouping.num_groups, dtype=np.float32).reshape(-1, 1, 4)
+    data = data if grouping.num_groups > 1 else data[0]  # (1, 4) per replica
+    with ir.main_graph:
+        buffer = popxl.remote_buffer((2, 2), F32)
+        var = popxl.remote_variable(data, buffer, replica_grouping=grouping)
+        loaded = ops.remote_load(buffer, 0)
+        out = _store(loaded)
+        ops.remote_store(buffer, 0, loaded * 10.0)
+    assert var.shape == (1, 4) and loaded.shape == (2, 2)
+    with popxl.Session(ir, "ipu_model") as session:
+        streamed = session.run()[out]
+        got = session.get_tensor_data(var)
+    per_replica = data if grouping.num_groups > 1 else np.stack([data, data])
+    np.testing.assert_array_equal(streamed, per_replica.reshape(2, 2, 2))
+    np.testing.assert_array_equal(got, data * 10.0)
+    assert got.shape == data.shape
 
 
 # Replica-sharded variables ------------------------------------------------------------------
