@@ -453,7 +453,7 @@ class Session(SessionCompat):
         buffers, _ = self._execute(inputs, downcast_inputs)
         nht = self._nht
         return {
-            s: to_structured(np.array(stream_io.host_layout(b, nht)))
+            s: to_structured(stream_io.host_copy(b, nht))
             for s, b in zip(self._program.d2h, buffers)
         }
 

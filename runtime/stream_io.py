@@ -194,6 +194,33 @@ def host_layout(buffer: np.ndarray, nht: int) -> np.ndarray:
     return host if nht > 1 else host[0]
 
 
+def host_copy(buffer: Any, nht: int) -> np.ndarray:
+    """Step output ``[nht, (replicas,) *shape]`` → a fresh, writable host array in host
+    layout (see ``host_layout``), copied once.
+
+    An array spread over several devices (replicas under ``shard_map``) is assembled
+    straight from its shards: ``np.asarray`` would assemble a read-only array that then
+    needed a second copy, which cost about a fifth of a 4-device tensor-parallel step.
+    """
+    if not _spread(buffer):
+        return np.array(host_layout(buffer, nht))
+    host = np.empty(buffer.shape, buffer.dtype)
+    for shard in buffer.addressable_shards:
+        host[shard.index] = np.asarray(shard.data)
+    return host if nht > 1 else host[0]
+
+
+def _spread(buffer: Any) -> bool:
+    """Whether ``buffer`` is a JAX array split over several of this process's devices."""
+    shards = getattr(buffer, "addressable_shards", None)
+    return (
+        shards is not None
+        and len(shards) > 1
+        and bool(buffer.is_fully_addressable)
+        and not buffer.sharding.is_fully_replicated
+    )
+
+
 def fill_output(target: np.ndarray, buffer: np.ndarray, count: int, nht: int) -> None:
     """Copy the slots a run wrote (``count`` stores, wrapping) into a user's output array."""
     written = min(int(count), nht)
