@@ -10,8 +10,8 @@ per ``session.run``, against three references in plain JAX, all ``jax.jit`` of
   (``hand_tp_step``: ``lax.psum``/``all_gather``, Megatron's ``f`` and ``g`` as
   ``custom_vjp`` pairs), mapped over the 4 replicas like the project's step, its outputs
   left on the device;
-* hand TP + host copies: the same, plus a NumPy copy of every output, as ``session.run``
-  hands back;
+* hand TP + host: the same, its outputs fetched to NumPy arrays with ``jax.device_get``
+  (``session.run`` hands back host arrays);
 * unsharded: the whole block on one device.
 
 The bench checks that the hand TP step gives the project's loss and per-replica gradients.
@@ -88,10 +88,8 @@ def variant(mode: str) -> None:
             assert np.allclose(grads[name], value, rtol=1e-3, atol=1e-5), name
         run = block.run
         project, tp_ref = compare(run, lambda: jax.block_until_ready(hand(*hand_args)), 20)
-        # session.run hands back NumPy copies of every output: the same for the hand TP step
-        project2, tp_host = compare(
-            run, lambda: [np.array(a) for a in jax.tree.leaves(hand(*hand_args))], 20
-        )
+        # session.run hands back host (NumPy) arrays: the hand TP step's fetched too
+        project2, tp_host = compare(run, lambda: jax.device_get(hand(*hand_args)), 20)
         project3, ref = compare(run, lambda: jax.block_until_ready(reference(*args)), 20)
     print(
         json.dumps(
