@@ -95,12 +95,17 @@ class Model:
             ops.var_updates.accumulator_scale_(grads.accum.w, 0.0)
 
 
+def _streams_and_model(args: argparse.Namespace) -> tuple:
+    """The input and label streams and the (uninitialised) model; call in the main graph."""
+    x_in = popxl.h2d_stream((args.micro, args.width), popxl.float32, "x")
+    y_in = popxl.h2d_stream((args.micro,), popxl.int32, "labels")
+    return x_in, y_in, Model(args.width, args.micro)
+
+
 def build_plain(args: argparse.Namespace) -> tuple:
     ir = popxl.Ir()
     with ir.main_graph:
-        x_in = popxl.h2d_stream((args.micro, args.width), popxl.float32, "x")
-        y_in = popxl.h2d_stream((args.micro,), popxl.int32, "labels")
-        model = Model(args.width, args.micro)
+        x_in, y_in, model = _streams_and_model(args)
         model.init()
         x, labels = ops.host_load(x_in), ops.host_load(y_in)
         infos = []
@@ -124,9 +129,7 @@ def build_pipelined(args: argparse.Namespace, devices: int) -> tuple:
     per = LAYERS // devices
     ir = popxl.Ir()
     with ir.main_graph:
-        x_in = popxl.h2d_stream((args.micro, args.width), popxl.float32, "x")
-        y_in = popxl.h2d_stream((args.micro,), popxl.int32, "labels")
-        model = Model(args.width, args.micro)
+        x_in, y_in, model = _streams_and_model(args)
         model.init()
         with addons.pipelined_execution(args.steps) as p:
             infos = []
@@ -176,9 +179,7 @@ def build_serialised(args: argparse.Namespace, phased: bool) -> tuple:
     buffers, loaded for each layer's phase and stored back after its update."""
     ir = _io_ir()
     with ir.main_graph:
-        x_in = popxl.h2d_stream((args.micro, args.width), popxl.float32, "x")
-        y_in = popxl.h2d_stream((args.micro,), popxl.int32, "labels")
-        model = Model(args.width, args.micro)
+        x_in, y_in, model = _streams_and_model(args)
         weight_buffers = None
         if phased:
             weight_buffers = [

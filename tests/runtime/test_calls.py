@@ -129,19 +129,25 @@ def test_scanned_training_matches_inlined(replicas, monkeypatch):
     assert not np.allclose(vars_scan[0], vars_inline[0] * 0)
 
 
+def _record_results(monkeypatch, name: str) -> list:
+    """Wrap ``calls.<name>`` so every result it returns is appended to the returned list."""
+    found: list = []
+    original = getattr(calls, name)
+
+    def spy(*args, **kwargs):
+        found.append(original(*args, **kwargs))
+        return found[-1]
+
+    monkeypatch.setattr(calls, name, spy)
+    return found
+
+
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_independent_calls_are_mapped_and_match_inlined(replicas, monkeypatch):
     """SGD calls with a counter per layer carry nothing from call to call: they are lowered
     as one ``vmap`` over the stacked weights (one kernel per op for every layer)."""
     monkeypatch.setenv("POPXL_REPLICATION", "vmap")
-    mapped = []
-    original = calls._lower_as_map
-
-    def spy(*args, **kwargs):
-        mapped.append(original(*args, **kwargs))
-        return mapped[-1]
-
-    monkeypatch.setattr(calls, "_lower_as_map", spy)
+    mapped = _record_results(monkeypatch, "_lower_as_map")
     outs_scan, vars_scan, _ = train("scan", replicas, monkeypatch, per_layer=True)
     # The SGD runs of w and of b, once per trace of the step.
     assert mapped[:2] == [True, True] and all(mapped)
@@ -331,14 +337,7 @@ def train_looped(kind: str, policy: str, monkeypatch: pytest.MonkeyPatch):
 def test_calls_inside_loops_and_branches_scan_stored_stacks(kind, monkeypatch):
     """Runs inside a ``repeat`` body or a branch get their variables stored stacked and
     receive each stack whole (no per-iteration stacking); same numbers as inlining."""
-    found = []
-    original = calls.input_stacks
-
-    def spy(*args, **kwargs):
-        found.append(original(*args, **kwargs))
-        return found[-1]
-
-    monkeypatch.setattr(calls, "input_stacks", spy)
+    found = _record_results(monkeypatch, "input_stacks")
     outs_scan, vars_scan, program = train_looped(kind, "scan", monkeypatch)
     stacked = [e for e in program.entries if len(e) > 1]
     # w and b; for repeat also their accumulators and the accumulation counters
