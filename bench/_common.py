@@ -11,7 +11,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Both sides of every comparison multiply float32 at one precision: IEEE float32 by default,
+# popxl's own default (hand-written JAX on a GPU would otherwise use TensorFloat-32);
+# BENCH_MATMUL_PRECISION=tensorfloat32 compares both at TensorFloat-32 instead.
+jax.config.update(
+    "jax_default_matmul_precision", os.environ.get("BENCH_MATMUL_PRECISION", "highest")
+)
 
 
 def peak_rss_mb() -> float:
@@ -53,9 +61,15 @@ def compare(
     return min(a), min(b)
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child interpreter: this one's, the project first on its path."""
+    path = [ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **extra)
+
+
 def run_variant(script: str, *args: str) -> dict[str, Any]:
     """Run ``script --variant ...`` in a fresh interpreter; it prints one JSON line last."""
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = child_env()
     out = subprocess.run(
         [sys.executable, script, *args], capture_output=True, text=True, env=env, check=True
     )
@@ -71,7 +85,6 @@ def report(rows: list[tuple[str, float, float, str]]) -> None:
 
 
 def device_name() -> str:
-    import jax  # noqa: PLC0415
 
     d = jax.devices()[0]
     return (

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import ROOT  # noqa: E402
+from bench._common import child_env  # noqa: E402
 
 MICRO_BATCH = 8
 ACCUMULATION = 4
@@ -129,7 +129,7 @@ def worker() -> None:
 
 
 def launch(instances: int, replicas: int, mapping: str = "auto") -> dict:
-    env = dict(os.environ, PYTHONPATH=ROOT, POPXL_REPLICATION=mapping)
+    env = child_env(POPXL_REPLICATION=mapping)
     command = [
         *(sys.executable, "-m", "runtime.launcher"),
         *("--num-instances", str(instances), "--num-replicas", str(replicas)),

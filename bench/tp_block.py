@@ -41,7 +41,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench._common import compare, device_name, report  # noqa: E402
+from bench._common import child_env, compare, device_name, report  # noqa: E402
 
 SIZES = {"seq": 128, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1024, "rotary_dim": 16}
 
@@ -213,7 +213,7 @@ def hand_tp_program(cfg: Any, mode: str, args: tuple) -> tuple[Callable[..., Any
 
 
 def run_mode(mode: str, devices: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    env = child_env(JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     out = subprocess.run(
         [sys.executable, __file__, "--variant", mode],

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from popxl.ops._base import dot_precision
+
 Array = Any
 
 
@@ -80,7 +82,10 @@ class WeightGrad(Deferred):
         dy = dy.reshape(-1, dy.shape[-1])
         # Sums of products at float32 or wider, as the float16 matmul itself accumulates.
         wide = jnp.promote_types(self.dtype, jnp.float32)
-        return jnp.matmul(lhs, dy, preferred_element_type=wide).astype(self.dtype)
+        precision = dot_precision(lhs.dtype)
+        return jnp.matmul(lhs, dy, precision=precision, preferred_element_type=wide).astype(
+            self.dtype
+        )
 
     def value(self) -> Array:
         return self._product(self.lhs, self.dy)

@@ -23,6 +23,7 @@ import numpy as np
 
 from popxl._op import Op
 from popxl.dtypes import float16, float32
+from popxl.ops._rounding import round_to
 
 from .lowering import Env, apply_results
 
@@ -59,8 +60,8 @@ def uniform(x: Any, seed: int) -> Any:
 
 def stochastic_round(x: Any, target: Any, seed: int) -> Any:
     """``x`` (float32) rounded to ``target`` (a NumPy float dtype) stochastically."""
-    nearest = x.astype(target)
-    near = nearest.astype(jnp.float32)
+    near = round_to(x, target)  # not a cast round trip: XLA's GPU compiler folds those
+    nearest = near.astype(target)
     toward = jnp.where(x > near, jnp.inf, -jnp.inf).astype(target)
     other = jnp.nextafter(nearest, toward)
     lo = jnp.minimum(nearest, other)

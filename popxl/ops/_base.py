@@ -41,6 +41,21 @@ jnp: Any = _LazyModule("jax.numpy")
 lax: Any = _LazyModule("jax.lax")
 jax: Any = _LazyModule("jax")
 
+
+def dot_precision(dtype: Any) -> Any:
+    """The precision of a matmul or convolution on ``dtype`` operands.
+
+    float32 operands multiply in IEEE float32, as on the IPU (GPUs would otherwise use
+    TensorFloat-32, about three decimal digits), unless the user chose a precision with
+    ``jax.default_matmul_precision``; then that choice applies (``None`` here).
+    """
+    if jax.config.jax_default_matmul_precision is not None:
+        return None
+    if np.dtype(dtype) in (np.float32, np.float64):
+        return lax.Precision.HIGHEST
+    return None
+
+
 NOT_A_TENSOR_MSG = (
     "The input `{name}` is not a Tensor. It has type {type}. Convert it first, e.g. with "
     "popxl.constant(value) inside the graph."

@@ -13,7 +13,7 @@ from typing import Any
 from .. import context, dtypes
 from .._op import core_error, define
 from ..tensor import Tensor
-from ._base import check_in_graph, jnp, lax, record, same_dtype, spec
+from ._base import check_in_graph, dot_precision, jnp, lax, record, same_dtype, spec
 from ._spatial import (
     BAD_PAD_TYPE_MSG,
     PAD_TYPES,
@@ -101,7 +101,7 @@ def _conv(
         lhs_dilation=lhs_dilation,
         rhs_dilation=dilation,
         feature_group_count=groups,
-        precision=lax.Precision.HIGHEST,
+        precision=dot_precision(x.dtype),
         preferred_element_type=jnp.float32 if x.dtype == jnp.float16 else None,
     )
     return out.astype(x.dtype)
@@ -134,7 +134,10 @@ def _pow2scaled(lower: Any) -> Any:
     """The float8 form of a conv lowering: exact float32 compute, times 2**log2_scale, float16."""
 
     def lower_pow2scaled(x: Any, w: Any, log2_scale: Any, **attrs: Any) -> Any:
-        out = lower(x.astype(jnp.float32), w.astype(jnp.float32), **attrs)
+        # The barrier keeps XLA's GPU compiler from rewriting the widened float8 operands
+        # into a float8 cuDNN convolution, which it then fails to configure.
+        x, w = lax.optimization_barrier((x.astype(jnp.float32), w.astype(jnp.float32)))
+        out = lower(x, w, **attrs)
         return jnp.ldexp(out, log2_scale.astype(jnp.int32)).astype(jnp.float16)
 
     return lower_pow2scaled

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from .. import dtypes
 from .._op import AMP_HINT, core_error, define
 from ..tensor import Tensor
-from ._base import jax, jnp, normalize_axis, record, same_dtype, spec
+from ._base import dot_precision, jax, jnp, normalize_axis, record, same_dtype, spec
 
 _Choice = TypeVar("_Choice")
 
@@ -60,7 +60,7 @@ def _matmul(x: Any, y: Any, *, output_type: Any, partials_type: Any) -> Any:
     accumulate = jnp.float32 if partials_type is dtypes.float32 or partials_type is None else None
     if x.dtype == jnp.float16 and accumulate is not None:
         return jnp.matmul(x, y, preferred_element_type=accumulate).astype(x.dtype)
-    return jnp.matmul(x, y)
+    return jnp.matmul(x, y, precision=dot_precision(x.dtype))
 
 
 MATMUL = define("matmul", "MatMul", _matmul_infer, _matmul)

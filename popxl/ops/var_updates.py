@@ -20,6 +20,7 @@ import numpy as np
 from .._op import core_error, define
 from ..tensor import Tensor
 from ._base import jnp, record, spec
+from ._rounding import round_to
 
 # Scalar factors: Python numbers become attributes, tensors become inputs ------------------
 
@@ -94,7 +95,7 @@ def _accumulate_lowering(rule: Any) -> Any:
         factor = _params(scalars, tensor_args, {"f": f}, dt)["f"]
         # X is converted to the accumulator's dtype first (a float32 gradient into a float16
         # accumulator is rounded to float16), then combined at float32 or wider.
-        return rule(t.astype(dt), x.astype(t.dtype).astype(dt), factor).astype(t.dtype)
+        return rule(t.astype(dt), _rounded(x, t.dtype).astype(dt), factor).astype(t.dtype)
 
     return lower
 
@@ -104,7 +105,14 @@ def _rounder(dtype: Any) -> Any:
     for integer accumulators (their single rounding is the final cast)."""
     if not jnp.issubdtype(dtype, jnp.floating) or jnp.finfo(dtype).bits >= 32:
         return lambda a: a
-    return lambda a: a.astype(dtype).astype(jnp.float32)
+    return lambda a: round_to(a, dtype)
+
+
+def _rounded(x: Any, dtype: Any) -> Any:
+    """``x`` rounded to ``dtype`` (a float16 accumulator rounds a float32 gradient)."""
+    if x.dtype == jnp.float32 and jnp.issubdtype(dtype, jnp.floating):
+        return round_to(x, dtype)
+    return x.astype(dtype)
 
 
 def _moving_average_lowering(square: bool) -> Any:

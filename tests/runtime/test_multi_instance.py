@@ -38,11 +38,17 @@ def _leftovers(marker: str) -> list[int]:
     return found
 
 
+def _child_env() -> dict[str, str]:
+    """This environment, with the project first on the child's import path."""
+    path = [str(HERE.parent.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
 def poprun(
     args: list[str], marker: str, timeout: float = LIMIT_S, **kw
 ) -> subprocess.CompletedProcess:
     """Run poprun to completion and check it left no process behind."""
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent.parent)}
+    env = _child_env()
     result = subprocess.run(
         [*POPRUN, *args], capture_output=True, text=True, timeout=timeout, env=env, **kw
     )
@@ -120,7 +126,7 @@ def test_signals_are_forwarded(tmp_path):
         "pathlib.Path(sys.argv[1], f'ready{popdist.getInstanceIndex()}').touch()\n"
         "time.sleep(300)"
     )
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent.parent)}
+    env = _child_env()
     proc = subprocess.Popen(
         [*POPRUN, "--num-instances", "2", *py(code, str(tmp_path))],
         env=env,
