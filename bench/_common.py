@@ -85,7 +85,6 @@ def report(rows: list[tuple[str, float, float, str]]) -> None:
 
 
 def device_name() -> str:
-
     d = jax.devices()[0]
     return (
         f"{d.platform}:{getattr(d, 'device_kind', '')} x{len(jax.devices())}, {os.cpu_count()} CPUs"
