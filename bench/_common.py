@@ -14,12 +14,16 @@ from typing import Any
 import jax
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Both sides of every comparison multiply float32 at one precision: IEEE float32 by default,
-# popxl's own default (hand-written JAX on a GPU would otherwise use TensorFloat-32);
-# BENCH_MATMUL_PRECISION=tensorfloat32 compares both at TensorFloat-32 instead.
-jax.config.update(
-    "jax_default_matmul_precision", os.environ.get("BENCH_MATMUL_PRECISION", "highest")
-)
+
+
+def set_matmul_precision() -> None:
+    """Make both sides of every comparison multiply float32 at one precision: IEEE float32
+    by default, popxl's own default (hand-written JAX on a GPU would otherwise use
+    TensorFloat-32); ``BENCH_MATMUL_PRECISION=tensorfloat32`` compares both at TF32.
+    Called by each benchmark's entry point (a process-wide JAX setting)."""
+    jax.config.update(
+        "jax_default_matmul_precision", os.environ.get("BENCH_MATMUL_PRECISION", "highest")
+    )
 
 
 def peak_rss_mb() -> float:

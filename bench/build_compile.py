@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import device_name, peak_rss_mb, report, run_variant  # noqa: E402
+from bench._common import device_name, peak_rss_mb, report, run_variant, set_matmul_precision  # noqa: E402
 
 HIDDEN, HEADS, SEQ, VOCAB, BATCH, LR = 768, 12, 128, 50257, 1, 1e-4
 
@@ -232,4 +232,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_matmul_precision()
     main()

@@ -20,7 +20,15 @@ from functools import partial
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import compare, device_name, peak_rss_mb, report, run_variant, timed  # noqa: E402
+from bench._common import (  # noqa: E402
+    compare,
+    device_name,
+    peak_rss_mb,
+    report,
+    run_variant,
+    set_matmul_precision,
+    timed,
+)
 
 BATCH, TEST_BATCH, LR, STEPS = 8, 80, 0.05, 100
 SIZES = [(784, 512), (512, 512), (512, 512), (512, 10)]
@@ -244,4 +252,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_matmul_precision()
     main()

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import child_env  # noqa: E402
+from bench._common import child_env, set_matmul_precision  # noqa: E402
 
 MICRO_BATCH = 8
 ACCUMULATION = 4
@@ -165,4 +165,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_matmul_precision()
     main()

@@ -29,6 +29,7 @@ from bench._common import (  # noqa: E402
     peak_rss_mb,
     report,
     run_variant,
+    set_matmul_precision,
     timed,
 )
 
@@ -136,4 +137,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_matmul_precision()
     main()

@@ -40,7 +40,7 @@ from popxl_addons.transforms.batch_serialisation import (  # noqa: E402
 from popxl_addons.transforms.repeat_graph import repeat_graph  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import device_name  # noqa: E402
+from _common import device_name, set_matmul_precision  # noqa: E402
 
 LAYERS = 4
 LR = 0.05
@@ -371,4 +371,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_matmul_precision()
     main()

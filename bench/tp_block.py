@@ -41,7 +41,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench._common import child_env, compare, device_name, report  # noqa: E402
+from bench._common import child_env, compare, device_name, report, set_matmul_precision  # noqa: E402
 
 SIZES = {"seq": 128, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1024, "rotary_dim": 16}
 
@@ -248,4 +248,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_matmul_precision()
     main()

@@ -39,7 +39,14 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import compare, device_name, peak_rss_mb, report, run_variant  # noqa: E402
+from bench._common import (  # noqa: E402
+    compare,
+    device_name,
+    peak_rss_mb,
+    report,
+    run_variant,
+    set_matmul_precision,
+)
 
 
 @dataclass(frozen=True)
@@ -625,4 +632,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_matmul_precision()
     main()

@@ -32,7 +32,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench import mnist_step  # noqa: E402
-from bench._common import device_name, report  # noqa: E402
+from bench._common import device_name, report, set_matmul_precision  # noqa: E402
 
 IPU_IT_PER_S = 307
 
@@ -132,4 +132,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_matmul_precision()
     main()
