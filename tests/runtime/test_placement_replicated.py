@@ -429,3 +429,63 @@ def test_auto_with_too_few_devices_for_the_replicas_runs_unplaced(monkeypatch):
     with popxl.Session(ir, "ipu_model") as session:
         assert (session._program.ipus, session._program.mode) == (0, "shard_map")
         np.testing.assert_array_equal(session.run()[out], np.full(8, 12.0))
+
+
+# Weights IO and the executable cache ----------------------------------------------------------
+
+
+def _remote_per_replica(writes):
+    """A remote variable with one value per replica, loaded on IPU 0, scaled on IPU 1 and
+    stored back; ``writes``: values written while attached, before the second run."""
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        out = popxl.d2h_stream((3,), popxl.float32, "y")
+        buffer = popxl.remote_buffer((3,), popxl.float32, 2)
+        r = popxl.remote_variable(
+            np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], np.float32),
+            buffer,
+            1,
+            name="r",
+            replica_grouping=ir.replica_grouping(group_size=1),
+        )
+        with popxl.ipu(0):
+            loaded = ops.remote_load(buffer, 1).copy_to_ipu(1)
+        with popxl.ipu(1):
+            scaled = loaded * 3.0
+            ops.remote_store(buffer, 1, scaled)
+            ops.host_store(out, scaled)
+    with popxl.Session(ir, "ipu_model") as session:
+        first = session.run()[out]
+        session.write_variable_data(r, writes)
+        second = session.run()[out]
+        return [first, second, session.get_tensor_data(r)], session._program.ipus
+
+
+def test_remote_variable_written_while_attached_placed_like_unplaced(monkeypatch):
+    writes = np.array([[-1.0, 0.5, 2.0], [7.0, 8.0, 9.0]], np.float32)
+    (off, off_ipus), (on, on_ipus) = _both(monkeypatch, _remote_per_replica, writes)
+    assert (off_ipus, on_ipus) == (0, 2)
+    _assert_same(off, on, rtol=0, atol=0)
+    np.testing.assert_array_equal(on[0], [[3.0, 6.0, 9.0], [12.0, 15.0, 18.0]])
+    np.testing.assert_array_equal(on[1], writes * 3.0)
+    np.testing.assert_array_equal(on[2], writes * 3.0)
+
+
+def test_replicated_placed_program_is_saved_to_and_loaded_from_the_executable_cache(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setenv("POPXL_PLACEMENT", "on")
+    results = []
+    for _ in range(2):
+        ir, x_in, out, (a, u, b, h) = _two_ipus_replicated()
+        opts = ir._pb_ir.getSessionOptions()
+        opts.enableEngineCaching, opts.cachePath = True, str(tmp_path)
+        with popxl.Session(ir, "ipu_model") as session:
+            assert session._program.ipus == 2 and session._executable is not None
+            x = np.stack([np.ones(8, np.float32), np.full(8, 2.0, np.float32)])
+            results.append(session.run({x_in: x})[out])
+            np.testing.assert_array_equal(session.get_tensor_data(b), np.full((8, 8), 3.0))
+    assert len(list(tmp_path.glob("*.popef"))) == 1
+    np.testing.assert_array_equal(results[0], results[1])
+    expected = [[(0.5 * 8 * 1.0 + 120) * 16 + 1] * 8, [(0.5 * 8 * 2.0 + 120) * 16 + 1] * 8]
+    np.testing.assert_allclose(results[0], expected)
