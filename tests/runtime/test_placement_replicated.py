@@ -293,6 +293,50 @@ def test_grouped_host_values_are_unchanged_by_a_round_trip(monkeypatch):
     np.testing.assert_array_equal(s, [0.5, 0.25, 2.0])
 
 
+def _orthogonal_groups(x):
+    """4 replicas in 2 orthogonal groups ({0, 2} and {1, 3}): ``v`` (one value per group)
+    on IPU 0 scales each replica's input; IPU 1 sums it within the group and IPU 0 adds
+    that sum to ``v``. ``x``: (runs, 4, 2)."""
+    ir = popxl.Ir(replication=4)
+    with ir.main_graph:
+        x_in = popxl.h2d_stream((2,), popxl.float32, "x")
+        out = popxl.d2h_stream((2,), popxl.float32, "y")
+        group = ir.replica_grouping(stride=2, group_size=2)
+        with popxl.ipu(0):
+            v = popxl.variable(
+                np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), name="v", replica_grouping=group
+            )
+            y = (ops.host_load(x_in) * v).copy_to_ipu(1, 0)
+        with popxl.ipu(1):
+            total = collectives.replicated_all_reduce(y, group=group)
+            ops.host_store(out, total)
+            back = total.copy_to_ipu(0, 1)
+        with popxl.ipu(0):
+            v += back
+    outs = []
+    with popxl.Session(ir, "ipu_model") as session:
+        for run in x:
+            outs.append(session.run({x_in: run})[out])
+        return outs + [session.get_tensor_data(v)], session._program.ipus
+
+
+def test_grouped_collectives_on_four_replicas_placed_like_unplaced(monkeypatch):
+    """4 replicas x 2 IPUs = 8 devices: POPXL_PLACEMENT=auto places the program."""
+    x = np.random.default_rng(7).normal(0, 1, (2, 4, 2)).astype(np.float32)
+    monkeypatch.setenv("POPXL_PLACEMENT", "off")
+    off, off_ipus = _orthogonal_groups(x)
+    monkeypatch.setenv("POPXL_PLACEMENT", "auto")
+    on, on_ipus = _orthogonal_groups(x)
+    assert (off_ipus, on_ipus) == (0, 2)
+    _assert_same(off, on)
+    v = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    for run, got in zip(x, on):
+        sums = np.stack([run[0] * v[0] + run[2] * v[0], run[1] * v[1] + run[3] * v[1]])
+        np.testing.assert_allclose(got, sums[[0, 1, 0, 1]], rtol=1e-6)
+        v = v + sums
+    np.testing.assert_allclose(on[-1], v, rtol=1e-6)
+
+
 # (d) Replicated tensor sharding (remote variables sharded over the replicas) --------------------
 
 
