@@ -91,25 +91,27 @@ class SlotLayout:
 
     # Host side ---------------------------------------------------------------------------
 
-    def pack(self, values: Sequence[Any]) -> list[np.ndarray]:
-        """Per-entry host arrays → per-slot ``(ipus, size)`` arrays (padding is zeros)."""
+    def pack(self, values: Sequence[Any], lead: Shape = ()) -> list[np.ndarray]:
+        """Per-entry host arrays → per-slot ``(*lead, ipus, size)`` arrays (padding is
+        zeros). ``lead``: leading axes every entry has, e.g. ``(replicas,)``."""
         out = []
         for k, members in enumerate(self.slots):
             (_, size), dtype = self.slot_shape(k)
-            slot = np.zeros((self.ipus, size), dtype)
+            slot = np.zeros((*lead, self.ipus, size), dtype)
             for ipu, i in enumerate(members):
                 if i is not None:
-                    slot[ipu] = np.asarray(values[i], dtype).reshape(-1)
+                    slot[..., ipu, :] = np.asarray(values[i], dtype).reshape(*lead, size)
             out.append(slot)
         return out
 
-    def unpack(self, slots: Sequence[Any]) -> list[Any]:
-        """Per-slot arrays → per-entry arrays (each from its owner's row)."""
+    def unpack(self, slots: Sequence[Any], lead: Shape = ()) -> list[Any]:
+        """Per-slot arrays → per-entry arrays (each from its owner's row), with the
+        leading axes ``lead`` of ``pack``."""
         out: list[Any] = [None] * len(self.shapes)
         for members, value in zip(self.slots, slots):
             for ipu, i in enumerate(members):
                 if i is not None:
-                    out[i] = value[ipu].reshape(self.shapes[i][0])
+                    out[i] = value[..., ipu, :].reshape((*lead, *self.shapes[i][0]))
         return out
 
     def where(self, entry: int) -> tuple[int, int]:

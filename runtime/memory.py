@@ -19,6 +19,10 @@
   whose remote buffers live off chip, would need. This is the figure phased execution and
   pipelining lower.
 
+``MemoryReport.devices`` counts the devices one replica's IPUs run on (a replicated program
+placed on an ``(replicas, ipus)`` device mesh reports ``ipus``; every figure is per replica,
+and so per device).
+
 ``ipu_model`` and ``ipu_hw`` model a Mk2 IPU (about 900 MB); ``MemoryReport.fits`` says
 whether every IPU's ``chip_peak`` fits.
 """

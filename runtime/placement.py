@@ -24,9 +24,18 @@ devices: device ``k`` is virtual IPU ``k``.
   stores, remote stores and branch predicates are broadcast from their home so streams
   and remote buffers stay valid on every device.
 
-Otherwise (one IPU, too few devices, replication, or ``POPXL_PLACEMENT=off``) the program
-runs on one device with identical results; replicated programs run unplaced, each replica
-on its own device when JAX has enough (see ``placement_ipus``).
+* **Replicas.** A program of ``R > 1`` replicas runs over a 2-D mesh of ``R x N`` devices
+  with axes ``("replica", "ipu")``: device ``(r, k)`` runs IPU ``k`` of replica ``r``.
+  Placement works along ``"ipu"`` within each replica's row of devices; collectives between
+  replicas keep using ``"replica"``, so each IPU's column of devices reduces among the
+  replicas of that IPU, as IPUs do. Variable slots gain a leading replica axis
+  (``(R, N, size)``, split over both axes, so a device holds its IPU's variables of its
+  replica only), remote buffers are ``(R, N, entries, ...)`` (one copy per replica, valid on
+  each of its devices) and stream data keeps its replica axis, split over ``"replica"``.
+
+Otherwise (one IPU, too few devices, or ``POPXL_PLACEMENT=off``) the program runs on one
+device with identical results; replicated programs then run unplaced, each replica on its
+own device when JAX has enough (see ``placement_ipus``).
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from jax import lax
 
 from popxl._op import Op
 from popxl.graph import Graph
+from popxl.ops.collectives import REPLICA_AXIS
 from popxl.tensor import Tensor
 
 from .ipu_slots import SlotLayout
@@ -54,6 +64,12 @@ _SHARED_EFFECTS = ("host_load", "host_store", "remote_load", "remote_store")
 _BROADCAST_INPUTS = ("host_store", "remote_store", "remote_load")
 _CONTROL = ("call", "repeat", "conditional")
 
+PLACEMENT_VMAP_MSG = (
+    "POPXL_PLACEMENT=on with POPXL_REPLICATION=vmap: vmap runs the {replicas} replicas on "
+    "one device, so their IPUs cannot have devices of their own. Unset POPXL_REPLICATION "
+    "(or set it to auto) to place, or use POPXL_PLACEMENT=auto."
+)
+
 
 def ipus_used(graphs: Iterable[Graph]) -> int:
     """How many virtual IPUs the ops of ``graphs`` use (largest IPU index + 1)."""
@@ -65,44 +81,64 @@ def ipus_used(graphs: Iterable[Graph]) -> int:
 
 
 def placement_ipus(ipus: int, replicas: int) -> int:
-    """The number of devices to place the program on, or 0 to run it on one device.
+    """The number of devices per replica to place the program on, or 0 to run each
+    replica's IPUs on one device.
 
-    ``POPXL_PLACEMENT`` = ``auto`` (default: place when JAX has at least ``ipus`` devices),
-    ``off``, or ``on`` (place, or raise when there are too few devices or the program is
-    replicated). Replicated programs are mapped over replicas instead (``vmap`` on one
-    device, or ``shard_map`` with one device per replica, see ``runtime.program``): every
-    replica's IPUs then share that replica's device, so per-device memory holds all of a
-    replica's variables.
+    ``POPXL_PLACEMENT`` = ``auto`` (default: place when JAX has at least
+    ``ipus * replicas`` devices), ``off``, or ``on`` (place, or raise when there are too
+    few devices). A replicated program placed runs on an ``(replicas, ipus)`` mesh of
+    devices (see the module docstring); unplaced, its replicas are mapped instead
+    (``vmap`` on one device, or ``shard_map`` with one device per replica, see
+    ``runtime.program``) and every replica's IPUs share that replica's device.
+    ``POPXL_REPLICATION=vmap`` asks for replicas on one device, so it is never placed.
     """
     choice = os.environ.get("POPXL_PLACEMENT", "auto")
     if choice not in ("auto", "off", "on"):
         raise ValueError(f"POPXL_PLACEMENT must be auto, off or on, got {choice!r}.")
     if choice == "off" or ipus < 2:
         return 0
-    if replicas > 1:
+    if replicas > 1 and os.environ.get("POPXL_REPLICATION") == "vmap":
         if choice == "on":
-            raise ValueError(
-                f"POPXL_PLACEMENT=on: the program is replicated ({replicas} replicas) and "
-                "replicated programs are not placed: each replica runs all its IPUs on one "
-                "device (replicas on their own devices when JAX has enough). Use auto."
-            )
+            raise ValueError(PLACEMENT_VMAP_MSG.format(replicas=replicas))
         return 0
-    devices = len(jax.devices())
-    if devices < ipus:
+    devices = len(jax.local_devices())
+    if devices < ipus * replicas:
         if choice == "on":
-            raise ValueError(
-                f"POPXL_PLACEMENT=on: the program uses {ipus} IPUs but JAX has {devices} "
-                "devices. Force host devices with "
-                "XLA_FLAGS=--xla_force_host_platform_device_count, or use auto."
-            )
+            raise ValueError(_too_few_devices(ipus, replicas, devices))
         return 0
     return ipus
 
 
-def ipu_mesh(ipus: int) -> jax.sharding.Mesh:
+def _too_few_devices(ipus: int, replicas: int, devices: int) -> str:
+    needed = ipus * replicas
+    used = f"{ipus} IPUs"
+    if replicas > 1:
+        used += f" per replica x {replicas} replicas = {needed} devices"
+    return (
+        f"POPXL_PLACEMENT=on: the program uses {used} but JAX has {devices} devices. Force "
+        f"host devices with XLA_FLAGS=--xla_force_host_platform_device_count={needed} (set "
+        "before JAX starts), or use POPXL_PLACEMENT=auto to run each replica's IPUs on one "
+        "device."
+    )
+
+
+def ipu_mesh(ipus: int, replicas: int = 1) -> jax.sharding.Mesh:
+    """``ipus`` devices on axis ``"ipu"``; replicated, ``(replicas, ipus)`` devices on axes
+    ``("replica", "ipu")`` (device ``(r, k)``: IPU ``k`` of replica ``r``)."""
     import numpy as np  # noqa: PLC0415
 
-    return jax.sharding.Mesh(np.array(jax.devices()[:ipus]), (IPU_AXIS,))
+    if replicas == 1:
+        return jax.sharding.Mesh(np.array(jax.local_devices()[:ipus]), (IPU_AXIS,))
+    devices = np.array(jax.local_devices()[: replicas * ipus]).reshape(replicas, ipus)
+    return jax.sharding.Mesh(devices, (REPLICA_AXIS, IPU_AXIS))
+
+
+def placed_sharding(ipus: int, replicas: int = 1) -> jax.sharding.NamedSharding:
+    """Where placed state lives: split over the IPU axis (after the replica axis)."""
+    from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
+    spec = P(IPU_AXIS) if replicas == 1 else P(REPLICA_AXIS, IPU_AXIS)
+    return jax.sharding.NamedSharding(ipu_mesh(ipus, replicas), spec)
 
 
 @dataclass
@@ -378,8 +414,11 @@ def placed_step(
     layout: SlotLayout,
     written: Sequence[bool],
     probe: list | None = None,
+    replicas: int = 1,
 ) -> Callable[..., Any]:
-    """``step(state, inputs, placement)`` run under ``shard_map`` over ``layout.ipus`` devices.
+    """``step(state, inputs, placement)`` run under ``shard_map`` over ``layout.ipus`` devices
+    (per replica: with ``replicas > 1``, over the ``(replicas, ipus)`` mesh, every state
+    array, stream input and output and per-replica scalar having a replica axis).
 
     The state arrays are ``layout``'s variable slots (``runtime.ipu_slots``: each device
     holds only the variables its IPU owns) followed by the remote buffers (with a leading
@@ -418,13 +457,39 @@ def placed_step(
         new_arrays = [*layout.write(final, placement.index), *(b[None] for b in new_state[n_vars:])]
         return tuple(new_arrays[i] for i in mutable), outs
 
+    if replicas == 1:
+        return jax.shard_map(
+            block,
+            mesh=ipu_mesh(layout.ipus),
+            in_specs=(P(IPU_AXIS), P(IPU_AXIS), P()),
+            out_specs=(P(IPU_AXIS), P()),
+            check_vma=False,
+        )
+    state, streams = P(REPLICA_AXIS, IPU_AXIS), P(None, REPLICA_AXIS)
     return jax.shard_map(
-        block,
-        mesh=ipu_mesh(layout.ipus),
-        in_specs=(P(IPU_AXIS), P(IPU_AXIS), P()),
-        out_specs=(P(IPU_AXIS), P()),
+        _one_replica(block),
+        mesh=ipu_mesh(layout.ipus, replicas),
+        in_specs=(state, state, streams),
+        out_specs=(state, (streams, P(REPLICA_AXIS))),
         check_vma=False,
     )
+
+
+def _one_replica(block: Callable[..., Any]) -> Callable[..., Any]:
+    """``block`` on one device of a replicated mesh: the leading replica axis (of size 1
+    there) is dropped from the state and from the stream inputs (axis 1), and restored on
+    the new state, the stream outputs and the per-replica scalars."""
+
+    def replica_block(mut: tuple, fixed: tuple, inputs: tuple) -> tuple:
+        new, (outs, scalars) = block(
+            tuple(a[0] for a in mut), tuple(a[0] for a in fixed), tuple(i[:, 0] for i in inputs)
+        )
+        return tuple(a[None] for a in new), (
+            tuple(o[:, None] for o in outs),
+            tuple(s[None] for s in scalars),
+        )
+
+    return replica_block
 
 
 def state_written(layout: SlotLayout, written: Sequence[bool]) -> tuple[bool, ...]:

@@ -46,9 +46,8 @@ from .ipu_slots import SlotLayout
 from .lowering import Env, LoweringContext, lower_op
 from .memory import tensor_ipu
 from .placement import (
-    IPU_AXIS,
-    ipu_mesh,
     ipus_used,
+    placed_sharding,
     placed_step,
     placement_ipus,
     state_written,
@@ -112,21 +111,31 @@ class Program:
 
     def variable_batched(self) -> dict[Variable, bool]:
         """Whether each variable's device value has a leading replica axis."""
-        if self.slots:
-            return {v: False for v in self.variables}
+        if self.slots:  # placed: every replica keeps its own copy
+            return {v: self.replicas > 1 for v in self.variables}
         return {self.variables[i]: b for e, b in zip(self.entries, self.batched) for i in e}
 
     def pack(self, values: list) -> list:
         """Per-variable device-layout arrays → the state's variable entries."""
         if self.slots:  # placed programs keep one entry per variable
-            return self.slots.pack(values)
+            return self.slots.pack(values, self.replica_lead)
         return state_layout.pack(self.entries, values, self.batched)
 
     def unpack(self, values: Sequence) -> list:
         """The state's variable entries → per-variable arrays."""
         if self.slots:
-            return self.slots.unpack(values)
+            return self.slots.unpack(values, self.replica_lead)
         return state_layout.unpack(self.entries, values, self.batched)
+
+    @property
+    def replica_lead(self) -> tuple[int, ...]:
+        """The replica axis placed state arrays lead with: ``(replicas,)`` or none."""
+        return (self.replicas,) if self.replicas > 1 else ()
+
+    @property
+    def ipu_axis(self) -> int:
+        """The axis of placed state arrays that runs over the IPUs' devices."""
+        return len(self.replica_lead)
 
     def split(self, state: tuple) -> tuple[tuple, tuple]:
         """(written entries, read-only entries) of a full state tuple."""
@@ -325,7 +334,9 @@ def _make_step(
     written += per_variable[len(variables) :]
     if mode.startswith("placed"):
         ipus = int(mode.split(":")[1])
-        step, layout = _placed(replica_step, variables, written, ipus, shapes, inputs, nht)
+        step, layout = _placed(
+            replica_step, variables, written, ipus, shapes, inputs, nht, replicas
+        )
         writes = state_written(layout, written)
         return step, (True,) * len(writes), writes, layout
     if mode == "vmap":
@@ -345,8 +356,10 @@ def _placed(
     shapes: list,
     inputs: list,
     nht: int,
+    replicas: int = 1,
 ) -> tuple[Any, SlotLayout]:
-    """The jitted step placed on ``ipus`` devices, and its variables' slot layout.
+    """The jitted step placed on ``ipus`` devices (per replica), and its variables' slot
+    layout.
 
     Each variable is owned by the IPU where the program leaves its last write (found by
     tracing, no compilation), else by the first IPU that reads it (``memory.tensor_ipu``);
@@ -354,12 +367,13 @@ def _placed(
     """
     n_vars = len(variables)
     owners = [min(tensor_ipu(v), ipus - 1) for v in variables]
-    ins = tuple(jax.ShapeDtypeStruct((nht, *shape), dt) for shape, dt in inputs)
+    lead = (replicas,) if replicas > 1 else ()
+    ins = tuple(jax.ShapeDtypeStruct((nht, *lead, *shape), dt) for shape, dt in inputs)
 
     def abstract(layout: SlotLayout) -> tuple:
         arrays = [layout.slot_shape(k) for k in range(len(layout.slots))]
         arrays += [((ipus, *shape), dt) for shape, dt in shapes[n_vars:]]
-        structs = [jax.ShapeDtypeStruct(shape, dt) for shape, dt in arrays]
+        structs = [jax.ShapeDtypeStruct((*lead, *shape), dt) for shape, dt in arrays]
         writes = state_written(layout, written)
         mut = tuple(s for s, w in zip(structs, writes) if w)
         return mut, tuple(s for s, w in zip(structs, writes) if not w), ins
@@ -367,13 +381,15 @@ def _placed(
     for _ in range(4):
         layout = SlotLayout.build(ipus, shapes[:n_vars], owners)
         probe: list = []
-        jax.eval_shape(placed_step(replica_step, layout, written, probe), *abstract(layout))
+        placed = placed_step(replica_step, layout, written, probe, replicas)
+        jax.eval_shape(placed, *abstract(layout))
         found = [h if w and h is not None else o for o, h, w in zip(owners, probe, written)]
         if found == owners:
             break
         owners = found
     layout = SlotLayout.build(ipus, shapes[:n_vars], owners)
-    return jax.jit(placed_step(replica_step, layout, written), donate_argnums=(0,)), layout
+    placed = placed_step(replica_step, layout, written, replicas=replicas)
+    return jax.jit(placed, donate_argnums=(0,)), layout
 
 
 def _entry_shape(variables: list[Variable], entry: tuple[int, ...]) -> tuple:
@@ -596,7 +612,7 @@ def state_sharding(program: Program, device: jax.Device) -> jax.sharding.Shardin
             replica_mesh(program.replicas, program.local_replicas), P(REPLICA_AXIS)
         )
     if program.ipus:
-        return NamedSharding(ipu_mesh(program.ipus), P(IPU_AXIS))
+        return placed_sharding(program.ipus, program.replicas)
     return jax.sharding.SingleDeviceSharding(device)
 
 
@@ -607,7 +623,7 @@ def abstract_state(program: Program) -> tuple:
         layout = program.slots
         shapes = [(s[1:], dt) for s, dt in map(layout.slot_shape, range(len(layout.slots)))]
     shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype._np_device) for b in program.buffers]
-    lead = (program.ipus,) if program.ipus else (r,)
+    lead = (*program.replica_lead, program.ipus) if program.ipus else (r,)
     return tuple(
         jax.ShapeDtypeStruct((lead if batched else ()) + shape, dt)
         for (shape, dt), batched in zip(shapes, program.batched)

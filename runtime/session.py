@@ -140,8 +140,9 @@ class Session(SessionCompat):
         self._remote_vars = [v for v in ir._variables if v._remote_buffer is not None]
         remote_state.check_slot_shapes(self._remote_vars)
         # Remote buffers keep their contents while detached (streaming memory).
+        axis = self._program.ipu_axis if self._program.ipus else None
         self._buffers_host = [
-            np.zeros(a.shape[1:] if self._program.ipus else a.shape, a.dtype)
+            np.zeros(tuple(n for i, n in enumerate(a.shape) if i != axis), a.dtype)
             for a in abstract_state(self._program)[self._program.n_entries :]
         ]
         self._state: tuple | None = None
@@ -188,8 +189,8 @@ class Session(SessionCompat):
             devices = [self._device]
             if self._program.mode == "shard_map":
                 devices = list(replica_mesh(self._program.replicas).devices.flat)
-            elif self._program.ipus:  # placed: one device per virtual IPU
-                devices = list(ipu_mesh(self._program.ipus).devices.flat)
+            elif self._program.ipus:  # placed: one device per virtual IPU (and replica)
+                devices = list(ipu_mesh(self._program.ipus, self._program.replicas).devices.flat)
             self._executable = executable_cache.load_or_compile(
                 cache, wanted, self._compiled, devices
             )
@@ -314,8 +315,18 @@ class Session(SessionCompat):
 
     def _placed(self, host: np.ndarray) -> np.ndarray:
         """With placed virtual IPUs, one slot per device (see ``runtime.placement``)."""
-        ipus = self._program.ipus
-        return np.broadcast_to(host, (ipus, *np.shape(host))) if ipus else host
+        ipus, axis = self._program.ipus, self._program.ipu_axis
+        if not ipus:
+            return host
+        shape = np.shape(host)
+        return np.broadcast_to(np.expand_dims(host, axis), (*shape[:axis], ipus, *shape[axis:]))
+
+    def _one_device(self, value: np.ndarray) -> np.ndarray:
+        """A remote buffer's host value from its placed state (every device holds its
+        replica's copy, see ``runtime.placement``): the first IPU's."""
+        if not self._program.ipus:
+            return value
+        return value[(slice(None),) * self._program.ipu_axis + (0,)]
 
     def _slot(self, index: int, value: Any) -> Any:
         """The device slot of state entry ``index`` that holds its value."""
@@ -327,9 +338,9 @@ class Session(SessionCompat):
         return value[0]
 
     def _device_layout(self, var: Variable, host: np.ndarray) -> Any:
+        """``var``'s host value as the state holds it: with a leading replica axis when
+        batched (placed programs then pack it into its slot, ``Program.pack``)."""
         host = to_ml(host)  # float8: the ml_dtypes view the device takes
-        if self._program.ipus:  # the slot layout places it (``Program.pack``)
-            return host
         replicas = self._program.replicas
         if replicas > 1 and self._batched[var] and not self._per_replica(var):
             grouping = var.replica_grouping
@@ -388,9 +399,10 @@ class Session(SessionCompat):
         assert self._state is not None
         _log.debug("Writing weights to host", "devicex")
         n_vars = self._program.n_entries
-        # Placed remote buffers are kept valid on every device: read device 0's copy.
-        ipus = self._program.ipus
-        values = [v[0] if ipus and i >= n_vars else v for i, v in enumerate(self._get(self._state))]
+        # Placed remote buffers are kept valid on every device: read the first IPU's copy.
+        values = [
+            self._one_device(v) if i >= n_vars else v for i, v in enumerate(self._get(self._state))
+        ]
         per_variable = self._program.unpack(values[:n_vars])
         for var, value in zip(self._program.variables, per_variable):
             self._set_host(var, self._to_host(var, value))
@@ -621,8 +633,7 @@ class Session(SessionCompat):
                     state[entry] = state[entry].at[row].set(value)
             if remote:
                 n_vars = self._program.n_entries
-                ipus = self._program.ipus  # placed buffers: every device holds the value
-                buffers = [np.array(b[0] if ipus else b) for b in self._get(state[n_vars:])]
+                buffers = [np.array(self._one_device(b)) for b in self._get(state[n_vars:])]
                 self._write_remote(buffers, remote)
                 state[n_vars:] = self._put([self._placed(b) for b in buffers])
         self._state = tuple(state)
@@ -633,8 +644,10 @@ class Session(SessionCompat):
         assert layout is not None
         for i in written:
             slot, row = layout.where(i)
-            host = np.asarray(self._host[self._program.variables[i]]).reshape(-1)
-            state[slot] = jax.device_put(state[slot].at[row].set(host), self._sharding)
+            var = self._program.variables[i]
+            lead = self._program.replica_lead
+            host = np.asarray(self._device_layout(var, self._host[var])).reshape(*lead, -1)
+            state[slot] = jax.device_put(state[slot].at[..., row, :].set(host), self._sharding)
 
     def _checked_write(self, var: Any, data: Any) -> np.ndarray:
         if not isinstance(var, Variable):

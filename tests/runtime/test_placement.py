@@ -127,9 +127,12 @@ def _replicated_two_ipus():
     return ir, x_in, out
 
 
-@pytest.mark.parametrize("replication", ["vmap", "shard_map"])
-def test_replicated_programs_are_mapped_over_replicas_not_placed(monkeypatch, replication):
+@pytest.mark.parametrize(("replication", "placement"), [("vmap", "auto"), ("shard_map", "off")])
+def test_replicated_programs_unplaced_are_mapped_over_replicas(monkeypatch, replication, placement):
+    """vmap (replicas on one device) and POPXL_PLACEMENT=off leave each replica's IPUs on
+    one device; runtime/test_placement_replicated.py covers placed replicas."""
     monkeypatch.setenv("POPXL_REPLICATION", replication)
+    monkeypatch.setenv("POPXL_PLACEMENT", placement)
     ir, x_in, out = _replicated_two_ipus()
     x = np.array([[1.0, 1.0, 1.0], [2.0, 0.0, -1.0]], np.float32)
     with popxl.Session(ir, "ipu_model") as session:
@@ -140,10 +143,11 @@ def test_replicated_programs_are_mapped_over_replicas_not_placed(monkeypatch, re
     assert report.devices == 1 and [m.resident for m in report.ipus] == [12, 12]
 
 
-def test_placement_on_with_replication_is_an_error(monkeypatch):
+def test_placement_on_with_vmap_replication_is_an_error(monkeypatch):
     monkeypatch.setenv("POPXL_PLACEMENT", "on")
+    monkeypatch.setenv("POPXL_REPLICATION", "vmap")
     ir, *_ = _replicated_two_ipus()
-    with pytest.raises(ValueError, match=r"replicated \(2 replicas\) and replicated programs"):
+    with pytest.raises(ValueError, match="vmap runs the 2 replicas on one device"):
         build_program(ir)
 
 
