@@ -54,9 +54,18 @@ def print_to_stderr(title: str, array: np.ndarray, fmt: dict[str, Any]) -> None:
 
 def _print_tensor(t: Any, *, title: str, print_self: bool, print_gradient: bool, **fmt: Any) -> Any:
     if print_self:
-        # ordered: prints appear in program order and are never removed as dead code
-        jax.debug.callback(lambda a: print_to_stderr(title, a, fmt), t, ordered=True)
+        # Ordered: prints appear in program order. XLA orders callbacks on one device
+        # only; a step over several devices (replicas or IPUs on their own devices) prints
+        # from each, unordered between devices (effects keep them from being dropped).
+        printer = lambda a: print_to_stderr(title, a, fmt)  # noqa: E731
+        jax.debug.callback(printer, t, ordered=not _over_several_devices())
     return t
+
+
+def _over_several_devices() -> bool:
+    """Whether the step being traced runs over a mesh of several devices (``shard_map``)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and mesh.size > 1
 
 
 PRINT_TENSOR = define(

@@ -142,3 +142,27 @@ def test_gradient_is_printed_with_gradient_suffix(capfd):
     err = capfd.readouterr().err
     assert err.count("print_x: ") == 1
     assert "print_x_gradient: [[3. 3. 3.]" in err
+
+
+@pytest.mark.parametrize("replication", ["vmap", "shard_map"])
+def test_each_replica_prints_its_value(capfd, monkeypatch, replication):
+    """On one device (vmap) and with a device per replica (shard_map, where XLA cannot order
+    callbacks across devices) every replica prints its own value."""
+    import jax
+
+    if len(jax.devices()) < 2 and replication == "shard_map":
+        pytest.skip("needs 2 devices")
+    monkeypatch.setenv("POPXL_REPLICATION", replication)
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        x = ops.host_load(popxl.h2d_stream((2,), popxl.float32, "x"), "x")
+        ops.print_tensor(x * 2, "twice")
+        out = popxl.d2h_stream((2,), popxl.float32, "out")
+        ops.host_store(out, x + 1)
+    data = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    with popxl.Session(ir, "ipu_model") as session:
+        (stream,) = session.expected_inputs()
+        result = session.run({stream: data})
+    np.testing.assert_array_equal(result[out], data + 1)
+    lines = sorted(line for line in capfd.readouterr().err.splitlines() if line.startswith("twice"))
+    assert lines == ["twice: [2. 4.]", "twice: [6. 8.]"]
