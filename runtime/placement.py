@@ -6,7 +6,7 @@ devices: device ``k`` is virtual IPU ``k``.
 
 * **Compute.** An op placed on IPU ``k`` runs only on device ``k`` (``lax.cond`` on the
   device's index; the other devices skip it). A ``call`` of a subgraph without effects
-  runs as one unit on the call site's IPU.
+  runs as one unit on the call site's IPU. ``print_tensor`` prints from its IPU's device.
 * **Values.** Every value has a *home*: the device where it is valid (``None``: valid on
   every device, e.g. host loads and values computed from them everywhere). An op on IPU
   ``k`` that reads a value homed elsewhere first moves it to ``k`` with ``lax.ppermute``:
@@ -259,6 +259,8 @@ class Placement:
         elif opdef.view_inverse is not None:
             plain_lower_op(ctx, env, op)
         elif opdef.special is None and opdef.lower is not None and not opdef.effect:
+            self._compute(env, op, ipu)
+        elif opdef.key == "print_tensor":  # its callback runs on the op's device only
             self._compute(env, op, ipu)
         else:
             self.localise(env, op.inputs, ipu)

@@ -93,6 +93,25 @@ def test_implicit_read_across_ipus_is_moved(monkeypatch):
         np.testing.assert_array_equal(session.run()[out], [3.0, 6.0])
 
 
+@pytest.mark.parametrize("placement", ["off", "on"])
+def test_print_runs_once_on_its_ipu(monkeypatch, capfd, placement):
+    """A print on IPU 1 prints its value once, placed or not (not once per device)."""
+    monkeypatch.setenv("POPXL_PLACEMENT", placement)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        out = popxl.d2h_stream((2,), popxl.float32)
+        with popxl.ipu(0):
+            v = popxl.variable(np.array([1.0, 2.0], np.float32))
+        with popxl.ipu(1):
+            y = ops.print_tensor(v.copy_to_ipu(1, 0) * 3.0, "y")
+        with popxl.ipu(0):
+            ops.host_store(out, y.copy_to_ipu(0))
+    with popxl.Session(ir, "ipu_model") as session:
+        np.testing.assert_array_equal(session.run()[out], [3.0, 6.0])
+    printed = [line for line in capfd.readouterr().err.splitlines() if line.startswith("y:")]
+    assert printed == ["y: [3. 6.]"]
+
+
 def test_placement_on_with_too_few_devices_is_an_error(monkeypatch):
     monkeypatch.setenv("POPXL_PLACEMENT", "on")
     ir = popxl.Ir()
