@@ -41,7 +41,7 @@ from popxl.transforms._storage import roots
 
 from . import control
 from .lowering import Env, LoweringContext, _View, lower_op, special
-from .replica_sums import Deferred, Summed, portable, value_of
+from .replica_sums import Deferred, Summed, body_traced, portable, value_of
 
 Array = Any
 POLICIES = ("scan", "inline")
@@ -408,7 +408,8 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
         return (new, new_stacks, new_rows, ctx.fx), ys
 
     start = (init, init_stacks, init_rows, ctx.fx)
-    scanned: tuple = lax.scan(body, start, scan_xs, length=n, reverse=reverse)
+    with body_traced():
+        scanned: tuple = lax.scan(body, start, scan_xs, length=n, reverse=reverse)
     (final, final_stacks, final_rows, ctx.fx), (ys, finals) = scanned
     finals = final_rows if in_place else finals
     for (i, slot), value in zip(carry_in, final):
@@ -465,7 +466,8 @@ def _lower_as_map(
         )
 
     try:
-        ys, finals = jax.vmap(body)(tuple(xs))
+        with body_traced():
+            ys, finals = jax.vmap(body)(tuple(xs))
     except _HasEffects:
         return False
     finally:
@@ -546,9 +548,10 @@ def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
         ctx.fx,
     )
     count = op.attrs["repeat_count"]
-    outs, ref_values, stack_values, ctx.fx = (
-        lax.fori_loop(0, count, body, start) if count else start
-    )
+    with body_traced():
+        outs, ref_values, stack_values, ctx.fx = (
+            lax.fori_loop(0, count, body, start) if count else start
+        )
     for index, value in zip(ref_plain, ref_values):
         env.write(op.inputs[index], value)
     for (key, _), value in zip(carried, stack_values):
@@ -585,7 +588,8 @@ def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
         return run
 
     then_branch, else_branch = (branch(g, s, k) for g, s, k in zip(graphs, spans, groups))
-    outs, ctx.fx = lax.cond(predicate, then_branch, else_branch, ctx.fx)
+    with body_traced():
+        outs, ctx.fx = lax.cond(predicate, then_branch, else_branch, ctx.fx)
     for t, value in zip(op.outputs, outs):
         env.values[t] = value
 

@@ -11,6 +11,7 @@ from jax import lax
 from popxl._op import Op
 
 from .lowering import Env, LoweringContext, lower_graph, special
+from .replica_sums import body_traced
 
 
 @special("call")
@@ -52,7 +53,8 @@ def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
         return tuple(outs), tuple(finals), ctx.fx
 
     start = (tuple(initial[:n_out]), tuple(initial[i] for i in by_ref), ctx.fx)
-    carried, ref_values, ctx.fx = lax.fori_loop(0, count, body, start) if count else start
+    with body_traced():
+        carried, ref_values, ctx.fx = lax.fori_loop(0, count, body, start) if count else start
     if homes is not None:
         carried = placement.adopt(carried, homes[:n_out])
         ref_values = placement.adopt(ref_values, [homes[i] for i in by_ref])
@@ -80,8 +82,9 @@ def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
 
         return run
 
-    outs, ctx.fx = lax.cond(
-        predicate, branch(then_graph, then_at), branch(else_graph, else_at), ctx.fx
-    )
+    with body_traced():
+        outs, ctx.fx = lax.cond(
+            predicate, branch(then_graph, then_at), branch(else_graph, else_at), ctx.fx
+        )
     for t, value in zip(op.outputs, outs):
         env.values[t] = value

@@ -19,7 +19,10 @@ but never computed: XLA drops it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,17 +36,44 @@ Array = Any
 
 
 def is_batched(value: Any) -> bool:
-    """Whether ``value``, traced inside ``jax.vmap``, differs between replicas."""
+    """Whether ``value``, traced inside ``jax.vmap``, differs between replicas.
+
+    Only meaningful at the step's top level: the body of a loop or branch is traced apart
+    from ``vmap`` (``lax`` batches its jaxpr afterwards), so there every value looks
+    unbatched. Lowering code asks ``may_differ`` instead.
+    """
     from jax._src.interpreters import batching  # noqa: PLC0415 (no public API for this)
 
     return isinstance(value, batching.BatchTracer) and isinstance(value.batch_dim, int)
+
+
+# How many loop, scan or branch bodies are being traced around the current op.
+_BODY_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("body_depth", default=0)
+
+
+@contextlib.contextmanager
+def body_traced() -> Iterator[None]:
+    """Mark the tracing of a ``lax`` loop, scan or branch body (see ``may_differ``)."""
+    token = _BODY_DEPTH.set(_BODY_DEPTH.get() + 1)
+    try:
+        yield
+    finally:
+        _BODY_DEPTH.reset(token)
+
+
+def may_differ(value: Any) -> bool:
+    """Whether ``value`` may differ between replicas under ``vmap``: as ``vmap``'s tracer
+    says at the step's top level; inside a body, for any traced value."""
+    if is_batched(value):
+        return True
+    return _BODY_DEPTH.get() > 0 and isinstance(value, jax.core.Tracer)
 
 
 def replica_sum(value: Any, axis_name: str, replicas: int) -> Array:
     """The sum over replicas of a deferred value or an array (inside the replica map)."""
     if isinstance(value, Deferred):
         return value.replica_sum(axis_name, replicas)
-    if not is_batched(value):
+    if not may_differ(value):
         return value * replicas
     gathered = lax.all_gather(value, axis_name)
     total = gathered[0]
@@ -166,7 +196,7 @@ def deferred_accumulation(
     the factor must be the same on every replica (else the sum is not linear in it)."""
     if not isinstance(x, Deferred) and not isinstance(t, Accumulation):
         return None
-    if is_batched(factor):
+    if may_differ(factor):
         return None
     a, b = LINEAR_ACCUMULATES[key](factor)
     if isinstance(x, WeightGrad):  # sum the replicas' gradients in the accumulator's dtype
@@ -184,7 +214,9 @@ __all__ = [
     "Summed",
     "WeightGrad",
     "deferred_accumulation",
+    "body_traced",
     "is_batched",
+    "may_differ",
     "portable",
     "replica_sum",
     "value_of",

@@ -373,3 +373,40 @@ def test_float16_gradients_summed_into_a_float32_accumulator(spy):
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, np.full((R, K, N), R * 2 * B * 10000.0))
     assert (spy["acc_sum"] > 0) == _under_vmap()
+
+
+@pytest.mark.usefixtures("mode")
+def test_accumulator_summed_inside_a_loop_body(spy):
+    """Inside a loop body ``vmap`` cannot tell replica-dependent values from shared ones: an
+    accumulator already holding each replica's own sum, then fed a deferred gradient and
+    all-reduced in the same body, sums every replica's value (it once took R times this
+    replica's own, as if the accumulator were shared)."""
+    ones = np.ones((B, N), np.float32)
+
+    def build(ir, x):
+        w = popxl.variable(W, name="w")
+        acc = popxl.variable(np.zeros((K, N), np.float32), name="acc")
+        fwd = ir.create_graph(lambda x, w: ops.sum(ops.tanh(x @ w)), x.spec, w.spec)
+        info = transforms.autodiff(fwd, grads_required=[fwd.inputs[1]])
+        body = ir.create_empty_graph("body")
+        with body:
+            popxl.graph_input((K, N), popxl.float32, "total")
+            xs = popxl.graph_input(x.shape, popxl.float32, "x")
+            ws = popxl.graph_input(W.shape, popxl.float32, "w")
+            accs = popxl.graph_input((K, N), popxl.float32, "acc", by_ref=True)
+            # This replica's own value first, then a deferred weight gradient.
+            ops.var_updates.accumulate_(accs, ops.transpose(xs) @ popxl.constant(ones))
+            site = ops.call_with_info(fwd, xs, ws)
+            seed = popxl.constant(1.0, popxl.float32)
+            (g,) = ops.call(info.graph, seed, inputs_dict=info.inputs_dict(site))
+            ops.var_updates.accumulate_(accs, g)
+            popxl.graph_output(collectives.replicated_all_reduce(accs, "add"))
+        zeros = popxl.constant(np.zeros((K, N), np.float32))
+        (total,) = ops.repeat(body, 2, zeros, x, w, acc)
+        return total
+
+    (got,) = run_replicated(R, build, [X])
+    own = np.einsum("rbk,bn->rkn", X.astype(np.float64), ones) + _per_replica_grads(X, W)
+    for replica in range(R):
+        np.testing.assert_allclose(got[replica], 2 * own.sum(0), rtol=1e-5, atol=1e-5)
+    assert (spy["acc_sum"] > 0) == _under_vmap()  # still summed as an Accumulation
