@@ -192,19 +192,31 @@ def deferred_accumulation(
     key: str, t: Any, x: Any, factor: Array, dtype: Any, axis_name: str, replicas: int
 ) -> Accumulation | None:
     """The result of accumulate op ``key`` as an ``Accumulation``, or None where that does
-    not pay or would be wrong: only a deferred gradient or accumulator starts one, and
-    the factor must be the same on every replica (else the sum is not linear in it)."""
+    not pay: only a deferred gradient or accumulator starts one.
+
+    The total is ``Σ_r a·t_r + b·x_r``. Where the rule's factors may differ between
+    replicas (a factor read from a tensor inside a loop body, where ``vmap`` cannot tell),
+    each replica's terms are scaled before the sum: ``a`` times its accumulator, ``b``
+    folded into a weight gradient's cotangent.
+    """
     if not isinstance(x, Deferred) and not isinstance(t, Accumulation):
         return None
-    if may_differ(factor):
-        return None
     a, b = LINEAR_ACCUMULATES[key](factor)
-    if isinstance(x, WeightGrad):  # sum the replicas' gradients in the accumulator's dtype
-        x_total = replace(x, dtype=dtype).replica_sum(axis_name, replicas)
+    if may_differ(a):
+        t_total = replica_sum(a * value_of(t).astype(dtype), axis_name, replicas)
     else:
-        x_total = replica_sum(x, axis_name, replicas).astype(dtype)
-    total = a * replica_sum(t, axis_name, replicas).astype(dtype) + b * x_total
-    return Accumulation(a, t, b, x, total.astype(dtype), dtype)
+        t_total = a * replica_sum(t, axis_name, replicas).astype(dtype)
+    if isinstance(x, WeightGrad):  # sum the replicas' gradients in the accumulator's dtype
+        if may_differ(b):
+            scaled = replace(x, dy=b * x.dy.astype(dtype), dtype=dtype)
+            x_total = scaled.replica_sum(axis_name, replicas)
+        else:
+            x_total = b * replace(x, dtype=dtype).replica_sum(axis_name, replicas)
+    elif may_differ(b):
+        x_total = replica_sum(b * value_of(x).astype(dtype), axis_name, replicas)
+    else:
+        x_total = b * replica_sum(x, axis_name, replicas).astype(dtype)
+    return Accumulation(a, t, b, x, (t_total + x_total).astype(dtype), dtype)
 
 
 __all__ = [

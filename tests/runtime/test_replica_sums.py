@@ -306,9 +306,9 @@ def test_accumulator_read_per_replica(spy):
 
 
 @pytest.mark.usefixtures("mode")
-def test_per_replica_factor_is_not_summed_linearly(spy):
-    """A factor that differs between replicas (here host-loaded) makes the replica sum
-    non-linear in it: the accumulator is then computed per replica."""
+def test_per_replica_factor_scales_each_replicas_terms(spy):
+    """A factor that differs between replicas (here host-loaded) scales each replica's terms
+    before the replica sum (``Σ_r a_r·t_r + b_r·x_r``), which is still taken deferred."""
     factors = np.linspace(0.2, 0.8, R).astype(np.float32)
 
     def build(ir, x, f):
@@ -320,7 +320,7 @@ def test_per_replica_factor_is_not_summed_linearly(spy):
         [_expected_accumulator("accumulate_moving_average_", f)[r] for r, f in enumerate(factors)]
     )
     np.testing.assert_allclose(got[0], per_replica.mean(0), rtol=1e-5, atol=1e-5)
-    assert spy["acc_sum"] == 0
+    assert (spy["acc_sum"] > 0) == _under_vmap()
 
 
 @pytest.mark.usefixtures("mode")
