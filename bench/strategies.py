@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+_REPLICAS = int(sys.argv[sys.argv.index("--replicas") + 1]) if "--replicas" in sys.argv else 1
+# 4 devices per replica: the 4-IPU pipeline placed on a (replicas, 4) device mesh.
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={4 * _REPLICAS}")
 if "--one-thread-per-device" in sys.argv:  # must be set before JAX starts its CPU backend
     os.environ["XLA_FLAGS"] += " --xla_cpu_multi_thread_eigen=false"
 
@@ -87,12 +89,19 @@ class Model:
                 self.vars.append(addons.NamedTensors.from_dict({"w": w}))
             self.grads.append(dfacts.init())
 
-    def sgd(self, weights: list[popxl.Tensor] | None = None) -> None:
-        for i, grads in enumerate(self.grads):
-            w = weights[i] if weights else self.vars[i].w
-            ops.scaled_add_(w, grads.accum.w, b=-LR)
-            ops.var_updates.accumulator_scale_(grads.mean_accum_counter, 0.0)
-            ops.var_updates.accumulator_scale_(grads.accum.w, 0.0)
+    def sgd(self) -> None:
+        for i in range(LAYERS):
+            self.update(i, self.vars[i].w)
+
+    def update(self, i: int, w: popxl.Tensor) -> None:
+        """SGD on layer ``i``'s weight ``w`` with its mean gradient (averaged over the
+        replicas too), then the accumulator reset."""
+        grads = self.grads[i]
+        if popxl.gcg().ir.replication_factor > 1:
+            ops.collectives.replicated_all_reduce_(grads.accum.w, op="mean")
+        ops.scaled_add_(w, grads.accum.w, b=-LR)
+        ops.var_updates.accumulator_scale_(grads.mean_accum_counter, 0.0)
+        ops.var_updates.accumulator_scale_(grads.accum.w, 0.0)
 
 
 def _streams_and_model(args: argparse.Namespace) -> tuple:
@@ -103,7 +112,7 @@ def _streams_and_model(args: argparse.Namespace) -> tuple:
 
 
 def build_plain(args: argparse.Namespace) -> tuple:
-    ir = popxl.Ir()
+    ir = popxl.Ir(replication=args.replicas)
     with ir.main_graph:
         x_in, y_in, model = _streams_and_model(args)
         model.init()
@@ -127,7 +136,7 @@ def build_pipelined(args: argparse.Namespace, devices: int) -> tuple:
     its layers' backward; the backward of the other IPUs' layers runs on their IPU in later
     stages, with the activations stashed."""
     per = LAYERS // devices
-    ir = popxl.Ir()
+    ir = popxl.Ir(replication=args.replicas)
     with ir.main_graph:
         x_in, y_in, model = _streams_and_model(args)
         model.init()
@@ -161,14 +170,12 @@ def build_pipelined(args: argparse.Namespace, devices: int) -> tuple:
         for d in range(devices):
             with popxl.ipu(d):
                 for i in range(d * per, (d + 1) * per):
-                    ops.scaled_add_(model.vars[i].w, model.grads[i].accum.w, b=-LR)
-                    ops.var_updates.accumulator_scale_(model.grads[i].mean_accum_counter, 0.0)
-                    ops.var_updates.accumulator_scale_(model.grads[i].accum.w, 0.0)
+                    model.update(i, model.vars[i].w)
     return ir, x_in, y_in, model
 
 
-def _io_ir() -> popxl.Ir:
-    ir = popxl.Ir()
+def _io_ir(replicas: int) -> popxl.Ir:
+    ir = popxl.Ir(replication=replicas)
     ir._pb_ir.getSessionOptions().numIOTiles = 32
     return ir
 
@@ -177,7 +184,7 @@ def build_serialised(args: argparse.Namespace, phased: bool) -> tuple:
     """Each layer's forward and backward batch-serialised over the micro-batches, with
     activations and gradients in remote buffers; ``phased`` also keeps the weights in remote
     buffers, loaded for each layer's phase and stored back after its update."""
-    ir = _io_ir()
+    ir = _io_ir(args.replicas)
     with ir.main_graph:
         x_in, y_in, model = _streams_and_model(args)
         weight_buffers = None
@@ -227,9 +234,7 @@ def build_serialised(args: argparse.Namespace, phased: bool) -> tuple:
                 bound[b.graph.args.mean_accum_counter] = model.grads[i].mean_accum_counter
                 bound[b.graph.args.w] = w
                 addons.BoundGraph(b.graph.graph, bound).call(0)
-                ops.scaled_add_(w, model.grads[i].accum.w, b=-LR)
-                ops.var_updates.accumulator_scale_(model.grads[i].mean_accum_counter, 0.0)
-                ops.var_updates.accumulator_scale_(model.grads[i].accum.w, 0.0)
+                model.update(i, w)
                 if weight_buffers is not None:
                     ops.remote_store(weight_buffers[i], 0, w)
     return ir, x_in, y_in, model
@@ -259,8 +264,9 @@ VARIANTS: dict[str, Callable[[argparse.Namespace], tuple]] = {
 
 def data(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(1)
-    x = rng.normal(0, 1, (args.steps, args.micro, args.width)).astype(np.float32)
-    y = rng.integers(0, 10, (args.steps, args.micro)).astype(np.int32)
+    lead = (args.steps, args.replicas) if args.replicas > 1 else (args.steps,)
+    x = rng.normal(0, 1, (*lead, args.micro, args.width)).astype(np.float32)
+    y = rng.integers(0, 10, (*lead, args.micro)).astype(np.int32)
     return x, y
 
 
@@ -302,7 +308,7 @@ def prepare(name: str, args: argparse.Namespace) -> dict:
         "device_peak": max(m.device_peak for m in report.ipus),
         "chip_peak": max(m.chip_peak for m in report.ipus),
         "resident": max(m.resident for m in report.ipus),
-        "devices": report.devices,
+        "devices": _devices(session),
         "weights": weights,
     }
 
@@ -318,9 +324,17 @@ def measure(names: list[str], args: argparse.Namespace) -> dict[str, dict]:
             wall, cpu = r["timed"]()
             r["wall"], r["cpu"] = min(r["wall"], wall), min(r["cpu"], cpu)
     for r in results.values():
-        r["samples_per_s"] = args.steps * args.micro / r["wall"]
+        r["samples_per_s"] = args.steps * args.micro * args.replicas / r["wall"]
         r["cpu_ms"] = r["cpu"] * 1e3
     return results
+
+
+def _devices(session: popxl.Session) -> int:
+    """The devices a session's step runs on: its IPUs' (placed), times its replicas' (unless
+    they share one device under vmap)."""
+    program = session._program
+    replicas = program.replicas if program.mode != "vmap" else 1
+    return (program.ipus or 1) * replicas
 
 
 def _cpu_seconds() -> float:
@@ -338,6 +352,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", nargs="*", default=list(VARIANTS))
     parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="data-parallel replicas of every variant (gradients averaged over them); "
+        "placed programs then run on a (replicas, IPUs) device mesh",
+    )
+    parser.add_argument(
         "--one-thread-per-device",
         action="store_true",
         help="XLA CPU without intra-op threads: each device computes on one thread, so a "
@@ -346,7 +367,8 @@ def main() -> None:
     args = parser.parse_args()
     threads = "one thread per device" if args.one_thread_per_device else "XLA's intra-op threads"
     print(f"device: {device_name()}; {threads}; load average {os.getloadavg()}; MLP "
-          f"{LAYERS}x{args.width}, {args.steps} micro-batches of {args.micro}")  # fmt: skip
+          f"{LAYERS}x{args.width}, {args.steps} micro-batches of {args.micro}, "
+          f"{args.replicas} replica(s)")  # fmt: skip
     results = measure(args.only, args)
     base = results.get("plain")
     print(f"{'variant':18s} {'devices':>7s} {'samples/s':>10s} {'x plain':>8s} {'CPU ms/step':>11s} "
