@@ -203,6 +203,12 @@ class Session(SessionCompat):
         _COMPILED.add(key)
 
     def _compiled(self) -> Any:
+        with self._x64():
+            return self._lowered().compile()
+
+    def _lowered(self) -> Any:
+        """The step lowered for this session's state and stream layout (``jax.stages.Lowered``;
+        ``.as_text()`` shows the program XLA compiles)."""
         # The state must carry the device placement runs use, or the first run compiles again.
         state = tuple(
             jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._sharding)
@@ -215,7 +221,7 @@ class Session(SessionCompat):
                 for a in inputs
             )
         with self._x64():
-            return self._program.step.lower(*self._program.split(state), inputs).compile()
+            return self._program.step.lower(*self._program.split(state), inputs)
 
     def memory_report(self) -> Any:
         """Bytes per virtual IPU: on-chip variables, remote buffers (streaming memory) and
