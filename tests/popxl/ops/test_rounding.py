@@ -53,3 +53,22 @@ def test_float32_products_are_ieee_unless_the_user_chose_a_precision():
     assert dot_precision(np.float16) is None
     with jax.default_matmul_precision("tensorfloat32"):
         assert dot_precision(np.float32) is None
+
+
+def test_a_chosen_precision_is_a_different_compiled_step():
+    """The step cache keys on the matmul precision, so a program built under
+    ``jax.default_matmul_precision`` is lowered with it rather than taken from the cache."""
+    import popxl
+    from runtime.program import build_program
+
+    def program():
+        ir = popxl.Ir()
+        with ir.main_graph:
+            w = popxl.variable(np.ones((4, 4), np.float32))
+            popxl.ops.host_store(popxl.d2h_stream((4, 4), popxl.float32), w @ w)
+        return build_program(ir)
+
+    default = program().key
+    assert program().key == default
+    with jax.default_matmul_precision("tensorfloat32"):
+        assert program().key != default
