@@ -27,6 +27,7 @@ from popxl import dtypes
 from popxl._op import Op
 from popxl.graph import Graph
 from popxl.ir import Ir
+from popxl.ops._base import chosen_precision
 from popxl.remote_buffer import RemoteBuffer
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
@@ -210,7 +211,7 @@ def structural_key(
     feed("R", ir.replication_factor, "nht", ir.num_host_transfers, "mode", mode)
     feed("stochastic rounding", ir._session_options.enableStochasticRounding)
     # The user's float32 matmul precision (``popxl.ops._base.dot_precision``) is traced in.
-    feed("matmul precision", jax.config.jax_default_matmul_precision)
+    feed("matmul precision", chosen_precision())
     feed("calls", calls.policy())
     for b in buffers:
         feed("buffer", b.remote_buffer_id, b.entries, b.tensor_shape, b.tensor_dtype.name)

@@ -42,6 +42,11 @@ lax: Any = _LazyModule("jax.lax")
 jax: Any = _LazyModule("jax")
 
 
+def chosen_precision() -> str | None:
+    """The precision the user set with ``jax.default_matmul_precision`` (None: not set)."""
+    return jax.config.jax_default_matmul_precision
+
+
 def dot_precision(dtype: Any) -> Any:
     """The precision of a matmul or convolution on ``dtype`` operands.
 
@@ -49,7 +54,7 @@ def dot_precision(dtype: Any) -> Any:
     TensorFloat-32, about three decimal digits), unless the user chose a precision with
     ``jax.default_matmul_precision``; then that choice applies (``None`` here).
     """
-    if jax.config.jax_default_matmul_precision is not None:
+    if chosen_precision() is not None:
         return None
     if np.dtype(dtype) in (np.float32, np.float64):
         return lax.Precision.HIGHEST
