@@ -203,8 +203,7 @@ class Session(SessionCompat):
         _COMPILED.add(key)
 
     def _compiled(self) -> Any:
-        with self._x64():
-            return self._lowered().compile()
+        return self._lowered().compile()
 
     def _lowered(self) -> Any:
         """The step lowered for this session's state and stream layout (``jax.stages.Lowered``;
