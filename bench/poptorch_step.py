@@ -18,7 +18,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import compare, device_name, report, set_matmul_precision  # noqa: E402
-from tests.popxl_addons.poptorch.handwritten import (  # noqa: E402
+from tests.poptorch.handwritten import (  # noqa: E402
     handwritten,
     host_feeds,
     make_data,

@@ -1,4 +1,4 @@
-"""The package import graph: ``popxl`` never imports ``runtime`` or JAX at import time."""
+"""The package import graph: ``popxl`` never imports ``runtime``, JAX or torch at import time."""
 
 import json
 import subprocess
@@ -7,7 +7,7 @@ import sys
 PROBE = """
 import json, pkgutil, importlib, sys
 {body}
-print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('popxl', 'runtime', 'popxl_addons', 'jax', 'jaxlib'))))
+print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('popxl', 'runtime', 'popxl_addons', 'poptorch', 'jax', 'jaxlib', 'torch'))))
 """
 
 
@@ -25,7 +25,7 @@ def _roots(modules: set[str]) -> set[str]:
 def test_import_popxl_is_light():
     roots = _roots(_modules_after("import popxl"))
     assert "popxl" in roots
-    assert not roots & {"runtime", "jax", "jaxlib", "popxl_addons"}
+    assert not roots & {"runtime", "jax", "jaxlib", "popxl_addons", "torch"}
 
 
 def test_no_popxl_module_imports_runtime_or_jax():
@@ -53,3 +53,4 @@ def test_import_runtime_imports_popxl():
 def test_import_popxl_addons_imports_popxl():
     roots = _roots(_modules_after("import popxl_addons"))
     assert "popxl" in roots
+    assert "torch" not in roots

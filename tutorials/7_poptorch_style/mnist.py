@@ -2,7 +2,7 @@
 
 The loop of PopTorch's introduction (a DataLoader feeding deviceIterations batches per
 call, a training wrapper, a momentum loss, and a smaller learning rate set with
-setOptimizer once the loss is low), written with ``popxl_addons.poptorch`` around a
+setOptimizer once the loss is low), written with ``poptorch`` around a
 popxl_addons ``Module``; then the program it built is printed, and an inference model of
 the same module (which shares the trained weights) is tested.
 
@@ -17,7 +17,7 @@ import numpy as np
 
 import popxl
 import popxl_addons as addons
-from popxl_addons import poptorch
+import poptorch
 from popxl_addons.ops.cross_entropy import cross_entropy
 from tutorials import load_tutorial
 from tutorials.mnist_data import Batches, accuracy, default_epochs, digits_as_mnist, get_mnist_data

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import popxl
-from popxl_addons import poptorch
+import poptorch
 
 from ._linear import OUT, Linear, data, grad, initial_w
 

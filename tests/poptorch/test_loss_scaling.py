@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from popxl_addons import poptorch
-from popxl_addons.poptorch import optim
+import poptorch
+from poptorch import optim
 
 from ._linear import Linear, data, grad, initial_w
 

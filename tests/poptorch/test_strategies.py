@@ -11,8 +11,8 @@ import pytest
 
 import popxl_addons as addons
 from popxl import ops
-from popxl_addons import poptorch
-from popxl_addons.poptorch import optim
+import poptorch
+from poptorch import optim
 
 IN, HID, OUT, B = 4, 8, 3, 2
 

@@ -1,4 +1,4 @@
-"""The seeds' PopTorch listings that need no torch.nn, written with popxl_addons.poptorch.
+"""The seeds' PopTorch listings that need no torch.nn, written with poptorch.
 
 Each test names its listing (seed 000/002: introduction; 004: features; 001: API
 reference) and checks the documented result.
@@ -10,7 +10,7 @@ import pytest
 import popxl
 import popxl.ops as ops
 import popxl_addons as addons
-from popxl_addons import poptorch
+import poptorch
 
 
 class ExampleDataset:

@@ -7,8 +7,8 @@ memory report shows the bytes that left the chip."""
 import numpy as np
 import pytest
 
-from popxl_addons import poptorch
-from popxl_addons.poptorch import optim
+import poptorch
+from poptorch import optim
 
 from ._linear import Linear, data
 

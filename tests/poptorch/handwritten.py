@@ -14,7 +14,7 @@ import numpy as np
 import popxl
 import popxl.ops as ops
 import popxl_addons as addons
-from popxl_addons import poptorch
+import poptorch
 from popxl_addons.transforms.repeat_graph import repeat_graph
 
 FEATURES, HIDDEN, CLASSES = 16, 32, 4

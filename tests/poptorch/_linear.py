@@ -6,7 +6,7 @@ import numpy as np
 
 import popxl
 import popxl_addons as addons
-from popxl_addons import poptorch
+import poptorch
 
 IN, OUT = 4, 3
 

@@ -28,7 +28,7 @@ def test_training_model_matches_handwritten_program():
 
 
 def _initial_weight(name):
-    from popxl_addons import poptorch
+    import poptorch
 
     from .handwritten import Mlp
 

@@ -543,7 +543,7 @@ class PoplarExecutor:
 
     def _checkpoint(self, export_model: bool) -> dict[str, Any]:
         return {
-            "format": "popxl_addons.poptorch/1",
+            "format": "poptorch/1",
             "training": self.training,
             "options": self._options.model_dump_json(),
             "specs": self._specs,

@@ -1,10 +1,10 @@
-"""The ``>>>`` examples in popxl_addons.poptorch's docstrings run and print what they say."""
+"""The ``>>>`` examples in poptorch's docstrings run and print what they say."""
 
 import doctest
 
 import pytest
 
-from popxl_addons.poptorch import blocks, data, optim, options, strategies
+from poptorch import blocks, data, optim, options, strategies
 
 
 @pytest.mark.parametrize(

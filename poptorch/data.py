@@ -14,7 +14,7 @@ Shuffling uses a permutation drawn from ``numpy.random.default_rng(seed + epoch)
 run draws the same permutation; process ``p`` of ``n`` then takes every ``n``-th sample
 from ``p`` (``Options.Distributed``).
 
->>> from popxl_addons.poptorch import Options
+>>> from poptorch import Options
 >>> opts = Options().deviceIterations(10)
 >>> loader = DataLoader(opts, np.arange(2000, dtype=np.float32), batch_size=10)
 >>> loader.combinedBatchSize, len(loader), next(iter(loader)).shape

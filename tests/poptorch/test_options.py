@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import popxl
-from popxl_addons import poptorch
-from popxl_addons.poptorch.options import distributed_env
+import poptorch
+from poptorch.options import distributed_env
 
 
 def test_setters_chain_and_store_values():

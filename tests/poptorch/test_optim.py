@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from popxl_addons import poptorch
-from popxl_addons.poptorch import optim
+import poptorch
+from poptorch import optim
 
 from ._linear import Linear, data, grad, initial_w
 

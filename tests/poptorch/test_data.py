@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 
-from popxl_addons import poptorch
+import poptorch
 
 
 class Pairs:

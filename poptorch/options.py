@@ -106,7 +106,7 @@ class TensorLocationSettings(_Base):
     gradients are reduce-scattered, each replica updates its shard and weights are
     all-gathered where used. ``useIOTilesToLoad`` / ``useIOTilesToStore`` run the remote
     loads / stores on the IO tiles (reserve them with ``numIOTiles``). See
-    ``popxl_addons.poptorch._storage``.
+    ``poptorch._storage``.
 
     >>> TensorLocationSettings().useOnChipStorage(False).on_chip
     False
@@ -430,7 +430,7 @@ class Options(_Base):
         default_factory=PipelinedExecution,
         description=(
             "How the blocks a model marks (poptorch.Block / BeginBlock) are placed on IPUs and "
-            "run: sharded, pipelined or phased (see popxl_addons.poptorch._staged)."
+            "run: sharded, pipelined or phased (see poptorch._staged)."
         ),
     )
     training: _TrainingOptions = Field(default_factory=_TrainingOptions)
