@@ -51,7 +51,15 @@ from .strategies import Stage as Stage
 
 
 def isRunningOnIpu() -> bool:  # noqa: N802 (PopTorch's name)
-    """False: a ``build`` runs while the program is being built, never on the device."""
+    """True while a torch model's ``forward`` is being captured for the device (so the
+    model can take a device-only path), False when it runs in plain PyTorch."""
+    from . import _state  # noqa: PLC0415
+
+    return _state.TRACING.get()
+
+
+def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:  # noqa: N802 (PopTorch's name)
+    """False: there is no IPU hardware here; models run on JAX's devices instead."""
     return False
 
 
@@ -87,6 +95,7 @@ __all__ = [
     "enums",
     "identity_loss",
     "inferenceModel",
+    "ipuHardwareIsAvailable",
     "isRunningOnIpu",
     "load",
     "optim",

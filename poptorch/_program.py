@@ -44,6 +44,7 @@ from ._storage import (
     read,
     read_stored,
     shard_group,
+    write,
     write_stored,
 )
 from .blocks import recording
@@ -80,12 +81,16 @@ _LOSSES: contextvars.ContextVar[list[popxl.Tensor] | None] = contextvars.Context
 )
 
 
-def identity_loss(x: popxl.Tensor, reduction: str) -> popxl.Tensor:
+def identity_loss(x: Any, reduction: str) -> Any:
     """Mark ``x`` as the loss a ``trainingModel`` minimises, reduced as asked.
+
+    Works on popxl tensors (in a popxl_addons ``Module``'s ``build``) and on torch tensors
+    (in a ``torch.nn.Module``'s ``forward``, where it is the op ``poptorch::identity_loss``,
+    which also runs in plain PyTorch).
 
     Args:
         x: the loss values.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"`` (``x`` must then be a scalar).
+        reduction: ``"sum"``, ``"mean"`` or ``"none"``.
 
     Returns:
         The reduced loss (a scalar for "sum" and "mean").
@@ -95,6 +100,11 @@ def identity_loss(x: popxl.Tensor, reduction: str) -> popxl.Tensor:
         raise ValueError(
             f"identity_loss reduction must be 'sum', 'mean' or 'none', got {reduction!r}."
         )
+    if not isinstance(x, popxl.Tensor):
+        from . import _torch_ops  # noqa: PLC0415 (torch only for torch models)
+
+        code = {"sum": 0, "mean": 1, "none": 2}[reduction]
+        return _torch_ops.identity_loss(x, code)
     loss = reducers[reduction](x)
     marked = _LOSSES.get()
     if marked is not None:
@@ -133,6 +143,51 @@ class Built:
     good_steps: popxl.Variable | None = None
     # The execution strategy's blocks, stages and IPUs (and pipeline schedule), if any.
     description: str = ""
+    interface: Interface | None = None
+
+
+@dataclass(frozen=True)
+class Interface:
+    """How the program uses the forward graph's outputs and named inputs.
+
+    A popxl_addons ``Module`` returns only its outputs and trains every variable. A captured
+    torch model (``poptorch._capture``) also returns new values for its buffers (written
+    back to their variables after each micro-batch) and for inputs it modifies in place
+    (sent to the host after its outputs), and trains only its parameters that require
+    gradients.
+    """
+
+    n_outputs: int
+    state_outputs: tuple[str, ...] = ()
+    input_outputs: tuple[int, ...] = ()
+    trainable: tuple[str, ...] | None = None  # None: every named input
+    loss_index: int | None = None  # None: marked by identity_loss, or the last output
+
+    @classmethod
+    def of(cls, module: Any, fwd: Any) -> Interface:
+        forward = getattr(module, "forward", None)
+        if forward is None or not hasattr(forward, "state_outputs"):
+            return cls(len(fwd.graph.outputs))
+        return cls(
+            forward.n_outputs,
+            tuple(forward.state_outputs),
+            tuple(forward.input_outputs),
+            tuple(forward.trainable),
+            forward.loss_index,
+        )
+
+    @property
+    def host_outputs(self) -> list[int]:
+        """Forward outputs sent to the host: the model's, then the modified inputs'."""
+        first_input = self.n_outputs + len(self.state_outputs)
+        return [*range(self.n_outputs), *range(first_input, first_input + len(self.input_outputs))]
+
+    def state_indices(self) -> list[tuple[int, str]]:
+        return [(self.n_outputs + i, name) for i, name in enumerate(self.state_outputs)]
+
+    def trained(self, fwd: Any) -> list[str]:
+        names = list(fwd.args.to_dict())
+        return names if self.trainable is None else [n for n in names if n in self.trainable]
 
 
 @dataclass(frozen=True)
@@ -203,7 +258,8 @@ def build(
         inputs = [popxl.h2d_stream(s.shape, s.dtype, f"input{i}") for i, s in enumerate(specs)]
         with _collect_losses() as losses, recording() as recorder:
             facts, fwd = module.create_graph(*specs)
-        loss_index = _loss_index(module, fwd, losses) if training else None
+        interface = Interface.of(module, fwd)
+        loss_index = _loss_index(module, fwd, losses, interface) if training else None
         for name, (kind, size) in groupings.items():
             facts.to_dict()[name].replica_grouping = replica_grouping(ir, kind, size)
         plans = block_ranges(recorder.marks, fwd.graph)
@@ -211,7 +267,10 @@ def build(
             _staged.place_blocks(plans, options.strategy, recorder.marks)
         locations = _locations(options)
         named = _init(facts, options.random_seed, locations.weight)
-        built = Built(ir, inputs, [], [], layout.stores_per_call, named, loss_index=loss_index)
+        built = Built(
+            ir, inputs, [], [], layout.stores_per_call, named, loss_index=loss_index,
+            interface=interface,
+        )
         built.locations = locations
         if len(plans) > 1 or any(p.ipu for p in plans):
             # Ops not placed explicitly (loops, the optimiser's scalars) get no IPU, so
@@ -257,10 +316,13 @@ def _init(
             np.random.set_state(saved)
 
 
-def _loss_index(module: Any, fwd: Any, losses: list) -> int:
+def _loss_index(module: Any, fwd: Any, losses: list, interface: Interface) -> int:
     outs = list(fwd.graph.outputs)
-    cls = type(module).__name__
-    index = next((i for i, o in enumerate(outs) for m in losses if o is m), None)
+    cls = getattr(module, "name", type(module).__name__)
+    index = interface.loss_index
+    if index is None:
+        outs = outs[: interface.n_outputs]
+        index = next((i for i, o in enumerate(outs) for m in losses if o is m), None)
     if index is None:
         if not outs:
             raise ValueError(LOSS_MISSING_MSG.format(cls=cls, n=0))
@@ -274,9 +336,9 @@ def _build_body(
     built: Built, fwd: Any, optimizer: Optimizer | None, layout: Layout, options: Options
 ) -> None:
     main = built.ir.main_graph
-    specs = [popxl.TensorSpec(o.shape, o.dtype) for o in fwd.graph.outputs]
-    built.output_specs = specs
-    built.outputs = [popxl.d2h_stream(s.shape, s.dtype, f"output{i}") for i, s in enumerate(specs)]
+    interface = built.interface
+    assert interface is not None
+    specs = _output_specs(built, fwd)
     keep = _output_holders(specs, layout.mode)
     trainer = _Trainer(built, fwd, optimizer, options) if optimizer is not None else None
     # Micro-batch: load, forward (and backward), handle the outputs.
@@ -285,9 +347,29 @@ def _build_body(
     info = fwd.bind(addons.NamedTensors.from_dict(on_chip)).call_with_info(*xs)
     if trainer is not None:
         trainer.backward(info)
-    _handle_outputs(built, info.outputs[: len(specs)], keep, layout.mode)
+    _write_state(built, on_chip, info.outputs)
+    outs = [info.outputs[i] for i in interface.host_outputs]
+    _handle_outputs(built, outs, keep, layout.mode)
     _repeat(main, layout.accumulation)
     _finish(built, trainer, keep, layout, looped=False)
+
+
+def _output_specs(built: Built, fwd: Any) -> list[popxl.TensorSpec]:
+    """The forward outputs the host receives, with one device-to-host stream each."""
+    assert built.interface is not None
+    outs = [fwd.graph.outputs[i] for i in built.interface.host_outputs]
+    specs = [popxl.TensorSpec(o.shape, o.dtype) for o in outs]
+    built.output_specs = specs
+    built.outputs = [popxl.d2h_stream(s.shape, s.dtype, f"output{i}") for i, s in enumerate(specs)]
+    return specs
+
+
+def _write_state(built: Built, on_chip: dict[str, popxl.Tensor], outs: Sequence[Any]) -> None:
+    """Buffers the forward updated (BatchNorm statistics, counters, the random seed): their
+    new values become the variables' values for the next micro-batch."""
+    assert built.interface is not None
+    for index, name in built.interface.state_indices():
+        write(built.weights[name], on_chip[name], outs[index])
 
 
 def _finish(
@@ -327,9 +409,7 @@ def _build_staged_body(
     """``_build_body`` for a model split into blocks placed by an execution strategy (see
     ``_staged``)."""
     strategy = options.strategy
-    specs = [popxl.TensorSpec(o.shape, o.dtype) for o in fwd.graph.outputs]
-    built.output_specs = specs
-    built.outputs = [popxl.d2h_stream(s.shape, s.dtype, f"output{i}") for i, s in enumerate(specs)]
+    specs = _output_specs(built, fwd)
     keep = _output_holders(specs, layout.mode)
     trainer = (
         _Trainer(built, fwd, optimizer, options, whole=False) if optimizer is not None else None
@@ -387,7 +467,11 @@ def _staged_micro_batch(
     for block in blocks:
         for t in block.inputs:
             consumers.setdefault(t, set()).add(block.plan.ipu)
-    out_index = {t: i for i, t in enumerate(fwd.graph.outputs)}
+    interface = built.interface
+    assert interface is not None
+    outputs = fwd.graph.outputs
+    out_index = {outputs[j]: k for k, j in enumerate(interface.host_outputs)}
+    state_of = {outputs[j]: name for j, name in interface.state_indices()}
     vals, infos = _staged.Values(), {}
     for b, block in enumerate(blocks):
         plan = block.plan
@@ -407,6 +491,9 @@ def _staged_micro_batch(
                 _copy_ahead(vals, t, consumers)
                 if t in out_index:
                     _handle_output(built, out_index[t], out, keep, layout.mode)
+                if t in state_of:
+                    var = built.weights[state_of[t]]
+                    write(var, read(var), out)
     if trainer is not None:
         _staged_backward(built, blocks, trainer, stager, infos, vals, weights_of)
 
@@ -513,14 +600,18 @@ class _Trainer:
         # Weight name -> the IPU its accumulator and update run on (staged programs).
         self.ipu_of: dict[str, int] = {}
         self._copies: dict[tuple, popxl.Tensor] = {}
-        names = list(built.weights)
+        assert built.interface is not None
+        trained = built.interface.trained(fwd)
+        names = [n for n in built.weights if n in trained]
         if not names:
             raise ValueError(NO_WEIGHTS_MSG.format(cls=type(fwd).__name__))
         built.groups = group_of_each(optimizer, names)
         loss = fwd.graph.outputs[built.loss_index]
+        args = fwd.args.to_dict()
+        required = [args[n] for n in trained]
         if whole:  # staged programs differentiate block by block instead
-            self.bwd = addons.autodiff(fwd, grads_provided=[loss], grads_required=fwd.args.tensors)
-        self.keys = [_key_of(fwd, t) for t in fwd.args.tensors]
+            self.bwd = addons.autodiff(fwd, grads_provided=[loss], grads_required=required)
+        self.keys = [_key_of(fwd, t) for t in required]
         self.loss_dtype = loss.dtype
         acc = optimizer.accum_type
         where = built.locations.accumulator

@@ -176,16 +176,22 @@ class PoplarExecutor:
         per_call = di * ga * (r // k)
         specs = []
         for i, a in enumerate(arrays):
+            dtype = popxl.dtypes.dtype.as_dtype(a.dtype)
+            if a.ndim == 0 and per_call == 1:  # a scalar input: nothing to split
+                specs.append(popxl.TensorSpec((), dtype))
+                continue
             n = a.shape[0] if a.ndim else 0
             if a.ndim == 0 or n % per_call:
                 raise ValueError(BATCH_MSG.format(i=i, n=n, di=di, r=r, k=k, ga=ga, total=per_call))
-            dtype = popxl.dtypes.dtype.as_dtype(a.dtype)
             specs.append(popxl.TensorSpec((n // per_call, *a.shape[1:]), dtype))
         return specs
 
     def compile(self, *args: Any) -> None:
         """Build and compile the program for inputs like ``args`` (if not done yet)."""
-        arrays = [_to_numpy(a) for a in args]
+        self._compile_arrays([_to_numpy(a) for a in args], self._model)
+
+    def _compile_arrays(self, arrays: list[np.ndarray], module: Any) -> None:
+        """Build ``module``'s program for the combined batches ``arrays`` (if not built)."""
         specs = self._micro_specs(arrays)
         key = tuple((s.shape, s.dtype.name) for s in specs)
         if self._built is not None:
@@ -193,7 +199,7 @@ class PoplarExecutor:
                 raise ValueError(CHANGED_MSG.format(old=self._specs, new=key))
             return
         groupings = {n: (g[0], g[1]) for n, g in self._groupings.items()}
-        self._built = build(self._model, self._options, specs, self._optimizer, groupings)
+        self._built = build(module, self._options, specs, self._optimizer, groupings)
         self._specs = key
         device = "ipu_model" if self._options.use_ipu_model else "ipu_hw"
         self._session = popxl.Session(self._built.ir, device)
@@ -231,9 +237,22 @@ class PoplarExecutor:
         PopTorch's layout: results of the returned micro-batches and replicas concatenated
         along the batch axis (stacked for scalars); a single result keeps its shape.
         """
-        start = time.perf_counter()
         arrays = [_to_numpy(a) for a in args]
         self.compile(*arrays)
+        outs = self._run_arrays(arrays)
+        if self.training:
+            self._store.owner = weakref.ref(self)
+        if any(_is_torch(a) for a in args):
+            import torch  # noqa: PLC0415 (only when the caller uses torch)
+
+            tensors = [torch.from_numpy(np.ascontiguousarray(o)) for o in outs]
+            return tensors[0] if len(tensors) == 1 else tuple(tensors)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _run_arrays(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """One host call of the compiled program on combined batches; the outputs in
+        PopTorch's host layout."""
+        start = time.perf_counter()
         built, session = self._built, self._session
         assert built is not None and session is not None
         if self._options.connection_type == ConnectionType.Never:
@@ -248,21 +267,16 @@ class PoplarExecutor:
         results = _run(session, feeds)
         ran = time.perf_counter()
         outs = [self._host_layout(results[s], s) for s in built.outputs]
-        if self.training:
-            self._store.owner = weakref.ref(self)
         done = time.perf_counter()
         self._record(loaded - start, ran - loaded, done - ran)
-        if any(_is_torch(a) for a in args):
-            import torch  # noqa: PLC0415 (only when the caller uses torch)
-
-            tensors = [torch.from_numpy(np.ascontiguousarray(o)) for o in outs]
-            return tensors[0] if len(tensors) == 1 else tuple(tensors)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return outs
 
     def _stream_layout(self, arr: np.ndarray) -> np.ndarray:
         """Combined batch -> ``(host transfers, replicas, micro-batch...)``."""
         o, built = self._options, self._require_built("run")
         nht, r, k = built.ir.num_host_transfers, o.replication_factor, o.input_group_size
+        if arr.ndim == 0:
+            return arr
         slices = r // k
         x = arr.reshape(nht, slices, -1, *arr.shape[1:])
         if k > 1:
@@ -666,10 +680,20 @@ def _import_step(session: popxl.Session, blob: bytes, path: str) -> None:
 
 
 def trainingModel(  # noqa: N802
-    model: addons.Module, options: Options | None = None, optimizer: Optimizer | None = None
+    model: Any, options: Options | None = None, optimizer: Any = None
 ) -> PoplarExecutor:
     """Wrap ``model`` for training: each call runs forward, backward and the optimiser for
-    every micro-batch of the combined batch. ``optimizer`` defaults to ``SGD(lr=0.01)``."""
+    every micro-batch of the combined batch.
+
+    ``model`` is a ``torch.nn.Module`` whose ``forward`` returns the loss (marked with
+    ``poptorch.identity_loss`` or as its last scalar output), or a popxl_addons ``Module``.
+    ``optimizer`` defaults to ``SGD(lr=0.01)``; ``torch.optim`` and ``poptorch.optim``
+    optimizers are accepted.
+    """
+    if _is_torch_module(model):
+        from ._torch_executor import new_executor  # noqa: PLC0415 (torch models only)
+
+        return new_executor(_unwrap_executor(model), options, True, optimizer)
     from .optim import SGD  # noqa: PLC0415
 
     return PoplarExecutor(
@@ -677,9 +701,24 @@ def trainingModel(  # noqa: N802
     )
 
 
-def inferenceModel(model: addons.Module, options: Options | None = None) -> PoplarExecutor:  # noqa: N802
-    """Wrap ``model`` for inference: each call runs the forward pass on every batch."""
+def inferenceModel(model: Any, options: Options | None = None) -> PoplarExecutor:  # noqa: N802
+    """Wrap ``model`` (a ``torch.nn.Module`` or popxl_addons ``Module``) for inference:
+    each call runs the forward pass on every micro-batch of the combined batch."""
+    if _is_torch_module(model):
+        from ._torch_executor import new_executor  # noqa: PLC0415 (torch models only)
+
+        return new_executor(_unwrap_executor(model), options, False, None)
     return PoplarExecutor(model, options, False)
+
+
+def _is_torch_module(model: Any) -> bool:
+    if isinstance(model, PoplarExecutor):
+        return _is_torch_module(model.model)
+    return any(c.__module__ == "torch.nn.modules.module" for c in type(model).__mro__)
+
+
+def _unwrap_executor(model: Any) -> Any:
+    return model.model if isinstance(model, PoplarExecutor) else model
 
 
 def load(filename: str, edit_opts_fn: Callable[[Options], None] | None = None) -> PoplarExecutor:

@@ -1,0 +1,272 @@
+"""The ATen op table: one lowering record per ATen op, keyed by the op's overload.
+
+A record turns one node of a captured (core ATen) graph into popxl ops. It is a small
+function decorated with ``@lowering(aten.op.overload, ...)``::
+
+    @lowering(aten.relu.default)
+    def _lower_relu(ctx, x):
+        return ops.relu(x)
+
+It receives a ``NodeContext`` first, then the node's arguments with every graph value
+replaced by its popxl tensor (lists of values by lists of tensors); Python scalars, dtypes
+and shapes arrive as torch gave them. It returns a tensor, or a tuple for ops with several
+outputs (``None`` for outputs nothing reads).
+
+Where popxl has the op with torch's semantics the record calls it, so the program reads
+like a hand-written popxl one (``MatMul``, ``Add``, ``Relu``). Where it has not, the record
+calls ``ctx.jax(name, fn, ...)``: an op recorded in the IR under the ATen name
+(``aten::erf``) with the shapes torch inferred, lowered by the small JAX function ``fn``.
+Either way every ATen node is a named op with shapes in the printed program, and autodiff
+differentiates it through ``jax.vjp`` of its lowering.
+
+Dtypes: PopTorch ran 64-bit models in 32 bits (int64 -> int32, float64 -> float32); so does
+every record (``popxl_dtype``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+import popxl
+from popxl import ops
+from popxl._op import OpDef, define
+from popxl.ops._base import record
+
+if TYPE_CHECKING:
+    from torch.fx import Node
+
+    from .._capture.translate import Translator
+
+Lowering = Callable[..., Any]
+
+TABLE: dict[Any, Lowering] = {}
+
+TWICE_MSG = "ATen op {op} has two lowering records ({a} and {b}); keep one."
+
+# torch dtype -> popxl dtype, 64-bit types narrowed as PopTorch did.
+_DTYPES: dict[torch.dtype, popxl.dtype] = {
+    torch.float32: popxl.float32,
+    torch.float64: popxl.float32,
+    torch.float16: popxl.float16,
+    torch.int64: popxl.int32,
+    torch.int32: popxl.int32,
+    torch.int16: popxl.int16,
+    torch.int8: popxl.int8,
+    torch.uint8: popxl.uint8,
+    torch.bool: popxl.bool,
+}
+UNSUPPORTED_DTYPE_MSG = (
+    "{what} has dtype {dtype}, which PopTorch does not support on the IPU. Supported: "
+    "float32, float16, int32, int16, int8, uint8, bool (float64 and int64 run as float32 "
+    "and int32). Cast it (e.g. .float()) in the model."
+)
+
+
+def lowering(*targets: Any) -> Callable[[Lowering], Lowering]:
+    """Register the decorated function as the lowering of each ATen overload in ``targets``."""
+
+    def register(fn: Lowering) -> Lowering:
+        for target in targets:
+            if target in TABLE:
+                raise ValueError(
+                    TWICE_MSG.format(op=target, a=TABLE[target].__name__, b=fn.__name__)
+                )
+            TABLE[target] = fn
+        return fn
+
+    return register
+
+
+def popxl_dtype(dtype: torch.dtype, what: str = "A tensor") -> popxl.dtype:
+    """The popxl dtype a torch dtype runs as (64-bit types narrowed)."""
+    if dtype not in _DTYPES:
+        raise TypeError(UNSUPPORTED_DTYPE_MSG.format(what=what, dtype=dtype))
+    return _DTYPES[dtype]
+
+
+def torch_dtype(dtype: popxl.dtype) -> torch.dtype:
+    """The torch dtype of a popxl dtype (the 32-bit one for narrowed types)."""
+    for t, p in _DTYPES.items():
+        if p is dtype and t not in (torch.float64, torch.int64):
+            return t
+    raise TypeError(f"popxl dtype {dtype} has no torch counterpart here.")
+
+
+# JAX-lowered ops ---------------------------------------------------------------------------
+
+_JAX_OPS: dict[str, OpDef] = {}
+
+
+def _infer_from_attrs(*_specs: Any, _out: tuple, **_attrs: Any) -> list[popxl.TensorSpec]:
+    return [popxl.TensorSpec(shape, popxl.dtypes.dtype.from_name(d)) for shape, d in _out]
+
+
+def jax_opdef(name: str, fn: Callable[..., Any], nondiff: Sequence[int] = ()) -> OpDef:
+    """The op kind ``aten::<name>`` lowered by ``fn(*arrays, **attrs)``; one per name."""
+    if name in _JAX_OPS:
+        return _JAX_OPS[name]
+
+    def lower(*arrays: Any, _out: tuple, **attrs: Any) -> Any:
+        return fn(*arrays, **attrs)
+
+    grad = "vjp"
+    opdef = define(
+        f"aten::{name}",
+        f"aten::{name}",
+        _infer_from_attrs,
+        lower,
+        grad=grad,
+        nondiff_inputs=tuple(nondiff),
+        doc=fn.__doc__ or "",
+    )
+    _JAX_OPS[name] = opdef
+    return opdef
+
+
+# The per-node context ------------------------------------------------------------------------
+
+
+def _meta_specs(val: Any) -> list[tuple[tuple[int, ...], str] | None]:
+    """(shape, popxl dtype name) of each output a node's ``meta['val']`` describes."""
+    if isinstance(val, torch.Tensor):
+        return [(tuple(int(d) for d in val.shape), popxl_dtype(val.dtype).name)]
+    if isinstance(val, (tuple, list)):
+        out: list[tuple[tuple[int, ...], str] | None] = []
+        for v in val:
+            out.extend(_meta_specs(v) if isinstance(v, torch.Tensor) else [None])
+        return out
+    return []
+
+
+@dataclass
+class NodeContext:
+    """What a lowering record may ask about the node it lowers."""
+
+    node: Node
+    translator: Translator
+
+    # -- the node's outputs, as torch inferred them ---------------------------------------
+
+    @property
+    def out_val(self) -> Any:
+        return self.node.meta.get("val")
+
+    def out_spec(self, i: int = 0) -> tuple[tuple[int, ...], popxl.dtype]:
+        specs = _meta_specs(self.out_val)
+        s = specs[i]
+        assert s is not None, f"output {i} of {self.node.target} is not a tensor"
+        return s[0], popxl.dtypes.dtype.from_name(s[1])
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return self.out_spec(0)[0]
+
+    @property
+    def out_dtype(self) -> popxl.dtype:
+        return self.out_spec(0)[1]
+
+    def dtype_of(self, arg_index: int) -> popxl.dtype:
+        """The (narrowed) dtype torch gave argument ``arg_index`` of the node."""
+        arg = self.node.args[arg_index]
+        return popxl_dtype(arg.meta["val"].dtype)
+
+    @property
+    def training(self) -> bool:
+        return self.translator.training
+
+    # -- building -------------------------------------------------------------------------
+
+    def jax(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *inputs: popxl.Tensor,
+        nondiff: Sequence[int] = (),
+        outputs: Sequence[tuple[tuple[int, ...], popxl.dtype]] | None = None,
+        **attrs: Any,
+    ) -> Any:
+        """Record ``aten::<name>`` lowered by ``fn(*arrays, **attrs)``.
+
+        The output specs are the node's (or ``outputs``); returns one tensor, or a tuple
+        when there are several outputs.
+        """
+        if outputs is None:
+            specs = [s for s in _meta_specs(self.out_val) if s is not None]
+        else:
+            specs = [(tuple(shape), dtype.name) for shape, dtype in outputs]
+        opdef = jax_opdef(name, fn, nondiff)
+        named = {f"in{i}": t for i, t in enumerate(inputs)}
+        outs = record(opdef, named, {**attrs, "_out": tuple(specs)})
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def constant(self, value: Any, dtype: popxl.dtype | None = None) -> popxl.Tensor:
+        """A constant tensor in the current graph (default dtype: the node's output's)."""
+        dtype = dtype or self.out_dtype
+        return popxl.constant(np.asarray(value, dtype.as_numpy()), dtype)
+
+    def tensor(self, value: Any, dtype: popxl.dtype | None = None) -> popxl.Tensor:
+        """``value`` as a tensor of ``dtype`` (default: the node's output dtype): tensors are
+        cast if needed, Python scalars become constants."""
+        dtype = dtype or self.out_dtype
+        if isinstance(value, popxl.Tensor):
+            return value if value.dtype == dtype else ops.cast(value, dtype)
+        return self.constant(value, dtype)
+
+    def seed(self) -> popxl.Tensor:
+        """A fresh random seed for one random op (see ``Options.randomSeed``)."""
+        return self.translator.next_seed()
+
+    # -- errors ---------------------------------------------------------------------------
+
+    def where(self) -> str:
+        """``module path (Class), file:line`` of the user's code that made this node."""
+        return describe_node(self.node)
+
+
+def user_frame(node: Node) -> str | None:
+    """The last frame of the node's stack trace outside torch itself (the user's line)."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    lines = [ln for ln in trace.strip().splitlines() if ln.strip().startswith("File ")]
+    for line in reversed(lines):
+        if "/torch/" not in line and "/poptorch/" not in line:
+            return line.strip()
+    return lines[-1].strip() if lines else None
+
+
+def module_path(node: Node) -> str:
+    """``path.to.module (Class)`` of the innermost module that made the node."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "the model's forward"
+    path, cls = list(stack.values())[-1]
+    name = cls.__name__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1]
+    return f"{path or '<model>'} ({name})"
+
+
+def describe_node(node: Node) -> str:
+    frame = user_frame(node)
+    where = module_path(node)
+    return f"{where}, {frame}" if frame else where
+
+
+def promoted_dtype(node: Node, *indices: int) -> popxl.dtype:
+    """torch's result dtype of the node's arguments at ``indices`` (tensors and scalars),
+    narrowed; what arithmetic and comparisons compute in."""
+    values = []
+    for i in indices:
+        arg = node.args[i] if i < len(node.args) else None
+        values.append(arg.meta["val"] if hasattr(arg, "meta") else arg)
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if len(values) == 1:
+        return popxl_dtype(tensors[0].dtype)
+    result = torch.result_type(values[0], values[1])
+    for v in values[2:]:
+        result = torch.promote_types(result, torch.result_type(v, v))
+    return popxl_dtype(result)

@@ -1,0 +1,1 @@
+"""Capture of ``torch.nn`` models into popxl graphs: export, repeated blocks, translation."""

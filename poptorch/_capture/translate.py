@@ -1,0 +1,363 @@
+"""Translate a captured ATen program into a popxl graph, one table record per node.
+
+The graph's inputs are the model's tensor inputs (in the order ``torch.export`` flattens
+them), then its parameters and buffers, named by their torch names (``layer1.0.conv1.weight``),
+then, if the model draws random numbers, a seed. Its outputs are the model's tensor outputs,
+then the new values of the buffers the model updates, then the new values of the inputs it
+modifies in place: the program writes those back (``_program``, the executor).
+
+Each repeated child captured as a ``block`` (see ``blocks``) becomes one subgraph per call
+signature, called once per child with that child's weights.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+
+import popxl
+from popxl import ops
+from popxl_addons import NamedTensors
+from popxl_addons.variable_factory import NamedVariableFactories, VariableFactory
+
+from .._aten import TABLE
+from .._aten._registry import NodeContext, describe_node, popxl_dtype
+from .blocks import is_block_node
+from .export import Capture, signature
+
+MISSING_OP_MSG = (
+    "poptorch does not support the ATen op {op} (used in {where}). The model cannot be "
+    "compiled for the IPU: rewrite that line with supported operations, or register a "
+    "lowering for {op} with poptorch's ATen table (poptorch._aten.lowering). Nothing runs "
+    "on the CPU in its place."
+)
+OP_FAILED_MSG = "poptorch could not lower the ATen op {op} (used in {where}): {error}"
+UNSUPPORTED_INPUT_MSG = (
+    "poptorch cannot capture {cls}.forward: its export has a {kind} input ({name}); only "
+    "tensors, parameters, buffers and tensor constants are supported."
+)
+
+SEED_NAME = "poptorch.random_seed"
+
+
+@dataclass
+class Forward:
+    """The popxl graph of a captured forward and what the executor needs to call it."""
+
+    graph: popxl.Graph
+    factories: NamedVariableFactories
+    args: NamedTensors
+    inputs: list[popxl.Tensor]  # the model's tensor inputs, in call order
+    n_outputs: int  # graph outputs that are the model's tensor outputs
+    # The model's outputs: a pytree of graph-output indices (ints in ``Leaf``) and constants.
+    out_spec: Any
+    out_leaves: list[Any]
+    # Names of the state (buffers, the seed) the extra outputs update, in output order.
+    state_outputs: list[str] = field(default_factory=list)
+    # Indices (into ``inputs``) of the inputs the extra outputs after them update.
+    input_outputs: list[int] = field(default_factory=list)
+    trainable: list[str] = field(default_factory=list)
+    loss_index: int | None = None
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """An output leaf that is graph output ``index``."""
+
+    index: int
+
+
+def _spec_of(val: torch.Tensor, what: str) -> tuple[tuple[int, ...], popxl.dtype]:
+    return tuple(int(d) for d in val.shape), popxl_dtype(val.dtype, what)
+
+
+def _constantly(value: np.ndarray) -> Any:
+    return lambda: value
+
+
+def _host_value(t: torch.Tensor) -> np.ndarray:
+    dtype = popxl_dtype(t.dtype).as_numpy()
+    return t.detach().cpu().numpy().astype(dtype)
+
+
+class Translator:
+    """Walks one captured program's graph, recording popxl ops in the current graph."""
+
+    def __init__(self, capture: Capture, training: bool, subgraphs: dict[Any, Any]) -> None:
+        self.capture = capture
+        self.training = training
+        # Block subgraphs of this IR by call signature, shared with nested translators.
+        self.subgraphs = subgraphs
+        self.env: dict[torch.fx.Node, Any] = {}
+        self._seed_input: popxl.Tensor | None = None
+        self._seed: popxl.Tensor | None = None
+        # Tensors marked by poptorch.identity_loss, in order.
+        self.losses: list[popxl.Tensor] = []
+
+    # ---- seeds ------------------------------------------------------------------------
+
+    def next_seed(self) -> popxl.Tensor:
+        """A fresh seed for one random op, split off the graph's seed input."""
+        if self._seed is None:
+            self._seed_input = popxl.graph_input((2,), popxl.uint32, SEED_NAME)
+            self._seed = self._seed_input
+        self._seed, fresh = ops.split_random_seed(self._seed)
+        return fresh
+
+    # ---- inputs -----------------------------------------------------------------------
+
+    def _inputs(self, state_order: Sequence[str] | None) -> tuple[list, dict, dict]:
+        """Graph inputs: user inputs first, then state (params, buffers) as named inputs.
+
+        Returns (user inputs, {name: tensor}, {name: factory})."""
+        ep = self.capture.program
+        nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+        constants = ep.constants
+        state_dict = {**constants, **dict(ep.named_parameters()), **dict(ep.named_buffers())}
+        user, named, factories = [], {}, {}
+        state_specs = []
+        for spec in ep.graph_signature.input_specs:
+            node = nodes[spec.arg.name]
+            if spec.kind == InputKind.USER_INPUT:
+                val = node.meta.get("val")
+                if not isinstance(val, torch.Tensor):
+                    self.env[node] = val
+                    continue
+                shape, dtype = _spec_of(val, f"Input {spec.arg.name}")
+                t = popxl.graph_input(shape, dtype, spec.arg.name)
+                self.env[node] = t
+                user.append(t)
+            elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+                state_specs.append((spec.target, node))
+            elif spec.kind == InputKind.CONSTANT_TENSOR:
+                value = constants[spec.target]
+                if isinstance(value, torch.Tensor):
+                    dtype = popxl_dtype(value.dtype, f"Constant {spec.target}")
+                    self.env[node] = popxl.constant(_host_value(value), dtype, spec.target)
+                else:
+                    self.env[node] = value
+            else:
+                raise TypeError(
+                    UNSUPPORTED_INPUT_MSG.format(
+                        cls=type(self.capture.module).__name__,
+                        kind=spec.kind.name.lower(),
+                        name=spec.target or spec.arg.name,
+                    )
+                )
+        if state_order is not None:
+            rank = {name: i for i, name in enumerate(state_order)}
+            state_specs.sort(key=lambda s: rank[s[0]])
+        for name, node in state_specs:
+            value = state_dict[name]
+            shape, dtype = _spec_of(value, f"Weight {name}")
+            t = popxl.graph_input(shape, dtype, name)
+            self.env[node] = t
+            named[name] = t
+            data = _host_value(value)
+            factories[name] = VariableFactory(_constantly(data), dtype, name)
+        return user, named, factories
+
+    # ---- nodes ------------------------------------------------------------------------
+
+    def _arg(self, a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return self.env[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(self._arg(x) for x in a)
+        return a
+
+    def _lower(self, node: torch.fx.Node) -> Any:
+        target = node.target
+        if target is operator.getitem:
+            return self.env[node.args[0]][node.args[1]]
+        if is_block_node(target):
+            return self._call_block(node)
+        fn = TABLE.get(target)
+        if fn is None:
+            raise NotImplementedError(
+                MISSING_OP_MSG.format(op=_op_name(target), where=describe_node(node))
+            )
+        args = [self._arg(a) for a in node.args]
+        kwargs = {k: self._arg(v) for k, v in node.kwargs.items()}
+        ctx = NodeContext(node, self)
+        try:
+            return fn(ctx, *args, **kwargs)
+        except (NotImplementedError, TypeError, ValueError) as error:
+            if getattr(error, "_poptorch_located", False):
+                raise
+            located = type(error)(
+                OP_FAILED_MSG.format(op=_op_name(target), where=describe_node(node), error=error)
+            )
+            located._poptorch_located = True  # type: ignore[attr-defined]
+            raise located from error
+
+    def run(self) -> None:
+        for node in self.capture.program.graph.nodes:
+            if node.op == "call_function":
+                scope = _scope_of(node)
+                with popxl.name_scope(scope) if scope else _null():
+                    self.env[node] = self._lower(node)
+
+    # ---- blocks -----------------------------------------------------------------------
+
+    def _call_block(self, node: torch.fx.Node) -> tuple:
+        tensors_arg, key = node.args
+        blk = self.capture.blocks[key]
+        metas = [n.meta["val"] for n in tensors_arg[: blk.n_inputs]]
+        sig = signature(blk, metas)
+        if sig not in self.subgraphs:
+            self.subgraphs[sig] = _block_subgraph(
+                self.capture.block_captures[sig], blk, self.training, self.subgraphs
+            )
+        sub = self.subgraphs[sig]
+        inputs = [self.env[n] for n in tensors_arg]
+        if sub.needs_seed:
+            inputs.append(self.next_seed())
+        return tuple(ops.call(sub.graph, *inputs))
+
+    # ---- outputs ----------------------------------------------------------------------
+
+    def outputs(self, seed_is_state: bool = True) -> Outputs:
+        """Mark the graph outputs: the model's tensor outputs, the buffers it updates (and
+        the seed), the inputs it modifies, and last the marked loss if it is not returned."""
+        ep = self.capture.program
+        out_node = next(n for n in ep.graph.nodes if n.op == "output")
+        user_names = [
+            s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT
+        ]
+        result = Outputs()
+        user_values, state, inputs = [], [], []
+        for spec, value in zip(ep.graph_signature.output_specs, out_node.args[0]):
+            if spec.kind == OutputKind.USER_OUTPUT:
+                user_values.append(self._arg(value))
+            elif spec.kind == OutputKind.BUFFER_MUTATION:
+                state.append((spec.target, self._arg(value)))
+            elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+                inputs.append((user_names.index(spec.target), self._arg(value)))
+            else:
+                raise TypeError(
+                    f"poptorch cannot capture an export output of kind {spec.kind.name}."
+                )
+        returned: list[popxl.Tensor] = []
+        for v in user_values:
+            if isinstance(v, popxl.Tensor):
+                result.leaves.append(Leaf(len(returned)))
+                returned.append(v)
+                popxl.graph_output(_fresh(v))
+            else:
+                result.leaves.append(v)
+        result.n_outputs = len(returned)
+        if self._seed is not None and seed_is_state:
+            state.append((SEED_NAME, self._seed))
+        for name, v in state:
+            popxl.graph_output(_fresh(v))
+            result.state.append(name)
+        for index, v in inputs:
+            popxl.graph_output(_fresh(v))
+            result.inputs.append(index)
+        if self.losses:
+            loss = self.losses[-1]
+            if any(loss is t for t in returned):
+                result.loss_index = next(i for i, t in enumerate(returned) if t is loss)
+            else:
+                result.loss_index = len(self.graph_outputs())
+                popxl.graph_output(_fresh(loss))
+        return result
+
+    def graph_outputs(self) -> tuple[popxl.Tensor, ...]:
+        return popxl.gcg().outputs
+
+
+@dataclass
+class Outputs:
+    """What ``Translator.outputs`` marked."""
+
+    leaves: list[Any] = field(default_factory=list)
+    n_outputs: int = 0
+    state: list[str] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)
+    loss_index: int | None = None
+
+
+def _fresh(t: popxl.Tensor) -> popxl.Tensor:
+    """``t``, or an identity of it when ``t`` is a graph input or already an output (each
+    output is a distinct tensor made by the graph)."""
+    if t._producer is None or t in t._graph.outputs:
+        return ops.identity(t)
+    return t
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _scope_of(node: torch.fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    return list(stack.values())[-1][0]
+
+
+def _op_name(target: Any) -> str:
+    name = str(target)
+    return name if name.startswith("aten") else getattr(target, "__name__", name)
+
+
+@dataclass
+class BlockSubgraph:
+    graph: popxl.Graph
+    needs_seed: bool
+
+
+def _block_subgraph(
+    capture: Capture, blk: Any, training: bool, subgraphs: dict[Any, Any]
+) -> BlockSubgraph:
+    ir = popxl.gcg().ir
+    graph = ir.create_empty_graph(type(blk.module).__name__)
+    with graph:
+        t = Translator(capture, training, subgraphs)
+        t._inputs(blk.state_names)
+        t.run()
+        marked = t.outputs(seed_is_state=False)
+    if marked.state:
+        raise ValueError(f"block {blk.path} updates state; it should have been exported inline")
+    return BlockSubgraph(graph, t._seed_input is not None)
+
+
+def translate(capture: Capture, training: bool, name: str) -> Forward:
+    """Build the popxl graph of ``capture`` in the current IR."""
+    ir = popxl.gcg().ir
+    graph = ir.create_empty_graph(name)
+    with graph:
+        t = Translator(capture, training, {})
+        user, named, factories = t._inputs(None)
+        t.run()
+        marked = t.outputs()
+        if t._seed_input is not None:
+            named[SEED_NAME] = t._seed_input
+    trainable = [
+        n for n, p in capture.module.named_parameters() if p.requires_grad and n in named
+    ]
+    return Forward(
+        graph=graph,
+        factories=NamedVariableFactories.from_dict(factories),
+        args=NamedTensors.from_dict(named),
+        inputs=user,
+        n_outputs=marked.n_outputs,
+        out_spec=capture.out_spec,
+        out_leaves=marked.leaves,
+        state_outputs=marked.state,
+        input_outputs=marked.inputs,
+        trainable=trainable,
+        loss_index=marked.loss_index,
+    )
