@@ -14,8 +14,10 @@ is installed.
 
 from __future__ import annotations
 
+from . import _upstream_compat
 from . import enums as enums
 from . import optim as optim
+from ._log import setLogLevel as setLogLevel
 from ._program import identity_loss as identity_loss
 from .blocks import BeginBlock as BeginBlock
 from .blocks import Block as Block
@@ -48,6 +50,11 @@ from .strategies import PipelinedExecution as PipelinedExecution
 from .strategies import SerialPhasedExecution as SerialPhasedExecution
 from .strategies import ShardedExecution as ShardedExecution
 from .strategies import Stage as Stage
+
+
+poptorch_core = _upstream_compat.poptorch_core
+_impl = _upstream_compat._impl
+_logging = _upstream_compat._logging
 
 
 def isRunningOnIpu() -> bool:  # noqa: N802 (PopTorch's name)
@@ -97,6 +104,7 @@ __all__ = [
     "inferenceModel",
     "ipuHardwareIsAvailable",
     "isRunningOnIpu",
+    "setLogLevel",
     "load",
     "optim",
     "trainingModel",

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 Lowering = Callable[..., Any]
 
 TABLE: dict[Any, Lowering] = {}
+# Ops the capture keeps whole (not decomposed by ``run_decompositions``): their records
+# lower them directly, e.g. to keep a loss or a fused op one op in the program.
+PRESERVED: set[Any] = set()
 
 TWICE_MSG = "ATen op {op} has two lowering records ({a} and {b}); keep one."
 
@@ -67,11 +70,17 @@ UNSUPPORTED_DTYPE_MSG = (
 )
 
 
-def lowering(*targets: Any) -> Callable[[Lowering], Lowering]:
-    """Register the decorated function as the lowering of each ATen overload in ``targets``."""
+def lowering(*targets: Any, preserve: bool = False) -> Callable[[Lowering], Lowering]:
+    """Register the decorated function as the lowering of each ATen overload in ``targets``.
+
+    With ``preserve=True`` the capture does not decompose these ops (``run_decompositions``
+    would otherwise rewrite them into core ATen ops before the table sees them).
+    """
 
     def register(fn: Lowering) -> Lowering:
         for target in targets:
+            if preserve:
+                PRESERVED.add(target)
             if target in TABLE:
                 raise ValueError(
                     TWICE_MSG.format(op=target, a=TABLE[target].__name__, b=fn.__name__)

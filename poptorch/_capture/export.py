@@ -18,6 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .. import _state
+from .._aten import PRESERVED
 from .blocks import Block, NotABlock, as_blocks, find_groups
 
 EXPORT_FAILED_MSG = (
@@ -122,7 +123,10 @@ def _decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        return ep.run_decompositions()
+        table = torch.export.default_decompositions()
+        for op in PRESERVED:
+            table.pop(op, None)
+        return ep.run_decompositions(table)
 
 
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> Capture:

@@ -1,0 +1,3 @@
+"""Linear-algebra helpers beyond matmul: norms, distances (cdist, pairwise), cumulative ops."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Normalisations: batch, layer, group, instance norm (inference and training)."""
+
+from __future__ import annotations

@@ -1,0 +1,69 @@
+"""PopTorch's logger (``poptorch::python``) and its levels (``POPTORCH_LOG_LEVEL``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+logger = logging.getLogger("poptorch::python")
+
+# PopTorch's level names -> (its numeric level, the Python logging level).
+LEVELS: dict[str, tuple[int, int]] = {
+    "TRACE": (0, logging.DEBUG),
+    "TRACE_ALL": (0, logging.DEBUG),
+    "DEBUG": (1, logging.DEBUG),
+    "DEBUG_IR": (1, logging.DEBUG),
+    "INFO": (2, logging.INFO),
+    "WARN": (3, logging.WARNING),
+    "ERR": (4, logging.ERROR),
+    "OFF": (6, logging.CRITICAL),
+}
+_PUBLIC = ("DEBUG", "ERR", "INFO", "OFF", "TRACE", "WARN")
+
+# Levels PopART's own log would use (``poptorch._logging.setPopartLogLevel``).
+popart_level = {"value": LEVELS[os.environ.get("POPART_LOG_LEVEL", "WARN")][0]}
+
+
+class _Formatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("[%(asctime)s] [%(name)s] [%(levelname)s] %(message)s", "%H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.levelname = record.levelname.lower()
+        return super().format(record)
+
+
+def _install_handler() -> None:
+    if not any(getattr(h, "_poptorch", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler._poptorch = True  # type: ignore[attr-defined]
+        handler.setFormatter(_Formatter())
+        logger.addHandler(handler)
+
+
+def setLogLevel(level: str | int) -> None:  # noqa: N802 (PopTorch's name)
+    """How much PopTorch prints: ``TRACE``, ``DEBUG``, ``INFO``, ``WARN``, ``ERR``, ``OFF``
+    (or PopTorch's numeric levels 0-6)."""
+    if isinstance(level, int):
+        for key, (number, _) in LEVELS.items():
+            if number == level:
+                setLogLevel(key)
+                return
+        raise ValueError("Invalid log level integer")
+    if level not in LEVELS:
+        names = ", ".join(_PUBLIC[:-1]) + " and " + _PUBLIC[-1]
+        raise ValueError(f"Unknown log level: {level}. Valid values are {names}")
+    logger.setLevel(LEVELS[level][1])
+
+
+def setPopartLogLevel(level: str) -> None:  # noqa: N802 (PopTorch's name)
+    """PopART's log level (accepted; the runtime here has no PopART log of its own)."""
+    if not isinstance(level, str) or level not in LEVELS:
+        raise ValueError("Level must be one of " + ", ".join(LEVELS))
+    popart_level["value"] = LEVELS[level][0]
+
+
+_install_handler()
+logger.propagate = True
+setLogLevel(os.environ.get("POPTORCH_LOG_LEVEL", "WARN"))
