@@ -17,7 +17,16 @@ from __future__ import annotations
 from . import _upstream_compat
 from . import enums as enums
 from . import optim as optim
+from ._args import ICustomArgParser as ICustomArgParser
+from ._args import registerCustomArgParser as registerCustomArgParser
 from ._log import setLogLevel as setLogLevel
+from .ops import dynamic_slice as dynamic_slice
+from .ops import dynamic_update as dynamic_update
+from .ops import ipu_print_tensor as ipu_print_tensor
+from .ops import nop as nop
+from .ops import recomputationCheckpoint as recomputationCheckpoint
+from .ops import serializedMatMul as serializedMatMul
+from .ops import set_available_memory as set_available_memory
 from ._program import identity_loss as identity_loss
 from .blocks import BeginBlock as BeginBlock
 from .blocks import Block as Block
@@ -79,33 +88,42 @@ __all__ = [
     "ConnectionType",
     "DataLoader",
     "DataLoaderMode",
+    "dynamic_slice",
+    "dynamic_update",
+    "enums",
     "Error",
     "HalfFloatCastingBehavior",
+    "ICustomArgParser",
+    "identity_loss",
+    "inferenceModel",
+    "ipu_print_tensor",
+    "ipuHardwareIsAvailable",
+    "isRunningOnIpu",
     "Liveness",
+    "load",
     "MeanReductionStrategy",
+    "nop",
+    "optim",
     "Options",
     "OutputMode",
     "ParallelPhasedExecution",
     "Phase",
     "PipelinedExecution",
     "PoplarExecutor",
+    "recomputationCheckpoint",
     "RecoverableError",
     "ReductionType",
+    "registerCustomArgParser",
+    "serializedMatMul",
     "SerialPhasedExecution",
+    "set_available_memory",
+    "setLogLevel",
     "ShardedExecution",
     "SharingStrategy",
     "Stage",
     "SyncPattern",
     "TensorLocationSettings",
+    "trainingModel",
     "UnrecoverableError",
     "VariableRetrievalMode",
-    "enums",
-    "identity_loss",
-    "inferenceModel",
-    "ipuHardwareIsAvailable",
-    "isRunningOnIpu",
-    "setLogLevel",
-    "load",
-    "optim",
-    "trainingModel",
 ]

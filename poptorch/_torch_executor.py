@@ -29,13 +29,14 @@ from torch.utils import _pytree as pytree
 
 import popxl
 
-from . import _program
+from . import _args, _program
 from ._aten._registry import popxl_dtype, torch_dtype
 from ._capture.export import capture
 from ._capture.model import CapturedModel
 from ._capture.translate import Leaf
 from .errors import Error
-from .executor import PoplarExecutor
+from .enums import ConnectionType
+from .executor import NEVER_MSG, PoplarExecutor
 from .options import Options
 
 logger = logging.getLogger("poptorch")
@@ -46,19 +47,6 @@ ALREADY_WRAPPED_MSG = (
     "model to unwrap before wrapping again."
 )
 NO_EXECUTABLE_ERR = "Model has not been compiled or has been destroyed."
-INPUT_COUNT_MSG = (
-    "The model was compiled with {old} tensor inputs but this call has {new}; call it with "
-    "the same inputs as the first call (or destroy() it and compile again)."
-)
-INPUT_CHANGED_MSG = (
-    "Input {i} ({what}) does not match the compiled model: it was compiled for {old} and got "
-    "{new}. A compiled model has fixed input shapes and dtypes: keep them constant or "
-    "destroy() the model and compile again."
-)
-NON_TENSOR_CHANGED_MSG = (
-    "Non-tensor argument {i} changed from {old!r} to {new!r}: non-tensor arguments are "
-    "constants of the compiled program. destroy() the model and compile again to change it."
-)
 BATCH_MSG = (
     "Invalid batch dimension: In the input {shape}, the batch dimension ({n}) must be a "
     "multiple of Options.deviceIterations({di}) * Options.replicationFactor({r}) / "
@@ -115,9 +103,8 @@ class TorchExecutor(PoplarExecutor):
         self._torch_model = model
         self._optimizer_in = optimizer
         super().__init__(model, options, training, _optimizer_for(optimizer, model, training))
-        self._in_spec: Any = None
-        self._constants: list[Any] = []
-        self._input_metas: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self._binder = _args.Binder(model)
+        self._compiled_call: _args.CallArgs | None = None
         self._captured: CapturedModel | None = None
         self._host_version = -1
         self._dirty_host_weights = False
@@ -146,12 +133,6 @@ class TorchExecutor(PoplarExecutor):
         ga = o.training.gradient_accumulation if self.training else 1
         return o.device_iterations * ga * (o.replication_factor // o.input_group_size)
 
-    def _flatten(self, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], list[Any], Any]:
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-        constants = [None if isinstance(x, torch.Tensor) else x for x in leaves]
-        return tensors, constants, spec
-
     def _check_batch(self, tensors: list[torch.Tensor]) -> None:
         per_call = self._per_call()
         o = self._options
@@ -173,43 +154,30 @@ class TorchExecutor(PoplarExecutor):
 
     def compile(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         """Capture and compile the model for inputs like ``args`` (if not done yet)."""
-        tensors, constants, spec = self._flatten(args, kwargs)
+        self._compile_call(self._binder.bind(args, kwargs))
+
+    def _compile_call(self, call: _args.CallArgs) -> list[torch.Tensor]:
+        """Compile for ``call`` unless compiled (then check it matches); its tensors."""
         if self._built is not None:
-            self._check_inputs(tensors, constants, spec)
-            return
+            assert self._compiled_call is not None
+            _args.validate(self._compiled_call, call)
+            return call.tensors()
+        tensors = call.tensors()
         self._check_batch(tensors)
         per_call = self._per_call()
-        micro = [_micro(t, per_call) for t in tensors]
-        it = iter(micro)
-        leaves = [next(it) if c is None else c for c in constants]
-        micro_args, micro_kwargs = pytree.tree_unflatten(leaves, spec)
-        model = self._torch_model
+        micro = _args.CallArgs(
+            [_args._map_tensors(a, lambda t: _micro(t, per_call)) for a in call.args],
+            call.names,
+            {k: _args._map_tensors(v, lambda t: _micro(t, per_call)) for k, v in call.kwargs.items()},
+        )
         with _unwrapped(self._user_model):
-            captured = capture(model, tuple(micro_args), dict(micro_kwargs))
+            captured = capture(self._torch_model, tuple(micro.args), dict(micro.kwargs))
             self._captured = CapturedModel(captured, self.training, self._options.random_seed)
             arrays = [_host_array(t, f"Input {i}") for i, t in enumerate(tensors)]
-            self._in_spec, self._constants = spec, constants
-            self._input_metas = [(tuple(t.shape), t.dtype) for t in tensors]
             self._compile_arrays(arrays, self._captured)
+        self._compiled_call = _args.metadata(call)
         self.copyWeightsToDevice()
-
-    def _check_inputs(self, tensors: list[torch.Tensor], constants: list[Any], spec: Any) -> None:
-        if len(tensors) != len(self._input_metas):
-            raise Error(INPUT_COUNT_MSG.format(old=len(self._input_metas), new=len(tensors)), "poptorch")
-        for i, (t, (shape, dtype)) in enumerate(zip(tensors, self._input_metas)):
-            if tuple(t.shape) != shape or popxl_dtype(t.dtype) != popxl_dtype(dtype):
-                raise Error(
-                    INPUT_CHANGED_MSG.format(
-                        i=i,
-                        what="tensor",
-                        old=f"shape {list(shape)}, {dtype}",
-                        new=f"shape {list(t.shape)}, {t.dtype}",
-                    ),
-                    "poptorch",
-                )
-        for i, (old, new) in enumerate(zip(self._constants, constants)):
-            if (old is None) != (new is None) or (old is not None and old != new):
-                raise Error(NON_TENSOR_CHANGED_MSG.format(i=i, old=old, new=new), "poptorch")
+        return tensors
 
     # ---- running -------------------------------------------------------------------------
 
@@ -217,8 +185,10 @@ class TorchExecutor(PoplarExecutor):
         """Run ``deviceIterations`` iterations on the combined batch in ``args``/``kwargs``
         (the model's own arguments); returns the model's outputs, concatenated over the
         micro-batches the output mode returns."""
-        tensors, constants, spec = self._flatten(args, kwargs)
-        self.compile(*args, **kwargs)
+        if self._options.connection_type == ConnectionType.Never:
+            raise Error(NEVER_MSG, "poptorch")
+        call = self._binder.bind(args, kwargs, check=self._built is None)
+        tensors = self._compile_call(call)
         if not self.training:
             self._refresh_from_trainer()
         arrays = [_host_array(t, f"Input {i}") for i, t in enumerate(tensors)]
@@ -338,6 +308,7 @@ class TorchExecutor(PoplarExecutor):
             self.copyWeightsToHost()
         super().destroy()
         self._captured = None
+        self._compiled_call = None
         if self.training:
             _uninstrument(self._user_model)
 

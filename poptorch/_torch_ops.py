@@ -44,3 +44,108 @@ def _identity_loss_setup(ctx: object, inputs: tuple, output: torch.Tensor) -> No
 
 
 identity_loss.register_autograd(_identity_loss_backward, setup_context=_identity_loss_setup)
+
+
+# Identity-like ops: eager they return a copy, captured they become one marked op each. --------
+
+
+@torch.library.custom_op("poptorch::ipu_print_tensor", mutates_args=())
+def ipu_print_tensor(
+    x: torch.Tensor,
+    title: str,
+    print_gradient: int,
+    summarise_threshold: int,
+    edge_items: int,
+    max_line_width: int,
+    digits: int,
+    float_format: int,
+    separator: str,
+    open_bracket: str,
+    close_bracket: str,
+) -> torch.Tensor:
+    """Eagerly (plain PyTorch) the input; on the device it prints the tensor each run."""
+    return x.clone()
+
+
+@torch.library.custom_op("poptorch::nop", mutates_args=())
+def nop(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@torch.library.custom_op("poptorch::set_available_memory", mutates_args=())
+def set_available_memory(x: torch.Tensor, proportion: float) -> torch.Tensor:
+    return x.clone()
+
+
+@torch.library.custom_op("poptorch::recomputation_checkpoint", mutates_args=())
+def recomputation_checkpoint(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@torch.library.custom_op("poptorch::set_matmul_serialization", mutates_args=())
+def set_matmul_serialization(
+    x: torch.Tensor, mode: str, factor: int, keep_precision: bool
+) -> torch.Tensor:
+    return x.clone()
+
+
+def _identity_fake(x: torch.Tensor, *_: object) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _identity_backward(ctx: object, grad: torch.Tensor) -> tuple:
+    return (grad, *([None] * ctx.extra))  # type: ignore[attr-defined]
+
+
+def _identity_setup(ctx: object, inputs: tuple, output: torch.Tensor) -> None:
+    ctx.extra = len(inputs) - 1  # type: ignore[attr-defined]
+
+
+for _op in (
+    ipu_print_tensor,
+    nop,
+    set_available_memory,
+    recomputation_checkpoint,
+    set_matmul_serialization,
+):
+    _op.register_fake(_identity_fake)
+    _op.register_autograd(_identity_backward, setup_context=_identity_setup)
+
+
+# Dynamic slicing: the start is a tensor (known on the device only). ----------------------------
+
+
+@torch.library.custom_op("poptorch::dynamic_slice", mutates_args=())
+def dynamic_slice(
+    x: torch.Tensor, dim: int, start: torch.Tensor, size: int, step: int
+) -> torch.Tensor:
+    begin = int(start.reshape(-1)[0])
+    return x.narrow(dim, begin, size)[
+        (slice(None),) * (dim % x.dim()) + (slice(None, None, step),)
+    ].clone()
+
+
+@dynamic_slice.register_fake
+def _dynamic_slice_fake(
+    x: torch.Tensor, dim: int, start: torch.Tensor, size: int, step: int
+) -> torch.Tensor:
+    shape = list(x.shape)
+    shape[dim % x.dim()] = (size + step - 1) // step
+    return x.new_empty(shape)
+
+
+@torch.library.custom_op("poptorch::dynamic_update", mutates_args=())
+def dynamic_update(
+    x: torch.Tensor, src: torch.Tensor, dim: int, start: torch.Tensor, size: int
+) -> torch.Tensor:
+    out = x.clone()
+    begin = int(start.reshape(-1)[0])
+    out.narrow(dim, begin, size).copy_(src.narrow(dim, 0, size))
+    return out
+
+
+@dynamic_update.register_fake
+def _dynamic_update_fake(
+    x: torch.Tensor, src: torch.Tensor, dim: int, start: torch.Tensor, size: int
+) -> torch.Tensor:
+    return torch.empty_like(x)

@@ -25,6 +25,7 @@ every record (``popxl_dtype``).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -116,7 +117,8 @@ def _infer_from_attrs(*_specs: Any, _out: tuple, **_attrs: Any) -> list[popxl.Te
 
 
 def jax_opdef(name: str, fn: Callable[..., Any], nondiff: Sequence[int] = ()) -> OpDef:
-    """The op kind ``aten::<name>`` lowered by ``fn(*arrays, **attrs)``; one per name."""
+    """The op kind ``aten::<name>`` (or ``name`` itself when it has a ``::`` namespace)
+    lowered by ``fn(*arrays, **attrs)``; one per name."""
     if name in _JAX_OPS:
         return _JAX_OPS[name]
 
@@ -124,9 +126,10 @@ def jax_opdef(name: str, fn: Callable[..., Any], nondiff: Sequence[int] = ()) ->
         return fn(*arrays, **attrs)
 
     grad = "vjp"
+    type_name = name if "::" in name else f"aten::{name}"
     opdef = define(
-        f"aten::{name}",
-        f"aten::{name}",
+        type_name,
+        type_name,
         _infer_from_attrs,
         lower,
         grad=grad,
@@ -187,6 +190,13 @@ class NodeContext:
     @property
     def training(self) -> bool:
         return self.translator.training
+
+    def output_used(self, i: int) -> bool:
+        """Whether anything reads output ``i`` of a multi-output node (``node[i]``)."""
+        return any(
+            u.target is operator.getitem and u.args[1] == i and u.users
+            for u in self.node.users
+        )
 
     # -- building -------------------------------------------------------------------------
 

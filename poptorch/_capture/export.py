@@ -55,6 +55,9 @@ class Capture:
     blocks: dict[int, Block] = field(default_factory=dict)
     # The representative child's own capture, per call signature (see ``signature``).
     block_captures: dict[Any, Capture] = field(default_factory=dict)
+    # Plain tensor attributes the forward modifies: captured as buffers whose updates are
+    # dropped, since PopTorch froze them as constants (seed listing 4.21).
+    frozen: set[str] = field(default_factory=set)
 
     @property
     def in_spec(self) -> Any:
@@ -132,9 +135,56 @@ def _decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> Capture:
     """Export ``model(*args, **kwargs)`` to core ATen; raises ``poptorch.Error`` with torch's
     reason and a hint when it cannot be exported."""
+    saved = _plain_tensors(model)
+    try:
+        return _capture(model, args, kwargs or {})
+    except Exception as error:
+        if "is mutated in the forward method" not in str(error):
+            raise
+    with torch.no_grad():  # the failed attempt may have modified them
+        for t, value in saved:
+            t.copy_(value)
+    with _as_buffers(model) as frozen:
+        result = _capture(model, args, kwargs or {})
+    result.frozen = frozen
+    return result
+
+
+def _plain_tensors(model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each plain tensor attribute of the model's modules, with a copy of its value."""
+    return [
+        (value, value.detach().clone())
+        for module in model.modules()
+        for value in vars(module).values()
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter)
+    ]
+
+
+@contextlib.contextmanager
+def _as_buffers(model: torch.nn.Module) -> Iterator[set[str]]:
+    """While active, plain tensor attributes of the model's modules are (non-persistent)
+    buffers, so that a forward modifying one can be exported."""
+    moved: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
+    names: set[str] = set()
+    for prefix, module in model.named_modules():
+        for key, value in list(vars(module).items()):
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                delattr(module, key)
+                module.register_buffer(key, value, persistent=False)
+                moved.append((module, key, value))
+                names.add(f"{prefix}.{key}" if prefix else key)
+    try:
+        yield names
+    finally:
+        for module, key, value in moved:
+            module._buffers.pop(key, None)
+            module._non_persistent_buffers_set.discard(key)
+            object.__setattr__(module, key, value)
+
+
+def _capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Capture:
     from ..errors import Error  # noqa: PLC0415 (errors imports nothing of torch)
 
-    kwargs = kwargs or {}
     try:
         groups = find_groups(model)
         if groups:

@@ -237,7 +237,8 @@ class Translator:
             if spec.kind == OutputKind.USER_OUTPUT:
                 user_values.append(self._arg(value))
             elif spec.kind == OutputKind.BUFFER_MUTATION:
-                state.append((spec.target, self._arg(value)))
+                if spec.target not in self.capture.frozen:
+                    state.append((spec.target, self._arg(value)))
             elif spec.kind == OutputKind.USER_INPUT_MUTATION:
                 inputs.append((user_names.index(spec.target), self._arg(value)))
             else:
