@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 logger = logging.getLogger("poptorch::python")
 
@@ -34,9 +35,21 @@ class _Formatter(logging.Formatter):
         return super().format(record)
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stdout`` is at the time (tests capture it by swapping it)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def _install_handler() -> None:
     if not any(getattr(h, "_poptorch", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stdout)
+        handler = _StdoutHandler()
         handler._poptorch = True  # type: ignore[attr-defined]
         handler.setFormatter(_Formatter())
         logger.addHandler(handler)

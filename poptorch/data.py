@@ -120,6 +120,7 @@ class DataLoader:
             raise ValueError(BATCH_SAMPLER_MSG)
         if batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
+        options._freeze()  # as in PopTorch: the options a loader uses cannot change
         self._options = options
         self.dataset = dataset
         self.batch_size = batch_size

@@ -56,10 +56,11 @@ class CommGroupType(enum.IntEnum):
 
 
 class VariableRetrievalMode(enum.IntEnum):
-    """Which replicas' values of a grouped variable reach the host."""
+    """Which replicas' values of a grouped variable reach the host: ``OnePerGroup`` (the
+    first replica of each group) or ``AllReplicas`` (PopTorch's numbering: 0 and 2)."""
 
     OnePerGroup = 0
-    AllReplicas = 1
+    AllReplicas = 2
 
 
 class DataLoaderMode(enum.IntEnum):
@@ -117,10 +118,40 @@ class AutoStage(enum.IntEnum):
 
 
 class HalfFloatCastingBehavior(enum.IntEnum):
-    """Deprecated in PopTorch: how mixed half/float operations are cast."""
+    """Deprecated in PopTorch: how mixed half/float operations are cast (always
+    ``HalfUpcastToFloat`` here, PyTorch's type promotion)."""
 
     FloatDowncastToHalf = 0
     HalfUpcastToFloat = 1
+    Default = 2
+
+
+class MatMulSerializationMode(enum.Enum):
+    """The dimension ``poptorch.serializedMatMul`` splits: the input channels, the reducing
+    dimension, the output channels, or none (``Disabled``)."""
+
+    InputChannels = "input_channels"
+    ReducingDim = "reducing_dim"
+    OutputChannels = "output_channels"
+    Disabled = "none"
+
+
+class OverlapMode(enum.Enum):
+    """How host transfers of a tensor overlap compute (``set_overlap_for_input`` /
+    ``set_overlap_for_output``): not at all, with the next gradient accumulation
+    iteration, or with the next device iteration (through IO tiles)."""
+
+    NoOverlap = "no_overlap"
+    OverlapAccumulationLoop = "overlap_accumulation_loop"
+    OverlapDeviceIterationLoop = "overlap_device_iteration_loop"
+
+
+class MultiConvPlanType(enum.IntEnum):
+    """How a ``poptorch.MultiConv`` plans its convolutions: together (``Parallel``, the
+    default) or one by one (``Serial``)."""
+
+    Parallel = 0
+    Serial = 1
 
 
 ENUMS = {
@@ -138,5 +169,10 @@ ENUMS = {
         Liveness,
         AutoStage,
         HalfFloatCastingBehavior,
+        MatMulSerializationMode,
+        OverlapMode,
+        MultiConvPlanType,
     )
 }
+"""Every enumeration by name (config files and ``from_json`` name members as
+``"OutputMode.All"``)."""

@@ -24,6 +24,7 @@ import numpy as np
 
 import popxl
 import popxl_addons as addons
+from popxl._printing import format_schedule
 
 from ._program import Built, build
 from .enums import CommGroupType, ConnectionType, VariableRetrievalMode
@@ -133,7 +134,7 @@ class PoplarExecutor:
         if training and not isinstance(optimizer, OPTIMIZERS):
             raise TypeError(OPTIMIZER_TYPE_MSG.format(got=type(optimizer).__name__))
         self._model = model
-        self._options = (options or Options()).clone()
+        self._options = (options or Options())._for_model(training)
         self.training = training
         self._optimizer = optimizer
         self._store = _store_of(model)
@@ -607,7 +608,10 @@ class PoplarExecutor:
         """The program's main graph and every subgraph, as ``Graph.print_schedule`` text."""
         ir = self.ir
         graphs = [ir.main_graph, *[g for g in ir._graphs.values() if g is not ir.main_graph]]
-        text = "\n".join(g.print_schedule() for g in graphs)
+        weights = {v: name for name, v in self._require_built("print_schedule").weights.items()}
+        text = "\n".join(
+            format_schedule(g, {**weights, **{t: t.name for t in g.inputs}}) for g in graphs
+        )
         built = self._built
         return f"{built.description}\n{text}" if built is not None and built.description else text
 

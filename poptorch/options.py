@@ -1,11 +1,25 @@
 """``poptorch.Options``: how a model is compiled and run, with PopTorch's fluent setters.
 
 ``Options`` is a pydantic model: every value is validated and typed, ``model_dump_json()``
-serialises it, and ``clone()`` deep-copies it. The setters (``deviceIterations(10)``,
-``Training.gradientAccumulation(4)``...) validate, store and return the object they were
-called on, so calls chain. ``apply_to_session_options`` writes the overlapping values onto
-an ``Ir``'s session options (``ir._pb_ir.getSessionOptions()``): that is where the runtime
-reads them, so the two never disagree.
+serialises it, ``clone()`` (or ``copy.deepcopy``) makes an independent, unfrozen copy.
+The setters (``deviceIterations(10)``, ``Training.gradientAccumulation(4)``...) check
+their arguments as PopTorch did, store them and return the object they were called on, so
+calls chain. The snake_case fields (``device_iterations``, ``training.
+gradient_accumulation``...) are what the program builder reads. PopART session options
+live in ``_Popart.options`` (``opts._Popart.set(name, value)``); the setters PopTorch
+implemented through it (``Precision.enableStochasticRounding``, ``enableSyntheticData``,
+``enableExecutableCaching``...) store there too, so both ways agree. ``toDict()`` is the
+flat dictionary PopTorch's backend received (see ``_options_popart``); it is checked and
+logged when a model is built. A model wrapper or ``DataLoader`` may ``_freeze()`` the
+options it uses: a frozen object raises ``AttributeError("Can't modify frozen Options")``
+on any change.
+
+Options marked "accepted without effect here" are validated and recorded (and appear in
+``toDict()``) but change nothing: there is no PopART, Poplar or IPU behind this package.
+
+The sub-objects (``Training``, ``Precision``, ``TensorLocations``, ``Distributed``,
+``Jit``) are in ``_options_groups``, the shared machinery (freezing, ``set``, argument
+checks, ``_Popart``) in ``_options_base``, config files and JSON in ``_options_text``.
 
 >>> opts = Options().deviceIterations(10)
 >>> _ = opts.Training.gradientAccumulation(4)
@@ -15,375 +29,65 @@ reads them, so the two never disagree.
 
 from __future__ import annotations
 
-import ast
+import copy
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, model_validator
 
-import popxl
-
-from .enums import (
-    ENUMS,
-    CommGroupType,
-    ConnectionType,
-    HalfFloatCastingBehavior,
-    MeanReductionStrategy,
-    OutputMode,
-    ReductionType,
-    SyncPattern,
+from . import _options_text
+from ._log import logger
+from ._options_base import ConfigFileError as ConfigFileError
+from ._options_base import OptionValueError as OptionValueError
+from ._options_base import _Base, _bool, _check, _enum_member, _int, _positive, _str
+from ._options_base import _PopartOptions as _PopartOptions
+from ._options_groups import AnchoredTensor as AnchoredTensor
+from ._options_groups import TensorLocationSettings as TensorLocationSettings
+from ._options_groups import _DistributedOptions as _DistributedOptions
+from ._options_groups import _JitOptions as _JitOptions
+from ._options_groups import _PrecisionOptions as _PrecisionOptions
+from ._options_groups import _TensorLocationOptions as _TensorLocationOptions
+from ._options_groups import _TrainingOptions as _TrainingOptions
+from ._options_groups import distributed_env as distributed_env
+from ._options_popart import validate_popart_options as _validate
+from .enums import CommGroupType, ConnectionType, OutputMode, SyncPattern
+from .strategies import (
+    ExecutionStrategy,
+    ParallelPhasedExecution,
+    PipelinedExecution,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Strategy,
 )
-from .optim import as_dtype
-from .strategies import ExecutionStrategy, PipelinedExecution, Strategy
 
-POSITIVE_MSG = "{name} must be a positive integer, got {value!r}."
-PERIOD_MSG = (
-    "output_return_period is only used with OutputMode.EveryN (got {mode}); drop the period "
-    "or use outputMode(OutputMode.EveryN, {period})."
-)
 EVERY_N_MSG = (
     "OutputMode.EveryN needs output_return_period, the number of device iterations between "
     "returned results: outputMode(OutputMode.EveryN, 10)."
 )
 INPUT_GROUP_ALL_MSG = (
-    "inputReplicaGrouping cannot use CommGroupType.All: every replica would read the same "
-    "data. Use CommGroupType.Consecutive or CommGroupType.Orthogonal."
+    "inputReplicaGrouping cannot use CommGroupType.All (input_group_type cannot be All): "
+    "every replica would read the same data. Use CommGroupType.Consecutive or "
+    "CommGroupType.Orthogonal."
 )
 STRATEGY_MSG = (
     "setExecutionStrategy expects a PipelinedExecution, ShardedExecution, "
     "SerialPhasedExecution or ParallelPhasedExecution, got {got}."
 )
-ACTIVATION_RTS_MSG = (
-    "Activations cannot use replicated tensor sharding: each replica computes its own "
-    "activations. Shard weights, optimiser state or accumulators instead."
-)
-IO_TILES_MSG = (
-    "The {kind} location loads or stores through IO tiles, but no IO tiles are reserved. "
-    "Reserve some with options.TensorLocations.numIOTiles(32)."
-)
-PARTIALS_MSG = "setPartialsType accepts float32 ('float') or float16 ('half'), got {got!r}."
-CONFIG_LINE_MSG = (
-    "{path}:{line}: {text!r} is not an option call. Each line must be one setter call "
-    "without the 'options.' prefix, e.g. deviceIterations(10) or "
-    "Training.gradientAccumulation(4)."
-)
-CONFIG_NAME_MSG = "{path}:{line}: Options has no setter {name!r}."
-PROCESS_MSG = "Invalid process id {pid}: it must be in [0, {n}) for {n} processes."
 MEMORY_PROPORTION_MSG = (
     "available_memory_proportion must map IPU names to values in (0, 1], e.g. "
     "{{'IPU0': 0.5}}; got {got!r}."
 )
+DEFAULT_OUTPUT_MSG = "An output mode must be picked before serialisation"
+MERGE_MSG = "Can't merge dictionaries, they have some keys in common: {keys}"
+OFFLINE_VERSION_MSG = "useOfflineIpuTarget: ipu_version must be 1, 2 or 21, got {got!r}."
+DEFAULT_SOURCE_EXCLUDES = ["install/poptorch", "site-packages/torch", "site-packages/poptorch"]
+MAX_REPEAT_LOGS_ALL = (1 << 64) - 1
 
 
-class _Base(BaseModel):
-    model_config = ConfigDict(validate_assignment=True, extra="forbid")
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(POSITIVE_MSG.format(name=name, value=value))
-    return value
-
-
-def _partials_name(dtype: Any) -> str:
-    try:
-        resolved = as_dtype(dtype)
-    except ValueError:
-        raise ValueError(PARTIALS_MSG.format(got=dtype)) from None
-    return "half" if resolved == popxl.float16 else "float"
-
-
-class TensorLocationSettings(_Base):
-    """Where one class of tensors (weights, optimiser state, accumulators, activations) lives.
-
-    ``useOnChipStorage(False)`` (with ``minElementsForOffChip``) puts weights, optimiser
-    state and accumulators in remote buffers (streaming memory) that the program loads where
-    they are used and stores after updates; for activations, the forward values the
-    backward reads are stored after the forward and loaded back for the backward.
-    ``useReplicatedTensorSharding(True)`` (with ``minElementsForReplicatedTensorSharding``)
-    shards weights, optimiser state and accumulators over the replicas of their group:
-    gradients are reduce-scattered, each replica updates its shard and weights are
-    all-gathered where used. ``useIOTilesToLoad`` / ``useIOTilesToStore`` run the remote
-    loads / stores on the IO tiles (reserve them with ``numIOTiles``). See
-    ``poptorch._storage``.
-
-    >>> TensorLocationSettings().useOnChipStorage(False).on_chip
-    False
-    """
-
-    on_chip: bool | None = Field(None, description="True: on-chip; False: streaming memory.")
-    replicated_tensor_sharding: bool = Field(False, description="Shard over replicas.")
-    min_elements_off_chip: int = Field(0, ge=0, description="Smaller tensors stay on chip.")
-    min_elements_rts: int = Field(0, ge=0, description="Smaller tensors are not sharded.")
-    io_tiles_to_load: bool = Field(False, description="Load through IO tiles.")
-    io_tiles_to_store: bool = Field(False, description="Store through IO tiles.")
-
-    def useOnChipStorage(self, use: bool = True) -> TensorLocationSettings:  # noqa: N802
-        """Keep the tensors on chip (True) or in streaming memory (False)."""
-        self.on_chip = use
-        return self
-
-    def useReplicatedTensorSharding(self, use: bool = True) -> TensorLocationSettings:  # noqa: N802
-        """Shard the tensors over replicas (weights and optimiser state)."""
-        self.replicated_tensor_sharding = use
-        return self
-
-    def minElementsForOffChip(self, min_elements: int) -> TensorLocationSettings:  # noqa: N802
-        """Tensors with fewer elements stay on chip."""
-        self.min_elements_off_chip = min_elements
-        return self
-
-    def minElementsForReplicatedTensorSharding(  # noqa: N802
-        self, min_elements: int
-    ) -> TensorLocationSettings:
-        """Tensors with fewer elements are not sharded."""
-        self.min_elements_rts = min_elements
-        return self
-
-    def useIOTilesToLoad(self, use: bool = True) -> TensorLocationSettings:  # noqa: N802
-        """Load the tensors through IO tiles."""
-        self.io_tiles_to_load = use
-        return self
-
-    def useIOTilesToStore(self, use: bool = True) -> TensorLocationSettings:  # noqa: N802
-        """Store the tensors through IO tiles (RTS tensors)."""
-        self.io_tiles_to_store = use
-        return self
-
-
-class _TensorLocationOptions(_Base):
-    """``Options.TensorLocations``: the location settings of each tensor class."""
-
-    weight: TensorLocationSettings = Field(default_factory=TensorLocationSettings)
-    optimizer: TensorLocationSettings = Field(default_factory=TensorLocationSettings)
-    accumulator: TensorLocationSettings = Field(default_factory=TensorLocationSettings)
-    activation: TensorLocationSettings = Field(default_factory=TensorLocationSettings)
-    num_io_tiles: int = Field(0, ge=0, description="IO tiles per IPU (session numIOTiles).")
-
-    def setWeightLocation(self, location: TensorLocationSettings) -> _TensorLocationOptions:  # noqa: N802
-        self.weight = location
-        return self
-
-    def setOptimizerLocation(self, location: TensorLocationSettings) -> _TensorLocationOptions:  # noqa: N802
-        self.optimizer = location
-        return self
-
-    def setAccumulatorLocation(  # noqa: N802
-        self, location: TensorLocationSettings
-    ) -> _TensorLocationOptions:
-        self.accumulator = location
-        return self
-
-    def setActivationLocation(  # noqa: N802
-        self, location: TensorLocationSettings
-    ) -> _TensorLocationOptions:
-        """Off chip: the forward values the backward needs go through streaming memory."""
-        if location.replicated_tensor_sharding:
-            raise ValueError(ACTIVATION_RTS_MSG)
-        self.activation = location
-        return self
-
-    def check_io_tiles(self) -> None:
-        """Raise if a location loads or stores through IO tiles but none are reserved."""
-        for kind in ("weight", "optimizer", "accumulator", "activation"):
-            s = getattr(self, kind)
-            if (s.io_tiles_to_load or s.io_tiles_to_store) and self.num_io_tiles == 0:
-                raise ValueError(IO_TILES_MSG.format(kind=kind))
-
-    def numIOTiles(self, num_tiles: int) -> _TensorLocationOptions:  # noqa: N802
-        """Reserve ``num_tiles`` IO tiles per IPU (bounds ``popxl.io_tiles()``)."""
-        self.num_io_tiles = num_tiles
-        return self
-
-
-class _TrainingOptions(_Base):
-    """``Options.Training``: gradient accumulation and its reductions."""
-
-    gradient_accumulation: int = Field(1, ge=1, description="Micro-batches per optimiser step.")
-    reduction_type: ReductionType = Field(
-        ReductionType.Mean, description="Mean or Sum over micro-batches and replicas."
-    )
-    mean_reduction_strategy: MeanReductionStrategy | None = Field(
-        None,
-        description=(
-            "Accepted without effect here: the program always sums the micro-batch gradients "
-            "in the accumulator "
-            "and divides once per step (Post)."
-        ),
-    )
-    automatic_loss_scaling: bool = Field(
-        False,
-        description=(
-            "Adapt the loss scaling while training: starting from the optimiser's "
-            "loss_scaling, a step whose gradients are not all finite is skipped and the "
-            "scale multiplied by als_backoff_factor; after als_growth_interval finite steps "
-            "in a row it is multiplied by als_growth_factor."
-        ),
-    )
-    als_growth_interval: int = Field(2000, ge=1, description="Finite steps before growing.")
-    als_growth_factor: float = Field(2.0, gt=1.0, description="Scale growth on success.")
-    als_backoff_factor: float = Field(0.5, gt=0.0, lt=1.0, description="Scale cut on overflow.")
-    convolution_dithering: bool = Field(
-        False, description="Accepted without effect here: no convolution dithering in XLA."
-    )
-
-    def gradientAccumulation(self, gradient_accumulation: int) -> _TrainingOptions:  # noqa: N802
-        """Accumulate ``gradient_accumulation`` micro-batches per optimiser step."""
-        self.gradient_accumulation = _positive("gradientAccumulation", gradient_accumulation)
-        return self
-
-    def accumulationAndReplicationReductionType(  # noqa: N802
-        self, reduction_type: ReductionType
-    ) -> _TrainingOptions:
-        """Reduce gradients over micro-batches and replicas by their mean or their sum."""
-        if reduction_type == ReductionType.NoReduction:
-            raise ValueError(
-                "accumulationAndReplicationReductionType must be ReductionType.Mean or "
-                "ReductionType.Sum: gradients of several micro-batches must be combined."
-            )
-        self.reduction_type = ReductionType(reduction_type)
-        return self
-
-    def setMeanAccumulationAndReplicationReductionStrategy(  # noqa: N802
-        self, mean_reduction_strategy: MeanReductionStrategy
-    ) -> _TrainingOptions:
-        self.mean_reduction_strategy = MeanReductionStrategy(mean_reduction_strategy)
-        return self
-
-    def setAutomaticLossScaling(  # noqa: N802
-        self,
-        enabled: bool,
-        growth_interval: int | None = None,
-        growth_factor: float | None = None,
-        backoff_factor: float | None = None,
-    ) -> _TrainingOptions:
-        """Adapt the loss scaling to the gradients (see ``automatic_loss_scaling``).
-
-        The optimiser's ``loss_scaling`` is the initial scale and becomes a device variable
-        that the program updates after every optimiser step: on a step whose reduced
-        gradients hold an inf or NaN the weights, optimiser state and step count are left
-        unchanged and the scale is multiplied by ``backoff_factor`` (default 0.5); after
-        ``growth_interval`` (default 2000) finite steps in a row it is multiplied by
-        ``growth_factor`` (default 2). ``optimizer.state_dict()["loss_scaling"]`` reads it.
-        """
-        self.automatic_loss_scaling = enabled
-        if growth_interval is not None:
-            self.als_growth_interval = _positive("growth_interval", growth_interval)
-        if growth_factor is not None:
-            self.als_growth_factor = growth_factor
-        if backoff_factor is not None:
-            self.als_backoff_factor = backoff_factor
-        return self
-
-    def setConvolutionDithering(self, enabled: bool) -> _TrainingOptions:  # noqa: N802
-        self.convolution_dithering = enabled
-        return self
-
-
-class _PrecisionOptions(_Base):
-    """``Options.Precision``: partials type, stochastic rounding, FP exceptions."""
-
-    partials_type: str = Field("", description="Matmul partials (session partialsTypeMatMuls).")
-    stochastic_rounding: bool = Field(
-        False, description="Session enableStochasticRounding (float16 results)."
-    )
-    fp_exceptions: bool = Field(
-        False, description="Accepted without effect here: JAX does not trap on NaN."
-    )
-    half_float_casting: HalfFloatCastingBehavior | None = Field(
-        None, description="Accepted without effect here: deprecated in PopTorch."
-    )
-    running_statistics_always_float: bool = Field(
-        False, description="Accepted without effect here: deprecated in PopTorch."
-    )
-
-    def setPartialsType(self, dtype: Any) -> _PrecisionOptions:  # noqa: N802
-        """Matmul/convolution partials: ``float32`` or ``float16`` (also their names)."""
-        self.partials_type = _partials_name(dtype)
-        return self
-
-    def enableStochasticRounding(self, enabled: bool) -> _PrecisionOptions:  # noqa: N802
-        self.stochastic_rounding = enabled
-        return self
-
-    def enableFloatingPointExceptions(self, enabled: bool) -> _PrecisionOptions:  # noqa: N802
-        self.fp_exceptions = enabled
-        return self
-
-    def halfFloatCasting(self, half_float_casting: HalfFloatCastingBehavior) -> _PrecisionOptions:  # noqa: N802
-        self.half_float_casting = HalfFloatCastingBehavior(half_float_casting)
-        return self
-
-    def runningStatisticsAlwaysFloat(self, value: bool) -> _PrecisionOptions:  # noqa: N802
-        self.running_statistics_always_float = value
-        return self
-
-
-def distributed_env(
-    environ: Mapping[str, str] | None = None,
-    num_name: str = "POPDIST_NUM_INSTANCES",
-    index_name: str = "POPDIST_INSTANCE_INDEX",
-) -> tuple[int, int]:
-    """(process id, number of processes) from the environment ``poprun`` sets; ``(0, 1)``
-    when the variables are absent."""
-    env = os.environ if environ is None else environ
-    if num_name not in env:
-        return 0, 1
-    num, pid = int(env[num_name]), int(env.get(index_name, "0"))
-    if not 0 <= pid < num:
-        raise ValueError(PROCESS_MSG.format(pid=pid, n=num))
-    return pid, num
-
-
-class _DistributedOptions(_Base):
-    """``Options.Distributed``: which process of a multi-host run this is.
-
-    Read from ``POPDIST_NUM_INSTANCES`` / ``POPDIST_INSTANCE_INDEX`` (set by ``poprun``)
-    when the options are created; ``DataLoader`` gives each process its share of the data.
-    """
-
-    process_id: int = Field(0, ge=0, description="This process; DataLoader gives it its share.")
-    num_processes: int = Field(1, ge=1, description="Processes sharing the dataset.")
-
-    @classmethod
-    def from_env(cls) -> _DistributedOptions:
-        pid, num = distributed_env()
-        return cls(process_id=pid, num_processes=num)
-
-    @property
-    def processId(self) -> int:  # noqa: N802
-        return self.process_id
-
-    @property
-    def numProcesses(self) -> int:  # noqa: N802
-        return self.num_processes
-
-    def configureProcessId(self, process_id: int, num_processes: int) -> _DistributedOptions:  # noqa: N802
-        if not 0 <= process_id < num_processes:
-            raise ValueError(PROCESS_MSG.format(pid=process_id, n=num_processes))
-        self.num_processes, self.process_id = num_processes, process_id
-        return self
-
-    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> _DistributedOptions:  # noqa: N802
-        """Read the process layout from other variables (e.g. OpenMPI's)."""
-        pid, num = distributed_env(None, var_num_processes, var_process_id)
-        return self.configureProcessId(pid, num)
-
-    def disable(self) -> _DistributedOptions:
-        self.num_processes, self.process_id = 1, 0
-        return self
-
-
-class _JitOptions(_Base):
-    """``Options.Jit`` (deprecated in PopTorch). Accepted without effect here: models are
-    popxl_addons Modules, never traced."""
-
-    trace_model: bool = True
-
-    def traceModel(self, trace_model: bool) -> _JitOptions:  # noqa: N802
-        self.trace_model = trace_model
-        return self
+def _no_effect(description: str) -> str:
+    return f"Accepted without effect here: {description}"
 
 
 class Options(_Base):
@@ -391,12 +95,10 @@ class Options(_Base):
 
     Fields use snake_case; PopTorch's camelCase setters set them. Values that the IR's
     session options also hold (replication, accumulation, stochastic rounding, partials,
-    caching, log dir, IO tiles) are written there when a model is built.
+    caching, log dir, IO tiles) are written there when a model is built. Creating an
+    ``Options()`` applies ``POPTORCH_CACHE_DIR`` (``enableExecutableCaching``) and the JSON
+    in ``POPTORCH_DEFAULT_OPTIONS`` (see ``from_json``).
     """
-
-    model_config = ConfigDict(
-        validate_assignment=True, extra="forbid", arbitrary_types_allowed=True
-    )
 
     device_iterations: int = Field(1, ge=1, description="Device iterations per host call.")
     replication_factor: int = Field(1, ge=1, description="Model replicas (data parallel).")
@@ -406,25 +108,44 @@ class Options(_Base):
     output_return_period: int = Field(1, ge=1)
     random_seed: int | None = Field(None, description="Seeds shuffling and weight init.")
     use_ipu_model: bool = Field(False, description="Run on 'ipu_model' instead of 'ipu_hw'.")
-    executable_cache_dir: str = Field(
-        "",
-        description=(
-            "Written to the session options (enableEngineCaching, cachePath); compiled "
-            "programs persist across processes where the runtime's cache is on (POPXL_CACHE_DIR)."
-        ),
-    )
     log_dir: str = Field("", description="Session logDir.")
     model_name: str = Field("", description="Prefix of the program's name scope.")
     connection_type: ConnectionType = Field(ConnectionType.Always)
     sync_pattern: SyncPattern = Field(
-        SyncPattern.Full,
-        description="Accepted without effect here: JAX devices need no sync pattern.",
+        SyncPattern.Full, description=_no_effect("JAX devices need no sync pattern.")
     )
     auto_round_num_ipus: bool = Field(
-        False, description="Accepted without effect here: any number of virtual IPUs runs."
+        False, description=_no_effect("any number of virtual IPUs runs.")
     )
     available_memory_proportion: dict[str, float] = Field(
-        default_factory=dict, description="Accepted without effect here: no tile memory planner."
+        default_factory=dict, description=_no_effect("no tile memory planner.")
+    )
+    broadcast_buffers: bool = Field(
+        True, description=_no_effect("buffers are not broadcast between replicas.")
+    )
+    max_repeat_logs: int = Field(
+        4, ge=0, description=_no_effect("the log does not suppress repeated lines.")
+    )
+    ipu_id: int | None = Field(None, description=_no_effect("devices are JAX's devices."))
+    ipu_version: int | None = Field(
+        None, description="Set by useOfflineIpuTarget (with ConnectionType.Never)."
+    )
+    anchored_tensors: dict[str, AnchoredTensor] = Field(
+        default_factory=dict,
+        description=_no_effect("anchorTensor; the executor returns only the model's outputs."),
+    )
+    source_location_excludes: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_SOURCE_EXCLUDES),
+        description=_no_effect("no IR source locations are printed."),
+    )
+    show_compilation_progress_bar: bool = Field(
+        True, description=_no_effect("compilation shows no progress bar.")
+    )
+    relax_optimizer_attributes_checks: bool = Field(
+        False, description=_no_effect("optimizer attributes are checked as given.")
+    )
+    module_namescope_enabled: bool = Field(
+        True, description=_no_effect("captured ops carry no module name scopes.")
     )
     strategy: Strategy = Field(
         default_factory=PipelinedExecution,
@@ -438,6 +159,33 @@ class Options(_Base):
     tensor_locations: _TensorLocationOptions = Field(default_factory=_TensorLocationOptions)
     distributed: _DistributedOptions = Field(default_factory=_DistributedOptions.from_env)
     jit: _JitOptions = Field(default_factory=_JitOptions)
+    popart: _PopartOptions = Field(default_factory=_PopartOptions)
+
+    def __init__(self, **data: Any) -> None:
+        super().__init__(**data)
+        if not data:
+            path = os.environ.get("POPTORCH_CACHE_DIR", "")
+            if path:
+                logger.info("POPTORCH_CACHE_DIR is set: setting cache path to %s", path)
+                self.enableExecutableCaching(path)
+            self.from_json(os.environ.get("POPTORCH_DEFAULT_OPTIONS", "{}"))
+
+    @model_validator(mode="after")
+    def _link(self) -> Options:
+        """Point Precision and Training at this object's ``_Popart`` options."""
+        for child in (self.precision, self.training):
+            if child.__pydantic_private__ is not None:
+                child.__pydantic_private__["_popart"] = self.popart
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Options:
+        copied = super().__deepcopy__(memo)
+        copied._link()
+        return copied
+
+    @classmethod
+    def _set_aliases(cls) -> dict[str, str]:
+        return {"input_cgt": "input_group_type", "use_model": "use_ipu_model"}
 
     # Sub-option groups, under PopTorch's names.
     @property
@@ -460,6 +208,48 @@ class Options(_Base):
     def Jit(self) -> _JitOptions:  # noqa: N802
         return self.jit
 
+    @property
+    def _Popart(self) -> _PopartOptions:  # noqa: N802
+        return self.popart
+
+    # PopTorch's private names that applications and tests read.
+    @property
+    def _execution_strategy(self) -> ExecutionStrategy:
+        return self.strategy
+
+    @property
+    def _source_location_excludes(self) -> list[str]:
+        return self.source_location_excludes
+
+    @property
+    def _show_compilation_progress_bar(self) -> bool:
+        return self.show_compilation_progress_bar
+
+    @property
+    def _relax_optimizer_checks(self) -> bool:
+        return self.relax_optimizer_attributes_checks
+
+    @property
+    def _module_namescope_enabled(self) -> bool:
+        return self.module_namescope_enabled
+
+    # Values PopTorch kept in the PopART options.
+    @property
+    def executable_cache_dir(self) -> str:
+        """Where compiled programs are cached (``""``: no caching); see
+        ``enableExecutableCaching``."""
+        o = self.popart.options
+        return str(o.get("cachePath", "")) if o.get("enableEngineCaching") else ""
+
+    @property
+    def synthetic_data(self) -> bool:
+        """``enableSyntheticData`` (accepted without effect here: host data is used)."""
+        return bool(self.popart.options.get("syntheticDataMode", 0))
+
+    @property
+    def input_cgt(self) -> CommGroupType:
+        return self.input_group_type
+
     # General setters.
     def deviceIterations(self, device_iterations: int) -> Options:  # noqa: N802
         """Run ``device_iterations`` iterations on the device per host call (a loop)."""
@@ -474,71 +264,151 @@ class Options(_Base):
     def inputReplicaGrouping(  # noqa: N802
         self, input_group_size: int, input_group_type: CommGroupType
     ) -> Options:
-        """Replicas in one group of ``input_group_size`` read the same slice of the input."""
-        if CommGroupType(input_group_type) == CommGroupType.All:
-            raise ValueError(INPUT_GROUP_ALL_MSG)
-        self.input_group_size = _positive("input_group_size", input_group_size)
-        self.input_group_type = CommGroupType(input_group_type)
+        """Replicas in one group of ``input_group_size`` read the same slice of the input
+        (``NoGrouping``: each replica its own slice). The size must divide
+        ``replicationFactor``: checked when the model is built, so the two may be set in
+        either order."""
+        kind = _enum_member(CommGroupType, input_group_type, "input_group_type")
+        if kind == CommGroupType.NoGrouping:
+            input_group_size, kind = 1, CommGroupType.Consecutive
+        if kind == CommGroupType.All:
+            raise OptionValueError(INPUT_GROUP_ALL_MSG)
+        size = _positive("input_group_size", input_group_size)
+        self.input_group_size, self.input_group_type = size, kind
         return self
 
     def outputMode(
         self, output_mode: OutputMode, output_return_period: int | None = None
     ) -> Options:  # noqa: N802
-        """Which results a call returns (see ``OutputMode``)."""
-        mode = OutputMode(output_mode)
-        if mode == OutputMode.EveryN and output_return_period is None:
-            raise ValueError(EVERY_N_MSG)
-        if mode != OutputMode.EveryN and output_return_period is not None:
-            raise ValueError(PERIOD_MSG.format(mode=mode.name, period=output_return_period))
-        self.output_mode = mode
-        self.output_return_period = _positive("output_return_period", output_return_period or 1)
+        """Which results a call returns (see ``OutputMode``). ``output_return_period`` is
+        needed by ``EveryN`` and ignored (with an info message) by the other modes."""
+        mode = _enum_member(OutputMode, output_mode, "outputMode")
+        if mode == OutputMode.EveryN:
+            if output_return_period is None:
+                raise OptionValueError(EVERY_N_MSG)
+            period = _positive("output_return_period", output_return_period)
+        else:
+            if output_return_period:
+                logger.info(
+                    "Anchor return period argument ignored with output_mode set to %s", mode
+                )
+            period = 1
+        self.output_mode, self.output_return_period = mode, period
         return self
 
     def defaultOutputMode(self) -> bool:  # noqa: N802
         """Whether the output mode is still ``OutputMode.Default``."""
         return self.output_mode == OutputMode.Default
 
+    def anchorTensor(  # noqa: N802
+        self,
+        short_name: str,
+        long_name: str,
+        output_mode: OutputMode | None = None,
+        output_return_period: int | None = 1,
+    ) -> Options:
+        """Record a named intermediate tensor to return under ``short_name`` (accepted
+        without effect here: the executor returns only the model's outputs)."""
+        self.checkIsFrozen()
+        mode = None if output_mode is None else _enum_member(OutputMode, output_mode, "output_mode")
+        period = (
+            1
+            if mode != OutputMode.EveryN
+            else _positive("output_return_period", output_return_period)
+        )
+        self.anchored_tensors[_str("short_name", short_name)] = AnchoredTensor(
+            long_name=_str("long_name", long_name),
+            use_default_mode=mode is None,
+            output_mode=mode,
+            output_return_period=period,
+        )
+        return self
+
     def randomSeed(self, random_seed: int) -> Options:  # noqa: N802
-        """Seed data shuffling and weight initialisation."""
-        self.random_seed = int(random_seed)
+        """Seed data shuffling and weight initialisation (and torch's generator, as PopTorch
+        did, when torch is loaded)."""
+        self.random_seed = _int("randomSeed", random_seed)
+        if "torch" in sys.modules:
+            sys.modules["torch"].manual_seed(random_seed)
         return self
 
     def useIpuModel(self, use_model: bool) -> Options:  # noqa: N802
         """Run on the IPU Model device description instead of IPU hardware."""
-        self.use_ipu_model = bool(use_model)
+        self.use_ipu_model = _bool("useIpuModel", use_model)
+        return self
+
+    def useIpuId(self, ipu_id: int) -> Options:  # noqa: N802
+        """The IPU device id to attach to (accepted without effect here: JAX's devices)."""
+        self.ipu_id = _int("useIpuId", ipu_id)
+        return self
+
+    def useOfflineIpuTarget(self, ipu_version: int = 2) -> Options:  # noqa: N802
+        """Compile only, for IPU version ``ipu_version`` (1, 2 or 21): sets
+        ``connectionType(ConnectionType.Never)``, so running the model raises."""
+        if ipu_version not in (1, 2, 21) or isinstance(ipu_version, bool):
+            raise OptionValueError(OFFLINE_VERSION_MSG.format(got=ipu_version))
+        self.connectionType(ConnectionType.Never)
+        self.ipu_version = ipu_version
         return self
 
     def enableExecutableCaching(self, path: str | None) -> Options:  # noqa: N802
-        """Cache compiled programs in ``path`` (``None`` disables caching)."""
-        self.executable_cache_dir = path or ""
+        """Cache compiled programs in ``path`` (``None`` disables caching): session options
+        ``enableEngineCaching`` / ``cachePath``; programs persist across processes where the
+        runtime's cache is on (``POPXL_CACHE_DIR``)."""
+        if path is None:
+            self.popart.set("enableEngineCaching", False)
+        else:
+            self.popart.set("cachePath", _str("enableExecutableCaching", path))
+            self.popart.set("enableEngineCaching", True)
         return self
 
     def logDir(self, log_dir: str) -> Options:  # noqa: N802
-        self.log_dir = log_dir
+        self.log_dir = _str("logDir", log_dir)
         return self
 
     def modelName(self, name: str) -> Options:  # noqa: N802
-        self.model_name = name
+        """Name of the model: the prefix of its program's name scope."""
+        self.model_name = _str("modelName", name)
+        return self
+
+    def maxRepeatLogs(self, max_lines: int | None) -> Options:  # noqa: N802
+        """Suppress a log line repeated more than ``max_lines`` times (None: never).
+        Accepted without effect here."""
+        self.max_repeat_logs = (
+            MAX_REPEAT_LOGS_ALL if max_lines is None else _int("maxRepeatLogs", max_lines)
+        )
         return self
 
     def connectionType(self, connection_type: ConnectionType) -> Options:  # noqa: N802
-        self.connection_type = ConnectionType(connection_type)
+        """When the executor attaches (``Never``: compile only)."""
+        self.connection_type = _enum_member(ConnectionType, connection_type, "connectionType")
         return self
 
     def syncPattern(self, sync_pattern: SyncPattern) -> Options:  # noqa: N802
-        self.sync_pattern = SyncPattern(sync_pattern)
+        """Accepted without effect here: JAX devices need no sync pattern."""
+        self.sync_pattern = _enum_member(SyncPattern, sync_pattern, "syncPattern")
         return self
 
     def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> Options:  # noqa: N802
-        self.auto_round_num_ipus = auto_round_num_ipus
+        """Accepted without effect here: any number of virtual IPUs runs."""
+        self.auto_round_num_ipus = _bool("autoRoundNumIPUs", auto_round_num_ipus)
+        return self
+
+    def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:  # noqa: N802
+        """Accepted without effect here: buffers are not broadcast between replicas."""
+        self.broadcast_buffers = _bool("broadcastBuffers", broadcast_buffers)
         return self
 
     def setAvailableMemoryProportion(
         self, available_memory_proportion: dict[str, float]
     ) -> Options:  # noqa: N802
+        """Temporary memory per IPU (``{"IPU0": 0.5}``): accepted without effect here."""
         values = dict(available_memory_proportion)
-        if not all(isinstance(v, (int, float)) and 0 < v <= 1 for v in values.values()):
-            raise ValueError(MEMORY_PROPORTION_MSG.format(got=available_memory_proportion))
+        ok = all(
+            isinstance(k, str) and k.startswith("IPU") and k[3:].isdigit() for k in values
+        ) and all(isinstance(v, (int, float)) and 0 < v <= 1 for v in values.values())
+        if not ok:
+            raise OptionValueError(MEMORY_PROPORTION_MSG.format(got=available_memory_proportion))
         self.available_memory_proportion = values
         return self
 
@@ -549,48 +419,168 @@ class Options(_Base):
         self.strategy = strategy  # type: ignore[assignment]  # checked just above
         return self
 
-    def clone(self) -> Options:
-        """A deep copy that can be changed without affecting this one."""
-        return self.model_copy(deep=True)
-
-    def loadFromFile(self, filepath: str) -> Options:  # noqa: N802
-        """Apply one setter call per line of ``filepath`` (``deviceIterations(10)``).
-
-        Blank lines and ``#`` comments are skipped; arguments are Python literals or enum
-        members (``OutputMode.All``, optionally prefixed ``poptorch.``).
-        """
-        with open(filepath, encoding="utf-8") as f:
-            for number, text in enumerate(f, 1):
-                line = text.split("#", 1)[0].strip()
-                if line:
-                    self._apply_line(line, filepath, number)
+    def enableSyntheticData(self, enabled: bool) -> Options:  # noqa: N802
+        """Accepted without effect here: the host's data is always used (PopART option
+        ``syntheticDataMode``)."""
+        self.popart.set("syntheticDataMode", 2 if _bool("enableSyntheticData", enabled) else 0)
         return self
 
-    def _apply_line(self, line: str, path: str, number: int) -> None:
-        try:
-            call = ast.parse(line, mode="eval").body
-        except SyntaxError:
-            call = None
-        if not isinstance(call, ast.Call):
-            raise ValueError(CONFIG_LINE_MSG.format(path=path, line=number, text=line))
-        names = _dotted(call.func)
-        if names is None:
-            raise ValueError(CONFIG_LINE_MSG.format(path=path, line=number, text=line))
-        target: Any = self
-        for name in names:
-            if name.startswith("_") or not hasattr(target, name):
-                raise ValueError(
-                    CONFIG_NAME_MSG.format(path=path, line=number, name=".".join(names))
-                )
-            target = getattr(target, name)
-        if not callable(target):
-            raise ValueError(CONFIG_NAME_MSG.format(path=path, line=number, name=".".join(names)))
-        args = [_literal(a) for a in call.args]
-        kwargs = {k.arg: _literal(k.value) for k in call.keywords if k.arg}
-        target(*args, **kwargs)
+    def logCycleCount(self, log_cycle_count: bool) -> Options:  # noqa: N802
+        """Accepted without effect here: no IPU cycle counter."""
+        _bool("logCycleCount", log_cycle_count)
+        self.popart.set("instrumentWithHardwareCycleCounter", log_cycle_count)
+        return self
+
+    def enableProfiling(self, profile_dir: str | None = None) -> Options:  # noqa: N802
+        """Accepted without effect here: no Poplar profile is written (engine options
+        ``autoReport.*``)."""
+        directory = "." if profile_dir is None else _str("enableProfiling", profile_dir)
+        self.popart._merge(
+            "engineOptions",
+            {
+                "debug.allowOutOfMemory": "true",
+                "autoReport.directory": directory,
+                "autoReport.all": "true",
+            },
+        )
+        return self
+
+    def enableStableNorm(self, enabled: bool) -> Options:  # noqa: N802
+        """Accepted without effect here: norms are always computed the stable way."""
+        self.popart.set("enableStableNorm", _bool("enableStableNorm", enabled))
+        return self
+
+    def updatableNamedBuffers(self, buffers: list[str]) -> Options:  # noqa: N802
+        """Buffers ``buffersFromHost`` may update (accepted without effect here)."""
+        names = list(buffers)
+        _check(all(isinstance(b, str) for b in names), "updatableNamedBuffers", "strings", buffers)
+        self.popart.set("updatableNamedBuffers", names)
+        return self
+
+    def disableModuleNamescope(self) -> Options:  # noqa: N802
+        """Accepted without effect here: captured ops carry no module name scopes."""
+        self.module_namescope_enabled = False
+        return self
+
+    def sourceLocationExcludes(self, excludes: list[str]) -> Options:  # noqa: N802
+        """Accepted without effect here: no IR source locations are printed."""
+        values = list(excludes)
+        _check(
+            all(isinstance(e, str) for e in values), "sourceLocationExcludes", "strings", excludes
+        )
+        self.source_location_excludes = values
+        return self
+
+    def appendToLocationExcludes(self, *excludes: str) -> Options:  # noqa: N802
+        """Accepted without effect here: no IR source locations are printed."""
+        _check(
+            all(isinstance(e, str) for e in excludes),
+            "appendToLocationExcludes",
+            "strings",
+            excludes,
+        )
+        self.source_location_excludes = [*self.source_location_excludes, *excludes]
+        return self
+
+    def showCompilationProgressBar(self, show: bool = True) -> Options:  # noqa: N802
+        """Accepted without effect here: compilation shows no progress bar."""
+        self.show_compilation_progress_bar = _bool("showCompilationProgressBar", show)
+        return self
+
+    def relaxOptimizerAttributesChecks(self, relax: bool = True) -> Options:  # noqa: N802
+        """Accepted without effect here: optimizer attributes are checked as given."""
+        self.relax_optimizer_attributes_checks = _bool("relaxOptimizerAttributesChecks", relax)
+        return self
+
+    # Copies, files, JSON, the backend dictionary.
+    def clone(self) -> Options:
+        """A deep, unfrozen copy that can be changed without affecting this one."""
+        return copy.deepcopy(self)
+
+    def _for_model(self, training: bool) -> Options:
+        """The options a model wrapper keeps, as PopTorch's ``PoplarExecutor`` made them:
+        this object is frozen (changing it after wrapping a model raises) and the returned
+        copy has its output mode resolved (``Final`` for training, ``All`` for inference)
+        and is frozen too."""
+        self._freeze()
+        kept = self.clone()
+        if kept.defaultOutputMode():
+            kept.outputMode(resolved_output_mode(kept, training))
+        kept._freeze()
+        return kept
+
+    def loadFromFile(self, filepath: str) -> Options:  # noqa: N802
+        """Apply one setter call per line of ``filepath`` (``deviceIterations(10)``), as
+        written in Python without the ``options.`` prefix; see ``_options_text``. Blank
+        lines and ``#`` comments are skipped; may be called several times (later files
+        override earlier ones)."""
+        lines = _options_text.parse_file(filepath)
+        _options_text.apply_lines(self, filepath, lines)
+        return self
+
+    def from_json(self, string: str) -> Options:
+        """Apply ``{"setter.path": value}`` (e.g. ``{"Training.gradientAccumulation": 4}``,
+        ``{"_Popart.set": ["name", 1]}``, ``{"connectionType": "ConnectionType.OnDemand"}``):
+        a list value is the argument list."""
+        _options_text.apply_json(self, string)
+        return self
+
+    def toDict(self) -> dict[str, Any]:  # noqa: N802
+        """Every option in one flat dictionary under the names PopTorch's backend received
+        (``poptorch.poptorch_core._validateOptions`` checks it). The output mode must have
+        been chosen."""
+        if self.defaultOutputMode():
+            raise OptionValueError(DEFAULT_OUTPUT_MSG)
+        return self._backend_dict(self.output_mode)
+
+    def _backend_dict(self, output_mode: OutputMode) -> dict[str, Any]:
+        out = _strategy_dict(self.strategy)
+        out.update(copy.deepcopy(self.popart.options))
+        for part in (
+            self._general_dict(output_mode),
+            self.training.toDict(),
+            self.distributed.toDict(),
+            self.tensor_locations.toDict(),
+        ):
+            common = sorted(set(out) & set(part))
+            if common:
+                raise OptionValueError(MERGE_MSG.format(keys=common))
+            out.update(part)
+        return out
+
+    def _general_dict(self, output_mode: OutputMode) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "replication_factor": self.replication_factor,
+            "input_group_size": self.input_group_size,
+            "input_cgt": int(self.input_group_type),
+            "broadcast_buffers": self.broadcast_buffers,
+            "device_iterations": self.device_iterations,
+            "log_dir": self.log_dir or ".",
+            "max_repeat_logs": self.max_repeat_logs,
+            "auto_round_num_ipus": self.auto_round_num_ipus,
+            "anchored_tensors": {k: a.as_list() for k, a in self.anchored_tensors.items()},
+            "output_mode": int(output_mode),
+            "output_return_period": self.output_return_period,
+            "connection_type": int(self.connection_type),
+            "sync_pattern": int(self.sync_pattern),
+            "available_memory_proportion": {
+                int(k[3:]): float(v) for k, v in self.available_memory_proportion.items()
+            },
+            "use_model": self.use_ipu_model,
+        }
+        optional = {
+            "model_name": self.model_name or None,
+            "random_seed": self.random_seed,
+            "ipu_id": self.ipu_id,
+            "ipu_version": self.ipu_version,
+        }
+        out.update({k: v for k, v in optional.items() if v is not None})
+        return out
 
     def apply_to_session_options(self, session_options: Any, training: bool) -> None:
-        """Write the values the IR's session options also hold (one source of truth)."""
+        """Check and log (DEBUG) the backend dictionary as PopTorch did at compile time, then
+        write the values the IR's session options also hold (one source of truth)."""
+        _validate(self._backend_dict(resolved_output_mode(self, training)))
         so = session_options
         so.replicatedGraphCount = self.replication_factor
         so.enableReplicatedGraphs = self.replication_factor > 1
@@ -606,26 +596,23 @@ class Options(_Base):
         so.numIOTiles = self.tensor_locations.num_io_tiles
 
 
-def _dotted(node: ast.expr) -> list[str] | None:
-    if isinstance(node, ast.Name):
-        return [node.id]
-    if isinstance(node, ast.Attribute):
-        head = _dotted(node.value)
-        return None if head is None else [*head, node.attr]
-    return None
+def _strategy_dict(strategy: Any) -> dict[str, Any]:
+    """The backend options of an execution strategy (``execution_mode`` 0: pipelined,
+    1: sharded, 2: phased, with the phased settings)."""
+    if isinstance(strategy, (SerialPhasedExecution, ParallelPhasedExecution)):
+        return {
+            "execution_mode": 2,
+            "separate_backward_phase": strategy.separate_backward_phase,
+            "tensors_liveness": int(strategy.liveness),
+            "serial_phases_execution": isinstance(strategy, SerialPhasedExecution),
+        }
+    return {"execution_mode": 1 if isinstance(strategy, ShardedExecution) else 0}
 
 
-def _literal(node: ast.expr) -> Any:
-    names = _dotted(node)
-    if names is not None:
-        if names[0] == "poptorch":
-            names = names[1:]
-        if len(names) == 2 and names[0] in ENUMS:
-            return ENUMS[names[0]][names[1]]
-        if names in (["True"], ["False"], ["None"]):
-            return ast.literal_eval(node)
-        raise ValueError(f"Unknown name {'.'.join(names)!r} in an options file.")
-    return ast.literal_eval(node)
+def validate_popart_options(options: Mapping[str, Any]) -> None:
+    """``poptorch.poptorch_core._validateOptions``: check a ``toDict()`` dictionary as
+    PopTorch's backend did (raises ``poptorch.Error``), logging each value at DEBUG."""
+    _validate(options)
 
 
 def resolved_output_mode(options: Options, training: bool) -> OutputMode:

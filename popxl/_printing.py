@@ -52,5 +52,15 @@ def format_schedule(graph: Graph, arg_names: Mapping[Tensor, str]) -> str:
         lines.append(f"    {op.type}.{op.id}{callee} ({op_ins}) -> ({op_outs})")
     outs = ", ".join(number(t) for t in graph.outputs)
     lines.insert(header_index, f"  ({', '.join(ins)}) -> ({outs}) {{")
+    inputs = set(graph.inputs)
+    others = [
+        f"{number(t)}={name}" for t, name in arg_names.items() if t not in inputs and t in number.numbers
+    ]
+    if others:  # named tensors of the graph that are not its inputs (e.g. variables)
+        lines.append(f"    where {', '.join(sorted(others, key=_by_number))}")
     lines.append("  }")
     return "\n".join(lines)
+
+
+def _by_number(entry: str) -> int:
+    return int(entry[1 : entry.index("=")])

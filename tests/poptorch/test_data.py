@@ -33,7 +33,7 @@ def test_combined_batch_size_and_shapes():
 def test_combined_batch_includes_replicas_and_accumulation():
     opts = poptorch.Options().deviceIterations(2).replicationFactor(4)
     opts.Training.gradientAccumulation(3)
-    assert poptorch.DataLoader(opts, Pairs(10), batch_size=5).combinedBatchSize == 120
+    assert poptorch.DataLoader(opts.clone(), Pairs(10), batch_size=5).combinedBatchSize == 120
     opts.inputReplicaGrouping(2, poptorch.CommGroupType.Orthogonal)
     assert poptorch.DataLoader(opts, Pairs(10), batch_size=5).combinedBatchSize == 60
 
