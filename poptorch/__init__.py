@@ -20,13 +20,6 @@ from . import optim as optim
 from ._args import ICustomArgParser as ICustomArgParser
 from ._args import registerCustomArgParser as registerCustomArgParser
 from ._log import setLogLevel as setLogLevel
-from .ops import dynamic_slice as dynamic_slice
-from .ops import dynamic_update as dynamic_update
-from .ops import ipu_print_tensor as ipu_print_tensor
-from .ops import nop as nop
-from .ops import recomputationCheckpoint as recomputationCheckpoint
-from .ops import serializedMatMul as serializedMatMul
-from .ops import set_available_memory as set_available_memory
 from ._program import identity_loss as identity_loss
 from .blocks import BeginBlock as BeginBlock
 from .blocks import Block as Block
@@ -38,8 +31,11 @@ from .enums import ConnectionType as ConnectionType
 from .enums import DataLoaderMode as DataLoaderMode
 from .enums import HalfFloatCastingBehavior as HalfFloatCastingBehavior
 from .enums import Liveness as Liveness
+from .enums import MatMulSerializationMode as MatMulSerializationMode
 from .enums import MeanReductionStrategy as MeanReductionStrategy
+from .enums import MultiConvPlanType as MultiConvPlanType
 from .enums import OutputMode as OutputMode
+from .enums import OverlapMode as OverlapMode
 from .enums import ReductionType as ReductionType
 from .enums import SharingStrategy as SharingStrategy
 from .enums import SyncPattern as SyncPattern
@@ -51,6 +47,13 @@ from .executor import PoplarExecutor as PoplarExecutor
 from .executor import inferenceModel as inferenceModel
 from .executor import load as load
 from .executor import trainingModel as trainingModel
+from .ops import dynamic_slice as dynamic_slice
+from .ops import dynamic_update as dynamic_update
+from .ops import ipu_print_tensor as ipu_print_tensor
+from .ops import nop as nop
+from .ops import recomputationCheckpoint as recomputationCheckpoint
+from .ops import serializedMatMul as serializedMatMul
+from .ops import set_available_memory as set_available_memory
 from .options import Options as Options
 from .options import TensorLocationSettings as TensorLocationSettings
 from .strategies import ParallelPhasedExecution as ParallelPhasedExecution
@@ -59,7 +62,6 @@ from .strategies import PipelinedExecution as PipelinedExecution
 from .strategies import SerialPhasedExecution as SerialPhasedExecution
 from .strategies import ShardedExecution as ShardedExecution
 from .strategies import Stage as Stage
-
 
 poptorch_core = _upstream_compat.poptorch_core
 _impl = _upstream_compat._impl
@@ -101,11 +103,14 @@ __all__ = [
     "isRunningOnIpu",
     "Liveness",
     "load",
+    "MatMulSerializationMode",
     "MeanReductionStrategy",
+    "MultiConvPlanType",
     "nop",
     "optim",
     "Options",
     "OutputMode",
+    "OverlapMode",
     "ParallelPhasedExecution",
     "Phase",
     "PipelinedExecution",

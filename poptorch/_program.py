@@ -590,12 +590,22 @@ def _store(built: Built, keep: list) -> None:
 
 
 class _Trainer:
-    """The training half of the program: gradients, accumulators, optimiser update."""
+    """The training half of the program: gradients, accumulators, optimiser update.
+
+    The optimiser arrives as a ``Spec`` (``poptorch._optim_rules``). Its hyper-parameters
+    are kept per weight, as PopART's "specific" optimiser tensors: ``built.hyper[(weight,
+    attr)]`` is a scalar float32 variable (named as PopTorch's ``ipu_param`` keys, e.g.
+    ``learningRate___specific___fc.weight``) and ``built.constants[(weight, attr)]`` a
+    value baked into the program. Integer keys give each group's view: ``(i, attr)`` is
+    the entry of group ``i``'s first weight, ``(0, "loss_scaling")`` the global loss
+    scaling (``lossScaling_FLOAT``) and, with automatic loss scaling,
+    ``(0, "loss_scale_update_factor")`` the factor it has applied so far.
+    """
 
     def __init__(
-        self, built: Built, fwd: Any, optimizer: Optimizer, options: Options, whole: bool = True
+        self, built: Built, fwd: Any, optimizer: Any, options: Options, whole: bool = True
     ) -> None:
-        self.built, self.fwd, self.opt = built, fwd, optimizer
+        self.built, self.fwd = built, fwd
         self.training = options.training
         # Weight name -> the IPU its accumulator and update run on (staged programs).
         self.ipu_of: dict[str, int] = {}
@@ -605,7 +615,12 @@ class _Trainer:
         names = [n for n in built.weights if n in trained]
         if not names:
             raise ValueError(NO_WEIGHTS_MSG.format(cls=type(fwd).__name__))
-        built.groups = group_of_each(optimizer, names)
+        from . import _optim_link  # noqa: PLC0415 (it imports the executor's optimisers)
+
+        self.optimizer = optimizer
+        self.spec = _optim_link.build_spec(optimizer, options)
+        self.rule = self.spec.rule
+        built.groups = group_of_each(self.spec, names)
         loss = fwd.graph.outputs[built.loss_index]
         args = fwd.args.to_dict()
         required = [args[n] for n in trained]
@@ -613,49 +628,90 @@ class _Trainer:
             self.bwd = addons.autodiff(fwd, grads_provided=[loss], grads_required=required)
         self.keys = [_key_of(fwd, t) for t in required]
         self.loss_dtype = loss.dtype
-        acc = optimizer.accum_type
+        acc = self.spec.accum_type
         where = built.locations.accumulator
         self.accums = {
             k: _zeros_like(built.weights[k], acc, f"accum.{k}", where) for k in self.keys
         }
         self._make_hyper()
         self._make_state()
+        _optim_link.program_built(optimizer, self.spec, built.groups)
 
     def _make_hyper(self) -> None:
-        opt, built = self.opt, self.built
-        for i in range(len(opt.param_groups)):
-            for attr, value in opt.attributes(i).items():
-                is_global = attr in opt.global_defaults
-                if is_global and i > 0:
-                    continue
-                key = (0 if is_global else i, attr)
-                adapted = attr == "loss_scaling" and self.training.automatic_loss_scaling
-                if opt.variable_attrs.isConstant(attr) and not adapted:
-                    built.constants[key] = value
+        from . import _optim_rules as rules  # noqa: PLC0415 (names of PopTorch's tensors)
+
+        built, spec = self.built, self.spec
+        attrs = [*self.rule.attrs, *self.rule.internal]
+        for name, group in built.groups.items():
+            for attr in attrs:
+                value, const = spec.groups[group][attr]
+                if const:
+                    built.constants[(name, attr)] = value
                 else:
-                    single = is_global or len(opt.param_groups) == 1
-                    name = f"optim.{attr}" if single else f"optim.group{i}.{attr}"
-                    built.hyper[key] = popxl.variable(np.float32(value), popxl.float32, name)
-        built.step = popxl.variable(np.float32(0.0), popxl.float32, "optim.step")
-        if self.training.automatic_loss_scaling:
-            built.good_steps = popxl.variable(np.float32(0.0), popxl.float32, "optim.good_steps")
+                    var_name = rules.specific_name(attr, name)
+                    built.hyper[(name, attr)] = popxl.variable(
+                        np.float32(value), popxl.float32, var_name
+                    )
+                for view in (built.hyper, built.constants):
+                    if (name, attr) in view:
+                        view.setdefault((group, attr), view[(name, attr)])
+        value, const = spec.loss_scaling
+        automatic = self.training.automatic_loss_scaling
+        if const and not automatic:
+            built.constants[(0, "loss_scaling")] = value
+        else:
+            built.hyper[(0, "loss_scaling")] = popxl.variable(
+                np.float32(value), popxl.float32, rules.LOSS_SCALING_VAR
+            )
+        built.constants[(0, "max_grad_norm")] = spec.max_grad_norm
+        built.step = popxl.variable(np.float32(0.0), popxl.float32, rules.STEP_VAR)
+        if automatic:
+            built.hyper[(0, "loss_scale_update_factor")] = popxl.variable(
+                np.float32(1.0), popxl.float32, rules.UPDATE_FACTOR_VAR
+            )
+            built.good_steps = popxl.variable(
+                np.float32(0.0), popxl.float32, rules.GOOD_STEPS_VAR
+            )
 
     def _make_state(self) -> None:
-        built = self.built
-        for name in built.groups:
-            w = built.weights[name]
+        from . import _optim_rules as rules  # noqa: PLC0415
+
+        built, spec = self.built, self.spec
+        prefixes = rules.SLOT_PREFIXES[self.rule.family]
+        for name, group in built.groups.items():
             built.state[name] = {
-                slot: _zeros_like(
-                    w, self.opt.dtype_of(slot), f"optim.{name}.{slot}", built.locations.optimizer
+                slot: self._state_variable(
+                    built.weights[name],
+                    spec.slot_dtype(slot),
+                    f"{prefixes[slot]}{name}",
+                    self.rule.initial(slot),
                 )
-                for slot in self.opt.active_slots()
+                for slot in self.rule.slots(spec.groups[group])
             }
 
-    def hyper(self, group: int, attr: str) -> Any:
-        key = (0, attr) if attr in self.opt.global_defaults else (group, attr)
-        if key in self.built.hyper:
-            return self.here(self.built.hyper[key])
-        return self.built.constants[key]
+    def _state_variable(
+        self, w: popxl.Variable, dtype: popxl.dtype, name: str, fill: float
+    ) -> popxl.Variable:
+        """An optimiser state variable like ``w`` (its whole shape and replica grouping,
+        one value per group) filled with ``fill``, placed as optimiser state."""
+        group = w.replica_grouping
+        lead = (group.num_groups,) if group.num_groups > 1 else ()
+        data = np.full(lead + full_shape(w), fill, dtype.as_numpy())
+        return place(data, dtype, name, group, self.built.locations.optimizer)
+
+    def hyper(self, key: Any, attr: str) -> Any:
+        """A hyper-parameter (``key``: a weight name, or 0 for global ones) as the update
+        uses it: a constant, or its variable (on the current IPU)."""
+        if (key, attr) in self.built.hyper:
+            return self.here(self.built.hyper[(key, attr)])
+        return self.built.constants[(key, attr)]
+
+    def loss_scale(self) -> Any:
+        """The loss scaling in force: the optimiser's, times the factor automatic loss
+        scaling applied."""
+        scale = self.hyper(0, "loss_scaling")
+        factor = self.built.hyper.get((0, "loss_scale_update_factor"))
+        return scale if factor is None else self.here(factor) * scale
 
     def here(self, t: Any) -> Any:
         """``t`` on the current IPU: in a staged program, an ``ipu_copy`` of a tensor known
@@ -676,7 +732,7 @@ class _Trainer:
 
     def seed(self) -> popxl.Tensor:
         """The loss gradient: the loss scaling, in the loss's dtype."""
-        scale = self.hyper(0, "loss_scaling")
+        scale = self.loss_scale()
         if isinstance(scale, popxl.Tensor):
             return ops.cast(scale, self.loss_dtype)
         return popxl.constant(np.asarray(scale, self.loss_dtype.as_numpy()), self.loss_dtype)
@@ -728,7 +784,7 @@ class _Trainer:
         # Replicas sharing a weight value reduce their gradients together.
         mean = layout.reduction == ReductionType.Mean
         divisor = layout.accumulation * group.group_size if mean else 1
-        return g * _inverse(self.hyper(0, "loss_scaling"), divisor)
+        return g * _inverse(self.loss_scale(), divisor)
 
     def optimizer_step(self, layout: Layout) -> None:
         built = self.built
@@ -746,9 +802,9 @@ class _Trainer:
         assert built.step is not None
         one = popxl.constant(np.float32(1.0))
         ops.var_updates.accumulate_(built.step, one if finite is None else _f32(finite))
-        for name, group_index in built.groups.items():
+        for name in built.groups:
             with self._on(name):
-                self._update(name, group_index, grads[name], shards[name], finite)
+                self._update(name, grads[name], shards[name], finite)
         if finite is not None:
             self._adapt_scale(finite)
         for name, var in self.accums.items():
@@ -767,9 +823,10 @@ class _Trainer:
     def _clip(
         self, grads: dict[str, Any], shards: dict[str, popxl.ReplicaGrouping | None]
     ) -> dict[str, Any]:
-        """Scale the gradients so their global norm is at most ``max_grad_norm``."""
-        max_norm = self.hyper(0, "max_grad_norm")
-        if not isinstance(max_norm, popxl.Tensor) and max_norm == float("inf"):
+        """Scale the gradients so their global norm is at most ``max_grad_norm``
+        (``torch.nn.utils.clip_grad_norm_``)."""
+        max_norm = self.spec.max_grad_norm
+        if max_norm == float("inf") or not grads:
             return grads
         total = None
         for name, g in grads.items():
@@ -793,26 +850,25 @@ class _Trainer:
     def _update(
         self,
         name: str,
-        group_index: int,
         grad: popxl.Tensor,
         sharding: popxl.ReplicaGrouping | None,
         finite: popxl.Tensor | None,
     ) -> None:
         """Update weight ``name`` and its optimiser state: whole tensors, or (``sharding``)
         this replica's shards, with the new weight gathered where it is kept whole."""
-        built, opt = self.built, self.opt
+        built = self.built
         var = built.weights[name]
         w_loaded = read_stored(var)
         w = _as_shard(var, w_loaded, sharding)
         w32 = w if w.dtype == popxl.float32 else ops.cast(w, popxl.float32)
-        h = {a: self.hyper(group_index, a) for a in opt.attributes(group_index)}
+        h = {a: self.hyper(name, a) for a in [*self.rule.attrs, *self.rule.internal]}
         slots = built.state[name]
         state_loaded = {slot: read_stored(v) for slot, v in slots.items()}
         state = {slot: _as_shard(slots[slot], t, sharding) for slot, t in state_loaded.items()}
         keep = finite is not None
         before = {slot: ops.identity(t) for slot, t in state.items()} if keep else {}
         with sharded_update(sharding):
-            new = opt.update(w32, grad, state, h, self.here(built.step))
+            new = self.rule.update(w32, grad, state, h, self.here(built.step))
         if finite is not None:
             # An overflowing step changes nothing: keep the old weight and state.
             finite = self.here(finite)
@@ -827,14 +883,16 @@ class _Trainer:
                 flush(v, state_loaded[slot])
 
     def _adapt_scale(self, finite: popxl.Tensor) -> None:
-        """Automatic loss scaling: back off on overflow, grow after a run of good steps."""
-        scale, good = self.built.hyper[(0, "loss_scaling")], self.built.good_steps
+        """Automatic loss scaling: back off on overflow, grow after a run of good steps
+        (the factor applied to the optimiser's loss scaling)."""
+        factor = self.built.hyper[(0, "loss_scale_update_factor")]
+        good = self.built.good_steps
         assert good is not None
         t = self.training
         zero = popxl.constant(np.float32(0.0))
         counted = ops.where(finite, good + 1.0, zero)
         grow = ops.greater(counted, popxl.constant(np.float32(t.als_growth_interval - 0.5)))
-        factor = ops.where(
+        change = ops.where(
             finite,
             ops.where(
                 grow,
@@ -843,7 +901,7 @@ class _Trainer:
             ),
             popxl.constant(np.float32(t.als_backoff_factor)),
         )
-        ops.var_updates.copy_var_update_(scale, scale * factor)
+        ops.var_updates.copy_var_update_(factor, factor * change)
         ops.var_updates.copy_var_update_(good, ops.where(grow, zero, counted))
 
 

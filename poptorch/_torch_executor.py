@@ -29,13 +29,13 @@ from torch.utils import _pytree as pytree
 
 import popxl
 
-from . import _args, _program
+from . import _args
 from ._aten._registry import popxl_dtype, torch_dtype
 from ._capture.export import capture
 from ._capture.model import CapturedModel
 from ._capture.translate import Leaf
-from .errors import Error
 from .enums import ConnectionType
+from .errors import Error
 from .executor import NEVER_MSG, PoplarExecutor
 from .options import Options
 
@@ -332,12 +332,14 @@ def _backward_error(*_: Any, **__: Any) -> None:
 
 
 def _optimizer_for(optimizer: Any, model: torch.nn.Module, training: bool) -> Any:
-    """The program's optimiser for a torch model's ``optimizer`` (None: SGD(lr=0.01))."""
+    """The program's optimiser for a torch model's ``optimizer`` (None: PopTorch's default
+    ``poptorch.optim.SGD(model.parameters(), lr=0.01)``), bound to the model's parameter
+    names."""
     if not training:
         return None
-    from ._torch_optim import convert  # noqa: PLC0415
+    from ._torch_optim import bind  # noqa: PLC0415
 
-    return convert(optimizer, model)
+    return bind(optimizer, model)
 
 
 # ---- instrumenting the user's model ------------------------------------------------------------

@@ -8,6 +8,8 @@ torch.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 REDUCTIONS = {0: "sum", 1: "mean", 2: "none"}
@@ -149,3 +151,47 @@ def _dynamic_update_fake(
     x: torch.Tensor, src: torch.Tensor, dim: int, start: torch.Tensor, size: int
 ) -> torch.Tensor:
     return torch.empty_like(x)
+
+
+def _slice_setup(ctx: object, inputs: tuple, output: torch.Tensor) -> None:
+    x, dim, start, size, step = inputs
+    ctx.shape, ctx.dim, ctx.begin, ctx.size, ctx.step = (  # type: ignore[attr-defined]
+        x.shape,
+        dim % x.dim(),
+        int(start.reshape(-1)[0]),
+        size,
+        step,
+    )
+
+
+def _slice_backward(ctx: object, grad: torch.Tensor) -> tuple:
+    c: Any = ctx
+    dx = grad.new_zeros(c.shape)
+    index = (slice(None),) * c.dim + (slice(c.begin, c.begin + c.size, c.step),)
+    dx[index] = grad
+    return dx, None, None, None, None
+
+
+dynamic_slice.register_autograd(_slice_backward, setup_context=_slice_setup)
+
+
+def _update_setup(ctx: object, inputs: tuple, output: torch.Tensor) -> None:
+    x, src, dim, start, size = inputs
+    ctx.dim, ctx.begin, ctx.size, ctx.src_shape = (  # type: ignore[attr-defined]
+        dim % x.dim(),
+        int(start.reshape(-1)[0]),
+        size,
+        src.shape,
+    )
+
+
+def _update_backward(ctx: object, grad: torch.Tensor) -> tuple:
+    c: Any = ctx
+    dx = grad.clone()
+    dx.narrow(c.dim, c.begin, c.size).zero_()
+    dsrc = grad.new_zeros(c.src_shape)
+    dsrc.narrow(c.dim, 0, c.size).copy_(grad.narrow(c.dim, c.begin, c.size))
+    return dx, dsrc, None, None, None
+
+
+dynamic_update.register_autograd(_update_backward, setup_context=_update_setup)

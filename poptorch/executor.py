@@ -29,13 +29,7 @@ from popxl._printing import format_schedule
 from ._program import Built, build
 from .enums import CommGroupType, ConnectionType, VariableRetrievalMode
 from .errors import Error
-from .optim import (
-    CONSTANT_CHANGED_MSG,
-    GROUP_COUNT_MSG,
-    OPTIMIZERS,
-    OTHER_OPTIMIZER_MSG,
-    Optimizer,
-)
+from .optim import OPTIMIZERS, Optimizer
 from .options import Options
 
 BATCH_MSG = (
@@ -470,8 +464,11 @@ class PoplarExecutor:
 
     # ---- optimiser ----------------------------------------------------------------------
 
-    def setOptimizer(self, optimizer: Optimizer) -> None:  # noqa: N802
-        """Use ``optimizer``'s hyper-parameters from the next call, without recompiling.
+    def setOptimizer(self, optimizer: Any) -> None:  # noqa: N802
+        """Use ``optimizer``'s hyper-parameters from the next call, without recompiling
+        (only those that changed are sent to the device). A new ``poptorch.optim``
+        optimiser continues from the device's optimiser state, unless it holds a state of
+        its own (``load_state_dict``), which is written to the device.
 
         Raises:
             ValueError: a different optimiser type or group count, or a change of an
@@ -479,80 +476,34 @@ class PoplarExecutor:
         """
         if not self.training:
             raise Error(INFERENCE_OPTIMIZER_MSG, "poptorch")
-        old = self._optimizer
-        assert old is not None
-        if type(optimizer) is not type(old):
-            raise ValueError(
-                OTHER_OPTIMIZER_MSG.format(new=type(optimizer).__name__, old=type(old).__name__)
-            )
-        built = self._built
-        if built is not None:
-            self._write_hyper(built, optimizer)
-        if optimizer is not old:
-            optimizer._link(self)
-            self._optimizer = optimizer
+        from ._optim_link import link_of  # noqa: PLC0415 (the link imports this module)
 
-    def _write_hyper(self, built: Built, optimizer: Optimizer) -> None:
-        old = self._optimizer
-        assert old is not None
-        if len(optimizer.param_groups) != len(old.param_groups):
-            raise ValueError(
-                GROUP_COUNT_MSG.format(new=len(optimizer.param_groups), old=len(old.param_groups))
-            )
-        writes = {}
-        for i in range(len(optimizer.param_groups)):
-            for attr, value in optimizer.attributes(i).items():
-                key = (0, attr) if attr in optimizer.global_defaults else (i, attr)
-                if key == (0, "loss_scaling") and built.good_steps is not None:
-                    continue  # automatic loss scaling owns the running scale
-                if key in built.hyper:
-                    writes[built.hyper[key]] = np.float32(value)
-                elif built.constants[key] != value:
-                    raise ValueError(
-                        CONSTANT_CHANGED_MSG.format(
-                            attr=attr,
-                            cls=type(optimizer).__name__,
-                            old=built.constants[key],
-                            new=value,
-                        )
-                    )
+        link_of(self).set_optimizer(optimizer)
+
+    def _write_hyper(self, built: Built, optimizer: Any) -> None:
+        """Write ``optimizer``'s hyper-parameters to the program's variables (an error if
+        it changes one the program holds as a constant)."""
+        from ._optim_link import hyper_writes, link_of  # noqa: PLC0415
+
+        spec = link_of(self).convert(optimizer)
         assert self._session is not None
-        self._session.write_variables_data(writes)
+        self._session.write_variables_data(hyper_writes(built, spec))
 
     def _optimizer_state(self) -> dict[str, Any]:
-        built = self._built
-        if built is None or self._session is None:
+        """The optimiser state on the device: ``ipu_state``/``ipu_param`` and the previous
+        layout (``{"state": {weight: {slot: array}}, "step": n, ...}``)."""
+        if self._built is None or self._session is None:
             return {}
-        tensors = [v for slots in built.state.values() for v in slots.values()]
-        assert built.step is not None
-        data = self._session.get_tensors_data([*tensors, built.step])
-        state = {
-            n: {k: np.array(data[v]) for k, v in slots.items()} for n, slots in built.state.items()
-        }
-        result = {"state": state, "step": int(data[built.step])}
-        if built.good_steps is not None:
-            scale, good = built.hyper[(0, "loss_scaling")], built.good_steps
-            values = self._session.get_tensors_data([scale, good])
-            result["loss_scaling"] = float(values[scale])
-            result["good_steps"] = int(values[good])
-        return result
+        from ._optim_link import device_state  # noqa: PLC0415
+
+        ipu, legacy = device_state(self)
+        return {**legacy, **ipu}
 
     def _load_optimizer_state(self, state_dict: Mapping[str, Any]) -> None:
-        built = self._built
-        if built is None or self._session is None:
-            return
-        writes: dict[popxl.Variable, Any] = {}
-        for name, slots in state_dict.get("state", {}).items():
-            for slot, value in slots.items():
-                writes[built.state[name][slot]] = np.asarray(value)
-        assert built.step is not None
-        writes[built.step] = np.float32(state_dict.get("step", 0))
-        if built.good_steps is not None and "loss_scaling" in state_dict:
-            writes[built.hyper[(0, "loss_scaling")]] = np.float32(state_dict["loss_scaling"])
-            writes[built.good_steps] = np.float32(state_dict.get("good_steps", 0))
-        self._session.write_variables_data(writes)
-        if self._optimizer is not None:
-            self._write_hyper(built, self._optimizer)
+        """Write an optimiser ``state_dict()`` to the device."""
+        from ._optim_link import load_into  # noqa: PLC0415
+
+        load_into(self, state_dict)
 
     # ---- files --------------------------------------------------------------------------
 

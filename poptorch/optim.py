@@ -1,33 +1,45 @@
-"""``poptorch.optim``: SGD, Adam, AdamW, RMSprop and LAMB as explicit update graphs.
+"""``poptorch.optim``: PopTorch's SGD, Adam, AdamW, RMSprop and LAMB.
 
-An optimiser here is a description: hyper-parameters per parameter group, loss scaling,
-accumulation types, and which attributes are *variable* (stored as device variables that
-``setOptimizer`` rewrites without recompiling) or *constant* (baked into the program).
-``trainingModel`` asks it to add the update of every weight to the program
-(``build_step``); the optimiser state lives in ordinary variables named
-``optim.<param>.<slot>`` that ``state_dict()`` reads back and ``load_state_dict()`` writes.
+Each optimiser is a ``torch.optim`` optimiser (``SGD`` subclasses ``torch.optim.SGD``, LAMB
+subclasses ``torch.optim.Optimizer``; a stand-in base when PyTorch is not installed) with
+PopTorch's additions: loss scaling, velocity scaling, accumulation types, gradient clipping
+(``max_grad_norm``), ``variable_attrs`` (which attributes ``setOptimizer`` may change without
+recompiling) and a ``state_dict()`` that reads the optimiser state from the device.
 
-Parameter groups: ``params`` is ``None`` (every weight), a list of weight names or glob
-patterns, or a list of dicts ``{"params": [...patterns], "lr": ...}`` as in PyTorch. Weight
-names are those of ``executor.state_dict()`` (e.g. ``"fc1.weight"``).
+PopTorch does not run the optimiser's Python code: ``trainingModel`` reads its
+hyper-parameters into the program's update step (``_optim_convert``), which follows
+``torch.optim``'s update rules (``_optim_rules``).
 
-Update rules follow ``torch.optim`` (gradients are first divided by ``loss_scaling`` and
-clipped to ``max_grad_norm``); see each class.
+Parameters are given as in PyTorch (``model.parameters()`` or parameter-group dicts) for a
+``torch.nn.Module``. For a popxl_addons ``Module``, whose weights are named, ``params`` is
+``None`` (every weight), a list of weight names or glob patterns, or a list of dicts
+``{"params": [...patterns], "lr": ...}``; names are those of ``executor.state_dict()``.
+
+>>> opt = SGD(lr=0.01, momentum=0.9)
+>>> opt.variable_attrs.isConstant("lr"), opt.variable_attrs.isConstant("dampening")
+(False, True)
+>>> opt.param_groups[0]["momentum"]
+0.9
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import fnmatch
+import inspect
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 import popxl
-from popxl import ops
+
+from ._optim_rules import group_of_each as group_of_each
+from ._optim_rules import sharded_update as sharded_update
+
+try:
+    import torch
+except ImportError:  # PyTorch is optional: the optimisers then describe named weights only
+    torch = None  # type: ignore[assignment]
 
 CONSTANT_CHANGED_MSG = (
     "Attribute {attr!r} of {cls} was constant when the model was compiled (value {old}), so "
@@ -36,11 +48,8 @@ CONSTANT_CHANGED_MSG = (
 )
 UNKNOWN_ATTR_MSG = "{cls} has no attribute {attr!r}; its attributes are: {allowed}."
 AMSGRAD_MSG = (
-    "{cls}(amsgrad=True) is not supported (PopTorch did not support it either); use amsgrad=False."
-)
-GROUP_MATCH_MSG = (
-    "Parameter group {i} (params={patterns!r}) matches no weight of the model. Weight names: "
-    "{names}."
+    "{cls}(amsgrad=True) is not supported: PopTorch only supports non-amsgrad Adam/AdamW "
+    "optimizers; use amsgrad=False."
 )
 OTHER_OPTIMIZER_MSG = (
     "setOptimizer got a {new}, but the model was compiled with a {old}. The optimiser type is "
@@ -50,182 +59,133 @@ GROUP_COUNT_MSG = (
     "setOptimizer got {new} parameter groups but the model was compiled with {old}; the "
     "groups are part of the program."
 )
-DTYPE_MSG = "Accumulation type must be float32 or float16 (or None), got {got!r}."
+DTYPE_MSG = (
+    "Accumulation types must be either torch.float32 or torch.float16 (or None), got {got!r}."
+)
+EMPTY_STATE_MSG = "Cannot load optimizer state dictionary because it is empty."
+NOT_IPU_STATE_MSG = (
+    "Only IPU optimizer states can be loaded onto the IPU: this state dictionary has no "
+    "'ipu_state'/'ipu_param' (it was not produced by a poptorch.optim optimizer's "
+    "state_dict() after compilation)."
+)
 
-_DTYPES = {
-    "float": popxl.float32,
-    "float32": popxl.float32,
-    "half": popxl.float16,
-    "float16": popxl.float16,
-}
+_DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "float16": "float16"}
 
 
 def as_dtype(value: Any) -> popxl.dtype | None:
-    """An accumulation type from a popxl/NumPy/torch dtype or its name; ``None`` stays."""
+    """An accumulation type (popxl) from a torch/NumPy/popxl dtype or its name."""
     if value is None:
         return None
     if isinstance(value, popxl.dtype):
-        return value
-    text = str(getattr(value, "name", value)).lower().replace("torch.", "")
-    if text not in _DTYPES:
-        try:
-            text = np.dtype(value).name
-        except TypeError:
-            raise ValueError(DTYPE_MSG.format(got=value)) from None
-    if text not in _DTYPES:
+        name = value.name
+    else:
+        name = str(getattr(value, "name", value)).lower().replace("torch.", "")
+        if name not in _DTYPES:
+            try:
+                name = np.dtype(value).name
+            except TypeError:
+                raise ValueError(DTYPE_MSG.format(got=value)) from None
+    if _DTYPES.get(name) is None:
         raise ValueError(DTYPE_MSG.format(got=value))
-    return _DTYPES[text]
+    return popxl.float16 if _DTYPES[name] == "float16" else popxl.float32
+
+
+def _user_dtype(value: Any) -> Any:
+    """The accumulation type as the optimiser stores it: a torch dtype when PyTorch is
+    installed (as PopTorch), else a popxl dtype; validated either way."""
+    dtype = as_dtype(value) if value is not None else popxl.float32
+    if torch is None:
+        return dtype
+    return torch.float16 if dtype == popxl.float16 else torch.float32
 
 
 class VariableAttributes:
-    """Which attributes are variables (updatable by ``setOptimizer``) or constants.
+    """Which attributes are variables (changed by ``setOptimizer`` without recompiling) and
+    which are constants baked into the program. Every optimiser has one: ``variable_attrs``.
 
     >>> attrs = VariableAttributes(["lr"], ["lr", "momentum"])
     >>> attrs.isConstant("momentum"), attrs.isConstant("lr")
     (True, False)
+    >>> attrs.markAsVariable("momentum"); attrs.isConstant("momentum")
+    False
     """
 
     def __init__(self, variable_attributes: Iterable[str], allowed_attributes: Iterable[str]):
-        self._allowed = list(allowed_attributes)
-        self._variable = set(variable_attributes) & set(self._allowed)
+        self._allowed_attributes = list(allowed_attributes)
+        self._variable_attributes = [a for a in variable_attributes]
 
     def _check(self, attr: str) -> None:
-        if attr not in self._allowed:
+        if attr not in self._allowed_attributes:
             raise ValueError(
-                UNKNOWN_ATTR_MSG.format(cls="optimizer", attr=attr, allowed=self._allowed)
+                UNKNOWN_ATTR_MSG.format(
+                    cls="optimizer", attr=attr, allowed=self._allowed_attributes
+                )
             )
 
-    def isConstant(self, attr: str) -> bool:  # noqa: N802
-        self._check(attr)
-        return attr not in self._variable
+    def isConstant(self, attr: str) -> bool:  # noqa: N802 (PopTorch's name)
+        """Whether ``attr`` is compiled as a constant."""
+        return attr not in self._variable_attributes
 
     def markAsConstant(self, attr: str) -> None:  # noqa: N802
+        """Compile ``attr`` as a constant (changing it later is an error)."""
         self._check(attr)
-        self._variable.discard(attr)
+        self._variable_attributes = [a for a in self._variable_attributes if a != attr]
 
     def markAsVariable(self, attr: str) -> None:  # noqa: N802
+        """Compile ``attr`` as a variable that ``setOptimizer`` can change."""
         self._check(attr)
-        self._variable.add(attr)
+        if attr not in self._variable_attributes:
+            self._variable_attributes.append(attr)
 
 
-Hyper = Any  # a Python float (constant) or a scalar float32 popxl tensor (variable)
+# ---- the torch base classes ------------------------------------------------------------------
 
 
-class Optimizer:
-    """Base class: parameter groups, attributes, state and the program's update step."""
+class _StandInOptimizer:
+    """The base of the optimisers when PyTorch is not installed: torch's attributes
+    (``defaults``, ``param_groups``, ``state``) for named weights only."""
 
-    # Per-group attributes and their defaults; subclasses extend.
-    group_defaults: dict[str, Any] = {"lr": 0.01, "weight_decay": 0.0}
-    # Attributes of the whole optimiser (same for every group).
-    global_defaults: dict[str, Any] = {"loss_scaling": 1.0, "max_grad_norm": float("inf")}
-    # Attributes that are always variable whatever was passed.
-    always_variable: tuple[str, ...] = ("lr",)
-    # Optimiser state slots: name -> attribute holding its dtype.
-    slots: dict[str, str] = {}
+    torch_defaults: dict[str, Any] = {}
 
-    def __init__(self, params: Any = None, **kwargs: Any) -> None:
-        passed = {k: v for k, v in kwargs.items() if v is not None}
-        self.accum_type = as_dtype(passed.pop("accum_type", None)) or popxl.float32
-        self._dtypes = {
-            key: as_dtype(passed.pop(key, None)) or popxl.float32
-            for key in set(self.slots.values())
-        }
-        allowed = [*self.group_defaults, *self.global_defaults]
-        for key in passed:
-            if key not in allowed:
-                raise ValueError(
-                    UNKNOWN_ATTR_MSG.format(cls=type(self).__name__, attr=key, allowed=allowed)
-                )
-        self.defaults = {k: passed.get(k, v) for k, v in self.group_defaults.items()}
-        for key, default in self.global_defaults.items():
-            setattr(self, key, passed.get(key, default))
-        self.param_groups = _param_groups(params, self.defaults)
-        variable = set(passed) | set(self.always_variable)
-        for group in self.param_groups[1:] if len(self.param_groups) > 1 else []:
-            variable |= {k for k in group if k != "params"}
-        self.variable_attrs = VariableAttributes(variable, allowed)
-        self._executor: Callable[[], Any] | None = None
-        self._pending_state: dict[str, Any] | None = None
+    def __init__(self, params: Any, defaults: dict[str, Any] | None = None, **kwargs: Any):
+        self.defaults = {**self.torch_defaults, **(defaults or {}), **kwargs}
+        self.state: dict[Any, Any] = {}
+        self.param_groups: list[dict[str, Any]] = []
 
-    # ---- attributes --------------------------------------------------------------------
-
-    def attributes(self, group: int) -> dict[str, float]:
-        """Every attribute's value for parameter group ``group``."""
-        values = {k: self.param_groups[group][k] for k in self.group_defaults}
-        values.update({k: getattr(self, k) for k in self.global_defaults})
-        return {k: float(v) for k, v in values.items()}
-
-    # ---- state --------------------------------------------------------------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_executor"] = None
-        return state
-
-    def _link(self, executor: Any) -> None:
-        self._executor = weakref.ref(executor)
-
-    def _linked(self) -> Any:
-        return self._executor() if self._executor is not None else None
-
-    def state_dict(self) -> dict[str, Any]:
-        """Hyper-parameters and (after training) the optimiser state read from the device.
-
-        ``{"state": {weight: {slot: array}}, "step": n, "param_groups": [...],
-        "optimizer": {...}}``; the layout differs from PyTorch's, as in PopTorch.
-        """
-        executor = self._linked()
-        state = executor._optimizer_state() if executor is not None else {}
-        groups = [{k: v for k, v in g.items()} for g in self.param_groups]
-        result = {
-            "param_groups": groups,
-            "optimizer": {k: getattr(self, k) for k in self.global_defaults},
-            "state": state.get("state", {}),
-            "step": state.get("step", 0),
-        }
-        if "loss_scaling" in state:  # automatic loss scaling: the running scale
-            result["loss_scaling"] = state["loss_scaling"]
-            result["good_steps"] = state["good_steps"]
-        return result
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore hyper-parameters and optimiser state (written to the device if a model
-        uses this optimiser, otherwise when one is built with it)."""
-        for group, saved in zip(self.param_groups, state_dict.get("param_groups", [])):
-            group.update({k: v for k, v in saved.items() if k != "params"})
-        for key, value in state_dict.get("optimizer", {}).items():
-            setattr(self, key, value)
-        executor = self._linked()
-        if executor is not None:
-            executor._load_optimizer_state(state_dict)
-        else:
-            self._pending_state = dict(state_dict)
-
-    # ---- program building ---------------------------------------------------------------
-
-    def active_slots(self) -> list[str]:
-        """The state slots this configuration needs (one variable per weight each)."""
-        return list(self.slots)
-
-    def dtype_of(self, slot: str) -> popxl.dtype:
-        return self._dtypes[self.slots[slot]]
-
-    def update(
-        self, w: popxl.Tensor, g: popxl.Tensor, state: dict[str, Any], h: dict, t: Any
-    ) -> popxl.Tensor:
-        """The new weight (float32) from weight ``w`` and gradient ``g`` (float32),
-        updating ``state`` in place. ``h`` holds the hyper-parameters, ``t`` the 1-based
-        step number (a float32 scalar tensor)."""
-        raise TypeError(f"{type(self).__name__} defines no update rule.")
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to clear: the device computes the gradients."""
 
 
-def _param_groups(params: Any, defaults: dict[str, Any]) -> list[dict[str, Any]]:
-    if params is None:
-        return [{"params": None, **defaults}]
+def _stand_in(name: str, defaults: dict[str, Any]) -> type:
+    return type(name, (_StandInOptimizer,), {"torch_defaults": defaults})
+
+
+def _torch_base(name: str, defaults: dict[str, Any]) -> type:
+    if torch is None:
+        return _stand_in(name, defaults)
+    return getattr(torch.optim, name)
+
+
+_TORCH_OPTIMIZER: type = torch.optim.Optimizer if torch is not None else _StandInOptimizer
+
+
+def _named(params: Any) -> tuple[bool, Any]:
+    """Whether ``params`` names weights (None, names, or dicts of names), and ``params``
+    as a list when it was an iterator."""
+    if params is None or isinstance(params, str):
+        return True, params
     items = list(params)
-    if items and all(isinstance(p, Mapping) for p in items):
-        return [{**defaults, **dict(p), "params": _patterns(p.get("params"))} for p in items]
-    return [{"params": _patterns(items), **defaults}]
+    if not items:
+        return False, items
+
+    def names(p: Any) -> bool:
+        return p is None or isinstance(p, str) or (
+            isinstance(p, (list, tuple)) and all(isinstance(x, str) for x in p)
+        )
+
+    if all(isinstance(p, Mapping) for p in items):
+        return all(names(p.get("params")) for p in items), items
+    return all(isinstance(p, str) for p in items), items
 
 
 def _patterns(params: Any) -> list[str] | None:
@@ -236,91 +196,244 @@ def _patterns(params: Any) -> list[str] | None:
     return [str(p) for p in params]
 
 
-def group_of_each(optimizer: Optimizer, names: list[str]) -> dict[str, int]:
-    """Weight name -> index of the first parameter group whose patterns match it; weights
-    no group names belong to the group with ``params=None`` if any, else to no group
-    (they are not trained)."""
-    result: dict[str, int] = {}
-    catch_all = None
-    for i, group in enumerate(optimizer.param_groups):
-        patterns = group["params"]
-        if patterns is None:
-            catch_all = i if catch_all is None else catch_all
-            continue
-        hits = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
-        if not hits:
-            raise ValueError(GROUP_MATCH_MSG.format(i=i, patterns=patterns, names=names))
-        for n in hits:
-            result.setdefault(n, i)
-    if catch_all is not None:
-        for n in names:
-            result.setdefault(n, catch_all)
-    return result
+def _accepted(init: Callable[..., None], given: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of ``given`` that torch's ``init`` takes (torch versions differ)."""
+    parameters = inspect.signature(init).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+        return dict(given)
+    return {k: v for k, v in given.items() if k in parameters and k != "params"}
 
 
-def _f32(x: Hyper) -> popxl.Tensor:
-    if isinstance(x, popxl.Tensor):
-        return x
-    return popxl.constant(np.float32(x), popxl.float32)
+def _given(args: dict[str, Any]) -> dict[str, Any]:
+    """The constructor arguments the user passed (not None): PopTorch makes them variable."""
+    return {
+        k: v for k, v in args.items() if k not in ("self", "params", "__class__") and v is not None
+    }
 
 
-_NORM_GROUP: contextvars.ContextVar[popxl.ReplicaGrouping | None] = contextvars.ContextVar(
-    "poptorch_norm_group", default=None
-)
+class Optimizer:
+    """PopTorch's part of its optimisers (mixed into each ``torch.optim`` optimiser).
 
-
-@contextlib.contextmanager
-def sharded_update(group: popxl.ReplicaGrouping | None) -> Iterator[None]:
-    """Within: ``update`` sees replica shards of ``group`` (``None``: whole tensors), so
-    whole-tensor sums (LAMB's norms) add up the shards of every replica of the group."""
-    token = _NORM_GROUP.set(group)
-    try:
-        yield
-    finally:
-        _NORM_GROUP.reset(token)
-
-
-def whole_sum(t: popxl.Tensor) -> popxl.Tensor:
-    """The sum of every element of the whole tensor ``t`` (a shard in ``sharded_update``)."""
-    total = ops.sum(t)
-    group = _NORM_GROUP.get()
-    if group is None:
-        return total
-    return ops.collectives.replicated_all_reduce(total, "add", group)
-
-
-def _write(slot: popxl.Tensor, value: popxl.Tensor) -> None:
-    ops.var_updates.copy_var_update_(slot, value)
-
-
-def _read(slot: popxl.Tensor) -> popxl.Tensor:
-    return slot if slot.dtype == popxl.float32 else ops.cast(slot, popxl.float32)
-
-
-class SGD(Optimizer):
-    """Stochastic gradient descent with momentum, dampening, Nesterov and weight decay.
-
-    With ``d = g + weight_decay * w``: ``v = d`` on the first step, then
-    ``v = momentum * v + (1 - dampening) * d``; the step is ``d + momentum * v``
-    (Nesterov) or ``v``, and ``w -= lr * step`` (``torch.optim.SGD``). The velocity is
-    stored multiplied by ``velocity_scaling`` (the combined variant's scaling; the result
-    is the same, only the stored magnitude changes).
+    ``state_dict()`` holds ``"ipu_state"`` (the optimiser state tensors, by PopART's names:
+    ``Accl1___fc.weight``...) and ``"ipu_param"`` (the variable hyper-parameters:
+    ``learningRate___specific___fc.weight``, ``lossScaling_FLOAT``...), read from the device
+    of the model that uses the optimiser, besides torch's own entries (so LR schedulers
+    work); both are ``None`` before the model is compiled. ``load_state_dict`` writes them
+    back to the device (or when a model is compiled with the optimiser).
     """
 
-    group_defaults = {
-        "lr": 0.01,
-        "momentum": 0.0,
-        "dampening": 0.0,
-        "weight_decay": 0.0,
-        "nesterov": False,
-        "velocity_scaling": 1.0,
-    }
-    slots = {"momentum_buffer": "velocity_accum_type"}
+    # PopTorch's lists: attributes not in torch's optimiser that are global but variable
+    # (``_child_vars``), every attribute not in torch's optimiser (``_child_only``) and the
+    # attributes a parameter group may set (``_group_vars``).
+    _child_vars: tuple[str, ...] = ("loss_scaling",)
+    _child_only: tuple[str, ...] = ()
+    _group_vars: tuple[str, ...] = ()
+
+    def _poptorch_init(
+        self, params: Any, given: dict[str, Any], torch_init: Callable[..., None]
+    ) -> None:
+        """Build torch's part with the torch arguments in ``given``, or (named weights)
+        with a placeholder parameter replaced by the named groups."""
+        self._executor: Callable[[], Any] | None = None
+        # The device state last read or loaded; a loaded state dict not yet written.
+        self._ipu: dict[str, Any] = {"ipu_state": None, "ipu_param": None}
+        self._loaded: dict[str, Any] | None = None
+        self._ipu_dirty = False
+        # The previous layout of a read (named weights), and the device state it is of.
+        self._legacy: dict[str, Any] | None = None
+        self._cache_of: Any = None
+        named, params = _named(params)
+        self._named = named
+        torch_args = _accepted(torch_init, given)
+        if not named:
+            torch_init(self, params, **torch_args)
+            return
+        placeholder = [torch.zeros(1, requires_grad=True)] if torch is not None else []
+        torch_init(self, placeholder, **torch_args)
+        if params is None or isinstance(params, str) or not isinstance(params[0], Mapping):
+            groups = [{"params": params}]
+        else:
+            groups = [dict(g) for g in params]
+        self.param_groups = [
+            {**self.defaults, **g, "params": _patterns(g.get("params"))} for g in groups
+        ]
+
+    def _finish_init(self, given: dict[str, Any]) -> None:
+        self.variable_attrs = VariableAttributes(
+            list(given), [*self.defaults, *self._child_vars]
+        )
+
+    def _set_group_default(self, key: str, value: Any) -> None:
+        """A PopTorch attribute parameter groups may set (velocity scaling, LAMB's maximum
+        weight norm)."""
+        self.defaults[key] = value
+        for group in self.param_groups:
+            group.setdefault(key, value)
+
+    # ---- torch's API -----------------------------------------------------------------------
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As torch (the device computes the gradients; nothing to clear for named weights)."""
+        if not self._named:
+            super().zero_grad(set_to_none)  # type: ignore[misc]
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """torch's step on the host parameters (a no-op unless ``backward`` ran on the
+        host): a ``trainingModel`` updates its weights on the device in every call."""
+        if self._named:
+            return closure() if closure is not None else None
+        return super().step(closure)  # type: ignore[misc]
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if state.get("_named"):  # torch's would walk the groups' (named) parameters
+            self.__dict__.update(state)
+        else:
+            super().__setstate__(state)  # type: ignore[misc]
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.__dict__.get("_named"):
+            state = {
+                k: v
+                for k, v in self.__dict__.items()
+                if not getattr(v, "_wrapped_by_lr_sched", False)  # an LR scheduler's wrapper
+            }
+        elif isinstance(self, _TORCH_OPTIMIZER) and torch is not None:
+            state = _TORCH_OPTIMIZER.__getstate__(self)  # type: ignore[arg-type]
+            own = {k: v for k, v in self.__dict__.items() if k in _OWN_KEYS}
+            state = {**state, **own}
+        else:
+            state = dict(self.__dict__)
+        state.update(_executor=None, _cache_of=None)
+        return state
+
+    # ---- the device's state ----------------------------------------------------------------
+
+    def _set_executor(self, executor: Any) -> None:
+        self._executor = weakref.ref(executor) if executor is not None else None
+
+    def _link(self, executor: Any) -> None:
+        """Used by ``executor`` (a popxl_addons model: the optimiser names its weights)."""
+        from ._optim_link import link_of  # noqa: PLC0415 (the link imports this module)
+
+        self._set_executor(executor)
+        link_of(executor).attach(self)
+
+    def _linked(self) -> Any:
+        return self._executor() if self._executor is not None else None
+
+    def has_state(self) -> bool:
+        """Whether the optimiser holds device state (read back, or loaded)."""
+        return self._ipu.get("ipu_state") is not None and self._ipu.get("ipu_param") is not None
+
+    @property
+    def _pending_state(self) -> dict[str, Any] | None:
+        """Loaded state not yet written to the device."""
+        return self._loaded if self._ipu_dirty else None
+
+    @_pending_state.setter
+    def _pending_state(self, value: Any) -> None:
+        if value is None:
+            self._ipu_dirty = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"ipu_state": ..., "ipu_param": ..., **torch's state_dict()}``, the device's
+        state read back if it changed since the last read (named weights: with the
+        previous layout ``{"state": {weight: {slot: array}}, "step": n, ...}`` too)."""
+        from ._optim_link import read_state  # noqa: PLC0415
+
+        ipu, legacy = read_state(self)
+        if self._named:
+            return {**legacy, **ipu}
+        return {**ipu, **_TORCH_OPTIMIZER.state_dict(self)}  # type: ignore[arg-type]
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a ``state_dict()``: hyper-parameters (torch's part, so LR schedulers
+        resume) and the device state, written to the device now if a compiled model uses
+        this optimiser, else when one is compiled with it."""
+        from ._optim_link import write_state  # noqa: PLC0415
+
+        if not state_dict:
+            raise RuntimeError(EMPTY_STATE_MSG)
+        if self._named:
+            self._load_named(state_dict)
+        else:
+            _TORCH_OPTIMIZER.load_state_dict(self, state_dict)  # type: ignore[arg-type]
+            if not ("ipu_state" in state_dict and "ipu_param" in state_dict):
+                raise RuntimeError(NOT_IPU_STATE_MSG)
+        write_state(self, state_dict)
+
+    def _load_named(self, state_dict: Mapping[str, Any]) -> None:
+        for group, saved in zip(self.param_groups, state_dict.get("param_groups", [])):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        for key, value in state_dict.get("optimizer", {}).items():
+            setattr(self, key, value)
+
+
+# Instance attributes PopTorch's optimisers keep besides torch's (saved by pickling/copy).
+_OWN_KEYS = {
+    "_executor",
+    "_legacy",
+    "_cache_of",
+    "_named",
+    "_ipu",
+    "_loaded",
+    "_ipu_dirty",
+    "variable_attrs",
+    "loss_scaling",
+    "velocity_scaling",
+    "use_combined_accum",
+    "accum_type",
+    "velocity_accum_type",
+    "first_order_momentum_accum_type",
+    "second_order_momentum_accum_type",
+    "max_grad_norm",
+    "bias_correction",
+    "use_tf_variant",
+    "max_weight_norm",
+}
+
+
+def _accum_types(opt: Any, given: dict[str, Any], *names: str) -> None:
+    for name in names:
+        setattr(opt, name, _user_dtype(given.get(name)))
+
+
+def _max_grad_norm(value: float | None) -> float:
+    return float("inf") if value is None else float(value)
+
+
+_SGD_DEFAULTS = {"lr": 1e-3, "momentum": 0, "dampening": 0, "weight_decay": 0, "nesterov": False}
+_ADAM_DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0, "amsgrad": False}
+_RMSPROP_DEFAULTS = {
+    "lr": 1e-2, "alpha": 0.99, "eps": 1e-8, "weight_decay": 0, "momentum": 0, "centered": False
+}
+
+
+class SGD(Optimizer, _torch_base("SGD", _SGD_DEFAULTS)):  # type: ignore[misc]
+    """Stochastic gradient descent with optional momentum (``torch.optim.SGD``), loss
+    scaling and velocity scaling.
+
+    ``use_combined_accum=False`` (default): the separate variant, whose velocity scaling
+    is the loss scaling; ``True``: the combined variant, with its own ``velocity_scaling``
+    (a per-group attribute). The result is the same; only the stored velocity's magnitude
+    differs. ``accum_type`` is the gradient accumulators' type, ``velocity_accum_type`` the
+    velocity's; ``max_grad_norm`` clips the global gradient norm.
+    """
+
+    _child_only = (
+        "loss_scaling",
+        "velocity_scaling",
+        "use_combined_accum",
+        "accum_type",
+        "velocity_accum_type",
+        "max_grad_norm",
+    )
+    _group_vars = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "velocity_scaling")
 
     def __init__(
         self,
         params: Any = None,
-        lr: float = 0.01,
+        lr: float | None = None,
         momentum: float | None = None,
         dampening: float | None = None,
         weight_decay: float | None = None,
@@ -335,70 +448,37 @@ class SGD(Optimizer):
         velocity_accum_type: Any = None,
         max_grad_norm: float | None = None,
     ) -> None:
-        if maximize:
-            raise ValueError("SGD(maximize=True) is not supported; negate the loss instead.")
+        given = _given(locals())
+        self._poptorch_init(params, given, _torch_init(SGD))
+        self.loss_scaling = 1.0 if loss_scaling is None else loss_scaling
         self.use_combined_accum = bool(use_combined_accum)
-        super().__init__(
-            params,
-            lr=lr,
-            momentum=momentum,
-            dampening=dampening,
-            weight_decay=weight_decay,
-            nesterov=nesterov,
-            loss_scaling=loss_scaling,
-            velocity_scaling=velocity_scaling,
-            accum_type=accum_type,
-            velocity_accum_type=velocity_accum_type,
-            max_grad_norm=max_grad_norm,
-        )
-        nest = self.param_groups[0]["nesterov"]
-        if nest and (self.defaults["momentum"] <= 0 or self.defaults["dampening"] != 0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening.")
+        if use_combined_accum:
+            vs = 1.0 if velocity_scaling is None else velocity_scaling
+            self._set_group_default("velocity_scaling", vs)
+        elif velocity_scaling is not None:
+            from ._log import logger  # noqa: PLC0415
 
-    def active_slots(self) -> list[str]:
-        return ["momentum_buffer"] if _uses(self, "momentum") else []
-
-    def update(self, w: Any, g: Any, state: dict, h: dict, t: Any) -> popxl.Tensor:
-        d = g + w * h["weight_decay"] if _nonzero(h["weight_decay"]) else g
-        if "momentum_buffer" not in state:
-            return w - d * h["lr"]
-        scale = _f32(h["velocity_scaling"])
-        first = ops.cast(ops.equal(t, popxl.constant(np.float32(1.0))), popxl.float32)
-        keep = _f32(h["momentum"]) * (1.0 - first)
-        new = (1.0 - _f32(h["dampening"])) * (1.0 - first) + first
-        v = _read(state["momentum_buffer"]) * keep + d * (new * scale)
-        _write(state["momentum_buffer"], v)
-        v = v / scale
-        step = d + v * h["momentum"] if self.param_groups[0]["nesterov"] else v
-        return w - step * h["lr"]
+            logger.warning(
+                "velocity_scaling is ignored by the separate SGD variant "
+                "(use_combined_accum=False), whose velocity scaling is the loss scaling."
+            )
+        _accum_types(self, given, "accum_type", "velocity_accum_type")
+        self.max_grad_norm = _max_grad_norm(max_grad_norm)
+        self._finish_init(given)
 
 
-def _uses(opt: Optimizer, attr: str) -> bool:
-    """Whether ``attr`` can be non-zero at run time (set, or variable)."""
-    return not opt.variable_attrs.isConstant(attr) or any(g[attr] for g in opt.param_groups)
+class Adam(Optimizer, _torch_base("Adam", _ADAM_DEFAULTS)):  # type: ignore[misc]
+    """Adam (``torch.optim.Adam``) with loss scaling, accumulation types and gradient
+    clipping. ``amsgrad=True`` is refused when a model is built with it (as PopTorch)."""
 
-
-def _nonzero(x: Hyper) -> bool:
-    return isinstance(x, popxl.Tensor) or float(x) != 0.0
-
-
-class Adam(Optimizer):
-    """Adam (``torch.optim.Adam``): L2 weight decay added to the gradient, bias-corrected
-    moments, ``w -= lr * m_hat / (sqrt(v_hat) + eps)``."""
-
-    group_defaults = {
-        "lr": 0.001,
-        "beta1": 0.9,
-        "beta2": 0.999,
-        "eps": 1e-8,
-        "weight_decay": 0.0,
-    }
-    slots = {
-        "exp_avg": "first_order_momentum_accum_type",
-        "exp_avg_sq": "second_order_momentum_accum_type",
-    }
-    decoupled = False
-    bias_correction = True
+    _child_only = (
+        "loss_scaling",
+        "accum_type",
+        "first_order_momentum_accum_type",
+        "second_order_momentum_accum_type",
+        "max_grad_norm",
+    )
+    _group_vars = ("lr", "betas", "eps", "weight_decay", "amsgrad")
 
     def __init__(
         self,
@@ -418,79 +498,79 @@ class Adam(Optimizer):
         first_order_momentum_accum_type: Any = None,
         second_order_momentum_accum_type: Any = None,
         max_grad_norm: float | None = None,
-        bias_correction: bool | None = None,
     ) -> None:
-        if amsgrad:
-            raise ValueError(AMSGRAD_MSG.format(cls=type(self).__name__))
-        if maximize:
-            raise ValueError(f"{type(self).__name__}(maximize=True) is not supported.")
-        if bias_correction is not None:
-            self.bias_correction = bool(bias_correction)
-        b1, b2 = betas if betas is not None else (None, None)
-        super().__init__(
-            params,
-            lr=lr,
-            beta1=b1,
-            beta2=b2,
-            eps=eps,
-            weight_decay=weight_decay,
-            loss_scaling=loss_scaling,
-            accum_type=accum_type,
-            first_order_momentum_accum_type=first_order_momentum_accum_type,
-            second_order_momentum_accum_type=second_order_momentum_accum_type,
-            max_grad_norm=max_grad_norm,
-        )
-
-    @property
-    def betas(self) -> tuple[float, float]:
-        return (self.defaults["beta1"], self.defaults["beta2"])
-
-    def _moments(self, g: Any, state: dict, h: dict, t: Any) -> tuple[Any, Any]:
-        b1, b2 = _f32(h["beta1"]), _f32(h["beta2"])
-        m = _read(state["exp_avg"]) * b1 + g * (1.0 - b1)
-        v = _read(state["exp_avg_sq"]) * b2 + g * g * (1.0 - b2)
-        _write(state["exp_avg"], m)
-        _write(state["exp_avg_sq"], v)
-        if self.bias_correction:
-            m = m / (1.0 - ops.pow(b1, t))
-            v = v / (1.0 - ops.pow(b2, t))
-        return m, v
-
-    def update(self, w: Any, g: Any, state: dict, h: dict, t: Any) -> popxl.Tensor:
-        wd = h["weight_decay"]
-        if _nonzero(wd) and not self.decoupled:
-            g = g + w * wd
-        m, v = self._moments(g, state, h, t)
-        if _nonzero(wd) and self.decoupled:
-            w = w - w * (_f32(h["lr"]) * wd)
-        return w - m / (ops.sqrt(v) + h["eps"]) * h["lr"]
+        given = _given(locals())
+        self._poptorch_init(params, given, _torch_init(Adam))
+        _adam_attributes(self, given, loss_scaling, max_grad_norm)
 
 
-class AdamW(Adam):
-    """AdamW (``torch.optim.AdamW``): decoupled weight decay ``w -= lr * wd * w`` (default
-    0.01), then the Adam step; ``bias_correction=False`` drops the bias correction."""
+def _adam_attributes(opt: Any, given: dict, loss_scaling: Any, max_grad_norm: Any) -> None:
+    opt.loss_scaling = 1.0 if loss_scaling is None else loss_scaling
+    _accum_types(
+        opt, given, "accum_type", "first_order_momentum_accum_type",
+        "second_order_momentum_accum_type",
+    )
+    opt.max_grad_norm = _max_grad_norm(max_grad_norm)
+    opt._finish_init(given)
 
-    group_defaults = {**Adam.group_defaults, "weight_decay": 0.01}
-    decoupled = True
+
+class AdamW(Optimizer, _torch_base("AdamW", {**_ADAM_DEFAULTS, "weight_decay": 1e-2})):  # type: ignore[misc]
+    """AdamW (``torch.optim.AdamW``: decoupled weight decay) with loss scaling,
+    accumulation types and gradient clipping; ``bias_correction=False`` drops Adam's bias
+    correction."""
+
+    _child_only = (
+        "loss_scaling",
+        "bias_correction",
+        "accum_type",
+        "first_order_momentum_accum_type",
+        "second_order_momentum_accum_type",
+        "max_grad_norm",
+    )
+    _group_vars = ("lr", "betas", "weight_decay", "eps", "amsgrad")
+
+    def __init__(
+        self,
+        params: Any = None,
+        lr: float | None = None,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
+        weight_decay: float | None = None,
+        amsgrad: bool | None = None,
+        maximize: bool | None = None,
+        foreach: bool | None = None,
+        capturable: bool | None = None,
+        differentiable: bool | None = None,
+        fused: bool | None = None,
+        loss_scaling: float | None = None,
+        bias_correction: bool | None = None,
+        accum_type: Any = None,
+        first_order_momentum_accum_type: Any = None,
+        second_order_momentum_accum_type: Any = None,
+        max_grad_norm: float | None = None,
+    ) -> None:
+        given = _given(locals())
+        self._poptorch_init(params, given, _torch_init(AdamW))
+        self.bias_correction = True if bias_correction is None else bool(bias_correction)
+        _adam_attributes(self, given, loss_scaling, max_grad_norm)
 
 
-class RMSprop(Optimizer):
-    """RMSprop (``torch.optim.RMSprop``): ``v = alpha v + (1-alpha) g^2``; centered
-    subtracts the squared mean gradient; with momentum a buffer ``b = momentum b +
-    g / (sqrt(v) + eps)``. ``use_tf_variant`` puts ``eps`` inside the square root."""
+class RMSprop(Optimizer, _torch_base("RMSprop", _RMSPROP_DEFAULTS)):  # type: ignore[misc]
+    """RMSprop (``torch.optim.RMSprop``) with loss scaling and accumulation types.
 
-    group_defaults = {
-        "lr": 0.01,
-        "alpha": 0.99,
-        "eps": 1e-8,
-        "weight_decay": 0.0,
-        "momentum": 0.0,
-    }
-    slots = {
-        "square_avg": "second_order_momentum_accum_type",
-        "momentum_buffer": "first_order_momentum_accum_type",
-        "grad_avg": "first_order_momentum_accum_type",
-    }
+    ``use_tf_variant=True`` follows TensorFlow instead: the mean square starts at ones,
+    ``eps`` is added inside the square root and the momentum buffer accumulates the
+    learning rate times the step.
+    """
+
+    _child_only = (
+        "loss_scaling",
+        "accum_type",
+        "first_order_momentum_accum_type",
+        "second_order_momentum_accum_type",
+        "use_tf_variant",
+    )
+    _group_vars = ("lr", "momentum", "weight_decay", "alpha", "eps", "centered")
 
     def __init__(
         self,
@@ -511,56 +591,30 @@ class RMSprop(Optimizer):
         use_tf_variant: bool | None = None,
         max_grad_norm: float | None = None,
     ) -> None:
-        if maximize:
-            raise ValueError("RMSprop(maximize=True) is not supported.")
-        self.centered = bool(centered)
+        given = _given(locals())
+        self._poptorch_init(params, given, _torch_init(RMSprop))
         self.use_tf_variant = bool(use_tf_variant)
-        super().__init__(
-            params,
-            lr=lr,
-            alpha=alpha,
-            eps=eps,
-            weight_decay=weight_decay,
-            momentum=momentum,
-            loss_scaling=loss_scaling,
-            accum_type=accum_type,
-            first_order_momentum_accum_type=first_order_momentum_accum_type,
-            second_order_momentum_accum_type=second_order_momentum_accum_type,
-            max_grad_norm=max_grad_norm,
-        )
-
-    def active_slots(self) -> list[str]:
-        slots = ["square_avg"] + (["grad_avg"] if self.centered else [])
-        return slots + (["momentum_buffer"] if _uses(self, "momentum") else [])
-
-    def update(self, w: Any, g: Any, state: dict, h: dict, t: Any) -> popxl.Tensor:
-        if _nonzero(h["weight_decay"]):
-            g = g + w * h["weight_decay"]
-        a = _f32(h["alpha"])
-        v = _read(state["square_avg"]) * a + g * g * (1.0 - a)
-        _write(state["square_avg"], v)
-        if self.centered:
-            ga = _read(state["grad_avg"]) * a + g * (1.0 - a)
-            _write(state["grad_avg"], ga)
-            v = v - ga * ga
-        denom = ops.sqrt(v + h["eps"]) if self.use_tf_variant else ops.sqrt(v) + h["eps"]
-        step = g / denom
-        if "momentum_buffer" not in state:
-            return w - step * h["lr"]
-        buf = _read(state["momentum_buffer"]) * h["momentum"] + step
-        _write(state["momentum_buffer"], buf)
-        return w - buf * h["lr"]
+        _adam_attributes(self, given, loss_scaling, max_grad_norm)
 
 
 RMSProp = RMSprop
 
 
-class LAMB(Adam):
-    """LAMB: Adam's bias-corrected ratio plus decoupled weight decay ``r = m_hat /
-    (sqrt(v_hat) + eps) + wd * w``, scaled by the trust ratio ``min(||w||, max_weight_norm)
-    / ||r||`` (1 when either norm is 0): ``w -= lr * ratio * r``."""
+class LAMB(Optimizer, _TORCH_OPTIMIZER):  # type: ignore[misc]
+    """LAMB (Layer-wise Adaptive Moments, https://arxiv.org/abs/1904.00962): Adam's ratio
+    plus decoupled weight decay, scaled per weight by the trust ratio
+    ``min(||w||, max_weight_norm) / ||ratio||``; ``bias_correction=False`` drops Adam's
+    bias correction, ``max_weight_norm=None`` the clamp. ``step()`` runs it on the host
+    parameters' gradients (as PopTorch's ``LAMB.step``)."""
 
-    group_defaults = {**Adam.group_defaults, "weight_decay": 1e-2, "max_weight_norm": 65500.0}
+    _child_only = (
+        "loss_scaling",
+        "bias_correction",
+        "accum_type",
+        "first_order_momentum_accum_type",
+        "second_order_momentum_accum_type",
+    )
+    _group_vars = ("lr", "weight_decay", "betas", "eps", "max_weight_norm")
 
     def __init__(
         self,
@@ -577,45 +631,66 @@ class LAMB(Adam):
         second_order_momentum_accum_type: Any = None,
         max_grad_norm: float | None = None,
     ) -> None:
-        self._max_weight_norm = max_weight_norm
-        super().__init__(
-            params,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            loss_scaling=loss_scaling,
-            accum_type=accum_type,
-            first_order_momentum_accum_type=first_order_momentum_accum_type,
-            second_order_momentum_accum_type=second_order_momentum_accum_type,
-            max_grad_norm=max_grad_norm,
-            bias_correction=bias_correction,
-        )
-        if max_weight_norm is not None:
+        given = _given(locals())
+        defaults = {
+            "lr": 1e-3 if lr is None else lr,
+            "betas": (0.9, 0.999) if betas is None else tuple(betas),
+            "eps": 1e-8 if eps is None else eps,
+            "weight_decay": 1e-2 if weight_decay is None else weight_decay,
+            "max_weight_norm": 65500.0 if max_weight_norm is None else max_weight_norm,
+        }
+
+        def torch_init(opt: Any, params: Any) -> None:
+            _TORCH_OPTIMIZER.__init__(opt, params, defaults)
+
+        self._poptorch_init(params, {}, torch_init)
+        self.bias_correction = True if bias_correction is None else bool(bias_correction)
+        self.max_weight_norm = defaults["max_weight_norm"]
+        _adam_attributes(self, given, loss_scaling, max_grad_norm)
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One LAMB step on the host parameters that have a gradient."""
+        loss = closure() if closure is not None else None
+        if self._named or torch is None:
+            return loss
+        with torch.no_grad():
             for group in self.param_groups:
-                group["max_weight_norm"] = float(max_weight_norm)
-            self.defaults["max_weight_norm"] = float(max_weight_norm)
-            self.variable_attrs.markAsVariable("max_weight_norm")
+                for p in group["params"]:
+                    if p.grad is not None:
+                        self._host_update(p, group)
+        return loss
 
-    def update(self, w: Any, g: Any, state: dict, h: dict, t: Any) -> popxl.Tensor:
-        m, v = self._moments(g, state, h, t)
-        r = m / (ops.sqrt(v) + h["eps"])
-        if _nonzero(h["weight_decay"]):
-            r = r + w * h["weight_decay"]
-        w_norm = ops.sqrt(whole_sum(w * w))
-        w_norm = _min(w_norm, _f32(h["max_weight_norm"]))
-        r_norm = ops.sqrt(whole_sum(r * r))
-        zero = popxl.constant(np.float32(0.0))
-        valid = ops.logical_and(ops.greater(w_norm, zero), ops.greater(r_norm, zero))
-        safe = ops.maximum(r_norm, popxl.constant(np.float32(1e-30)))
-        ratio = ops.where(valid, w_norm / safe, popxl.constant(np.float32(1.0)))
-        return w - r * (ratio * h["lr"])
+    def _host_update(self, p: Any, group: dict) -> None:
+        state = self.state[p]
+        if not state:
+            state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        state["step"] += 1
+        t = state["step"]
+        b1, b2 = group["betas"]
+        g = p.grad
+        state["exp_avg"].mul_(b1).add_(g, alpha=1 - b1)
+        state["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        if self.bias_correction:
+            m, v = m / (1 - b1**t), v / (1 - b2**t)
+        ratio = m / (v.sqrt() + group["eps"]) + group["weight_decay"] * p
+        w_norm = min(float(p.norm()), float(group["max_weight_norm"]))
+        r_norm = float(ratio.norm())
+        trust = w_norm / r_norm if w_norm > 0 and r_norm > 0 else 1.0
+        p.sub_(ratio, alpha=group["lr"] * trust)
 
 
-def _min(a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
-    return ops.where(ops.greater(a, b), b, a)
+def _torch_init(cls: type) -> Callable[..., None]:
+    """The ``__init__`` of ``cls``'s torch base (its second base class)."""
+    return cls.__bases__[1].__init__
 
 
-OPTIMIZERS = (SGD, Adam, AdamW, RMSprop, LAMB)
+class _Binding:
+    """Base of ``_optim_link.Bound``: a torch model's optimiser bound to its weight names,
+    which is what the executor of a torch model trains with."""
+
+
+# What ``trainingModel``'s executor accepts as its optimiser.
+OPTIMIZERS: tuple[type, ...] = (Optimizer, _Binding)
 
 __all__ = ["VariableAttributes", "Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "RMSProp", "LAMB"]

@@ -7,6 +7,7 @@ ops the capture keeps whole instead of decomposing (their records lower them dir
 
 from __future__ import annotations
 
+from . import activation as activation
 from . import conv as conv
 from . import creation as creation
 from . import elementwise as elementwise

@@ -1,8 +1,13 @@
-"""Elementwise ATen ops: arithmetic, math, comparisons, logic and activations.
+"""Elementwise ATen ops: arithmetic, math functions, comparisons, logic and bitwise ops.
 
 Tables, as in ``popxl.ops.elementwise``: each entry maps an ATen op to the popxl op with
 the same meaning, or to a JAX function recorded as ``aten::<name>``. Inputs are first cast
-to the dtype torch computes in (its type promotion), so popxl's equal-dtype rule holds.
+to the dtype torch computes in (its type promotion; the float output dtype for ops such as
+``atan2`` that turn integers into floats), so popxl's equal-dtype rule holds.
+
+Ops that ``run_decompositions`` rewrites (``clamp_min``, ``floor_divide``, ``rsub``,
+``isfinite``, ``where.Scalar``...) have no record: the capture never shows them. The
+activations live in ``activation.py``.
 """
 
 from __future__ import annotations
@@ -10,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import jax.numpy as jnp
+import jax.scipy.special as jsp
 from jax import lax
 from torch.ops import aten
 
@@ -22,8 +27,7 @@ from ._registry import NodeContext, lowering, promoted_dtype
 
 # Unary ops ---------------------------------------------------------------------------------
 
-# ATen op -> popxl op (float math keeps the input's float dtype; integer inputs of float
-# ops are cast to the output dtype first).
+# ATen op -> popxl op (float math on integer inputs computes in the float output dtype).
 _UNARY_POPXL: dict[Any, Callable[[popxl.Tensor], popxl.Tensor]] = {
     aten.abs.default: ops.abs,
     aten.neg.default: ops.negate,
@@ -43,14 +47,6 @@ _UNARY_POPXL: dict[Any, Callable[[popxl.Tensor], popxl.Tensor]] = {
 }
 
 
-def _round_half_even(x: Any) -> Any:
-    return jnp.round(x)
-
-
-def _sign(x: Any) -> Any:
-    return jnp.sign(x)
-
-
 def _logical_not(x: Any) -> Any:
     return jnp.logical_not(x.astype(bool))
 
@@ -59,11 +55,16 @@ def _bitwise_not(x: Any) -> Any:
     return jnp.logical_not(x) if x.dtype == jnp.bool_ else jnp.invert(x)
 
 
+def _reciprocal(x: Any) -> Any:
+    return 1 / x
+
+
 # ATen op -> (name, JAX function) for ops popxl does not have with torch's semantics.
 _UNARY_JAX: dict[Any, tuple[str, Callable[[Any], Any]]] = {
     aten.rsqrt.default: ("rsqrt", lax.rsqrt),
-    aten.reciprocal.default: ("reciprocal", lambda x: 1 / x),
+    aten.reciprocal.default: ("reciprocal", _reciprocal),
     aten.erf.default: ("erf", lax.erf),
+    aten.erfc.default: ("erfc", lax.erfc),
     aten.erfinv.default: ("erfinv", lax.erf_inv),
     aten.expm1.default: ("expm1", jnp.expm1),
     aten.log1p.default: ("log1p", jnp.log1p),
@@ -78,33 +79,41 @@ _UNARY_JAX: dict[Any, tuple[str, Callable[[Any], Any]]] = {
     aten.asinh.default: ("asinh", jnp.arcsinh),
     aten.acosh.default: ("acosh", jnp.arccosh),
     aten.atanh.default: ("atanh", jnp.arctanh),
-    aten.round.default: ("round", _round_half_even),
+    aten.round.default: ("round", jnp.round),  # half to even, as torch
     aten.trunc.default: ("trunc", jnp.trunc),
-    aten.sign.default: ("sign", _sign),
+    aten.sign.default: ("sign", jnp.sign),
+    aten.signbit.default: ("signbit", jnp.signbit),
     aten.logical_not.default: ("logical_not", _logical_not),
     aten.bitwise_not.default: ("bitwise_not", _bitwise_not),
-    aten.isfinite.default: ("isfinite", jnp.isfinite),
     aten.lgamma.default: ("lgamma", lax.lgamma),
     aten.digamma.default: ("digamma", lax.digamma),
+    aten.i0.default: ("i0", jsp.i0),
+    aten.special_i0e.default: ("special_i0e", jsp.i0e),
+    aten.special_i1.default: ("special_i1", jsp.i1),
+    aten.special_i1e.default: ("special_i1e", jsp.i1e),
+    aten.special_ndtri.default: ("special_ndtri", jsp.ndtri),
+    aten.special_erfcx.default: ("special_erfcx", jsp.erfcx),
 }
+
+
+def _as_out_float(ctx: NodeContext, x: popxl.Tensor) -> popxl.Tensor:
+    """``x`` cast to the node's output dtype when that is a float (``sqrt`` of an int)."""
+    out_dtype = ctx.out_dtype
+    if out_dtype.is_floating_point and x.dtype != out_dtype:
+        return ops.cast(x, out_dtype)
+    return x
 
 
 def _unary_popxl(fn: Callable[[popxl.Tensor], popxl.Tensor]) -> Callable[..., popxl.Tensor]:
     def lower(ctx: NodeContext, x: popxl.Tensor) -> popxl.Tensor:
-        out_dtype = ctx.out_dtype
-        if out_dtype.is_floating_point and x.dtype != out_dtype:
-            x = ops.cast(x, out_dtype)
-        return fn(x)
+        return fn(_as_out_float(ctx, x))
 
     return lower
 
 
 def _unary_jax(name: str, fn: Callable[[Any], Any]) -> Callable[..., popxl.Tensor]:
     def lower(ctx: NodeContext, x: popxl.Tensor) -> popxl.Tensor:
-        out_dtype = ctx.out_dtype
-        if out_dtype.is_floating_point and x.dtype != out_dtype:
-            x = ops.cast(x, out_dtype)
-        return ctx.jax(name, fn, x)
+        return ctx.jax(name, fn, _as_out_float(ctx, x))
 
     return lower
 
@@ -115,12 +124,32 @@ for _target, (_name, _jfn) in _UNARY_JAX.items():
     lowering(_target)(_unary_jax(_name, _jfn))
 
 
+def _round_decimals(x: Any, decimals: int) -> Any:
+    return jnp.round(x, decimals)
+
+
+@lowering(aten.round.decimals)
+def _lower_round_decimals(ctx: NodeContext, x: popxl.Tensor, *, decimals: int = 0) -> Any:
+    return ctx.jax("round_decimals", _round_decimals, x, decimals=int(decimals))
+
+
+def _polygamma(x: Any, n: int) -> Any:
+    return jsp.polygamma(n, x)
+
+
+@lowering(aten.polygamma.default)
+def _lower_polygamma(ctx: NodeContext, n: int, x: popxl.Tensor) -> Any:
+    return ctx.jax("polygamma", _polygamma, _as_out_float(ctx, x), n=int(n))
+
+
 # Binary ops ---------------------------------------------------------------------------------
 
 
 def _operands(ctx: NodeContext, x: Any, y: Any) -> tuple[popxl.Tensor, popxl.Tensor]:
-    """Both operands as tensors of torch's computation dtype."""
-    dtype = promoted_dtype(ctx.node, 0, 1)
+    """Both operands as tensors of torch's computation dtype: the promoted dtype, or the
+    float output dtype of ops that make floats of integers (``atan2``, ``copysign``)."""
+    out_dtype = ctx.out_dtype
+    dtype = out_dtype if out_dtype.is_floating_point else promoted_dtype(ctx.node, 0, 1)
     return ctx.tensor(x, dtype), ctx.tensor(y, dtype)
 
 
@@ -136,52 +165,70 @@ def _truncdiv(x: Any, y: Any) -> Any:
     return jnp.trunc(x / y)
 
 
-def _remainder(x: Any, y: Any) -> Any:
-    return jnp.remainder(x, y)
-
-
-def _fmod(x: Any, y: Any) -> Any:
-    return jnp.fmod(x, y)
-
-
-def _pow(x: Any, y: Any) -> Any:
-    return jnp.power(x, y)
-
-
-def _atan2(x: Any, y: Any) -> Any:
-    return jnp.arctan2(x, y)
-
-
-def _bitwise(np_fn: Callable[..., Any], logical: Callable[..., Any]) -> Callable[..., Any]:
+def _bitwise(int_fn: Callable[..., Any], bool_fn: Callable[..., Any]) -> Callable[..., Any]:
     def fn(x: Any, y: Any) -> Any:
-        return logical(x, y) if x.dtype == jnp.bool_ else np_fn(x, y)
+        return bool_fn(x, y) if x.dtype == jnp.bool_ else int_fn(x, y)
 
     return fn
 
 
+def _ldexp(x: Any, e: Any) -> Any:
+    return x * jnp.exp2(e)
+
+
+def _with_overloads(ops_: dict[str, tuple[str, Callable[..., Any]]], *overloads: str) -> dict:
+    """{aten.op.<overload>: entry} for each named op and overload it has."""
+    table = {}
+    for op, entry in ops_.items():
+        packet = getattr(aten, op)
+        for overload in overloads:
+            if overload in packet.overloads():
+                table[getattr(packet, overload)] = entry
+    return table
+
+
+_BITWISE = {
+    "bitwise_and": ("bitwise_and", _bitwise(jnp.bitwise_and, jnp.logical_and)),
+    "bitwise_or": ("bitwise_or", _bitwise(jnp.bitwise_or, jnp.logical_or)),
+    "bitwise_xor": ("bitwise_xor", _bitwise(jnp.bitwise_xor, jnp.logical_xor)),
+    "bitwise_left_shift": ("left_shift", jnp.left_shift),
+    "bitwise_right_shift": ("right_shift", jnp.right_shift),
+    "__lshift__": ("left_shift", jnp.left_shift),
+    "__rshift__": ("right_shift", jnp.right_shift),
+}
 _BINARY_POPXL: dict[Any, Callable[[popxl.Tensor, popxl.Tensor], popxl.Tensor]] = {
     aten.mul.Tensor: ops.mul,
     aten.mul.Scalar: ops.mul,
     aten.maximum.default: ops.maximum,
 }
 _BINARY_JAX: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {
-    aten.remainder.Tensor: ("remainder", _remainder),
-    aten.remainder.Scalar: ("remainder", _remainder),
-    aten.fmod.Tensor: ("fmod", _fmod),
-    aten.fmod.Scalar: ("fmod", _fmod),
-    aten.pow.Tensor_Tensor: ("pow", _pow),
-    aten.pow.Tensor_Scalar: ("pow", _pow),
-    aten.pow.Scalar: ("pow", _pow),
-    aten.atan2.default: ("atan2", _atan2),
-    aten.bitwise_and.Tensor: ("bitwise_and", _bitwise(jnp.bitwise_and, jnp.logical_and)),
-    aten.bitwise_or.Tensor: ("bitwise_or", _bitwise(jnp.bitwise_or, jnp.logical_or)),
-    aten.bitwise_xor.Tensor: ("bitwise_xor", _bitwise(jnp.bitwise_xor, jnp.logical_xor)),
-    aten.bitwise_and.Scalar: ("bitwise_and", _bitwise(jnp.bitwise_and, jnp.logical_and)),
-    aten.bitwise_or.Scalar: ("bitwise_or", _bitwise(jnp.bitwise_or, jnp.logical_or)),
-    aten.bitwise_xor.Scalar: ("bitwise_xor", _bitwise(jnp.bitwise_xor, jnp.logical_xor)),
+    **_with_overloads(
+        {
+            "remainder": ("remainder", jnp.remainder),
+            "fmod": ("fmod", jnp.fmod),
+            "copysign": ("copysign", jnp.copysign),
+        },
+        "Tensor",
+        "Scalar",
+        "Scalar_Tensor",
+    ),
+    aten.pow.Tensor_Tensor: ("pow", jnp.power),
+    aten.pow.Scalar: ("pow", jnp.power),
+    **_with_overloads(_BITWISE, "Tensor", "Scalar", "Scalar_Tensor", "Tensor_Scalar"),
+    aten.atan2.default: ("atan2", jnp.arctan2),
     aten.minimum.default: ("minimum", jnp.minimum),
     aten.fmax.default: ("fmax", jnp.fmax),
     aten.fmin.default: ("fmin", jnp.fmin),
+    aten.hypot.default: ("hypot", jnp.hypot),
+    aten.nextafter.default: ("nextafter", jnp.nextafter),
+    aten.gcd.default: ("gcd", jnp.gcd),
+    aten.lcm.default: ("lcm", jnp.lcm),
+    aten.ldexp.Tensor: ("ldexp", _ldexp),
+    aten.igamma.default: ("igamma", jsp.gammainc),
+    aten.igammac.default: ("igammac", jsp.gammaincc),
+    **_with_overloads(
+        {"special_zeta": ("special_zeta", jsp.zeta)}, "default", "self_scalar", "other_scalar"
+    ),
 }
 
 
@@ -207,28 +254,48 @@ for _target, (_name, _jfn2) in _BINARY_JAX.items():
     lowering(_target)(_binary_jax(_name, _jfn2))
 
 
+def _small_integer(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return float(value).is_integer() and abs(value) <= 64
+
+
+def _integer_pow(x: Any, exponent: int) -> Any:
+    return lax.integer_pow(x, exponent)
+
+
+@lowering(aten.pow.Tensor_Scalar)
+def _lower_pow_scalar(ctx: NodeContext, x: popxl.Tensor, exponent: Any) -> popxl.Tensor:
+    """``x ** n`` for an integral ``n`` is repeated multiplication (exact for negative
+    ``x``, as torch); other exponents use ``pow``."""
+    if not _small_integer(exponent):
+        return _binary_jax("pow", jnp.power)(ctx, x, exponent)
+    n = int(exponent)
+    x = ctx.tensor(x, ctx.out_dtype)
+    if n < 0 and not x.dtype.is_floating_point:
+        raise ValueError(
+            f"aten.pow: integer tensors cannot be raised to the negative power {n} "
+            f"(torch refuses it too), in {ctx.where()}."
+        )
+    return ctx.jax("integer_pow", _integer_pow, x, exponent=n)
+
+
+def _scaled(ctx: NodeContext, t: popxl.Tensor, alpha: Any) -> popxl.Tensor:
+    return t if alpha == 1 else ops.mul(t, ctx.constant(alpha, t.dtype))
+
+
 @lowering(aten.add.Tensor, aten.add.Scalar)
 def _lower_add(ctx: NodeContext, x: Any, y: Any, alpha: Any = 1) -> popxl.Tensor:
     a, b = _operands(ctx, x, y)
-    if alpha != 1:
-        b = b * ctx.constant(alpha, b.dtype)
-    return ctx.tensor(ops.add(a, b))
+    if a.dtype == popxl.bool:  # torch: logical or
+        return ctx.jax("logical_or", jnp.logical_or, a, b)
+    return ctx.tensor(ops.add(a, _scaled(ctx, b, alpha)))
 
 
 @lowering(aten.sub.Tensor, aten.sub.Scalar)
 def _lower_sub(ctx: NodeContext, x: Any, y: Any, alpha: Any = 1) -> popxl.Tensor:
     a, b = _operands(ctx, x, y)
-    if alpha != 1:
-        b = b * ctx.constant(alpha, b.dtype)
-    return ctx.tensor(ops.sub(a, b))
-
-
-@lowering(aten.rsub.Scalar, aten.rsub.Tensor)
-def _lower_rsub(ctx: NodeContext, x: Any, y: Any, alpha: Any = 1) -> popxl.Tensor:
-    a, b = _operands(ctx, x, y)
-    if alpha != 1:
-        a = a * ctx.constant(alpha, a.dtype)
-    return ctx.tensor(ops.sub(b, a))
+    return ctx.tensor(ops.sub(a, _scaled(ctx, b, alpha)))
 
 
 @lowering(aten.div.Tensor, aten.div.Scalar)
@@ -241,31 +308,29 @@ def _lower_div(ctx: NodeContext, x: Any, y: Any) -> popxl.Tensor:
 def _lower_div_mode(ctx: NodeContext, x: Any, y: Any, rounding_mode: str | None = None) -> Any:
     if rounding_mode is None:
         return _lower_div(ctx, x, y)
+    if rounding_mode not in ("floor", "trunc"):
+        raise ValueError(
+            f"aten.div: rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}."
+        )
     a, b = _operands(ctx, x, y)
     fn = _floordiv if rounding_mode == "floor" else _truncdiv
     return ctx.jax(f"div_{rounding_mode}", fn, a, b)
 
 
-@lowering(aten.floor_divide.default)
-def _lower_floor_divide(ctx: NodeContext, x: Any, y: Any) -> Any:
-    a, b = _operands(ctx, x, y)
-    return ctx.jax("div_floor", _floordiv, a, b)
-
-
 # Comparisons and logic ----------------------------------------------------------------------
 
-_COMPARE: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {}
-for _op, _jnp_fn in (
-    ("eq", jnp.equal),
-    ("ne", jnp.not_equal),
-    ("lt", jnp.less),
-    ("le", jnp.less_equal),
-    ("gt", jnp.greater),
-    ("ge", jnp.greater_equal),
-):
-    _COMPARE[getattr(aten, _op).Tensor] = (_op, _jnp_fn)
-    _COMPARE[getattr(aten, _op).Scalar] = (_op, _jnp_fn)
-
+_COMPARE: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = _with_overloads(
+    {
+        "eq": ("eq", jnp.equal),
+        "ne": ("ne", jnp.not_equal),
+        "lt": ("lt", jnp.less),
+        "le": ("le", jnp.less_equal),
+        "gt": ("gt", jnp.greater),
+        "ge": ("ge", jnp.greater_equal),
+    },
+    "Tensor",
+    "Scalar",
+)
 _LOGICAL: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {
     aten.logical_and.default: ("logical_and", jnp.logical_and),
     aten.logical_or.default: ("logical_or", jnp.logical_or),
@@ -275,8 +340,8 @@ _LOGICAL: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {
 
 def _compare(name: str, fn: Callable[[Any, Any], Any]) -> Callable[..., popxl.Tensor]:
     def lower(ctx: NodeContext, x: Any, y: Any) -> popxl.Tensor:
-        a, b = _operands(ctx, x, y)
-        return ctx.jax(name, fn, a, b)
+        dtype = promoted_dtype(ctx.node, 0, 1)
+        return ctx.jax(name, fn, ctx.tensor(x, dtype), ctx.tensor(y, dtype))
 
     return lower
 
@@ -295,79 +360,37 @@ for _target, (_name, _lfn) in _LOGICAL.items():
     lowering(_target)(_logical(_name, _lfn))
 
 
-@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+@lowering(aten.where.self)
 def _lower_where(ctx: NodeContext, condition: Any, x: Any, y: Any) -> popxl.Tensor:
     dtype = ctx.out_dtype
     cond = ctx.tensor(condition, popxl.bool)
     return ops.where(cond, ctx.tensor(x, dtype), ctx.tensor(y, dtype))
 
 
+# clamp: ``where`` rather than min/max, so that a value equal to a bound passes its gradient
+# through as torch's clamp does (min/max would split it in two at the tie).
+
+
+def _clamp_min(x: Any, lo: Any) -> Any:
+    return jnp.where(x < lo, lo, x)
+
+
+def _clamp_max(x: Any, hi: Any) -> Any:
+    return jnp.where(x > hi, hi, x)
+
+
+def _clamp(x: Any, lo: Any, hi: Any) -> Any:
+    return _clamp_max(_clamp_min(x, lo), hi)
+
+
 @lowering(aten.clamp.default, aten.clamp.Tensor)
 def _lower_clamp(ctx: NodeContext, x: popxl.Tensor, min: Any = None, max: Any = None) -> Any:  # noqa: A002
     dtype = ctx.out_dtype
     x = ctx.tensor(x, dtype)
-    if min is not None:
-        x = ops.maximum(x, ctx.tensor(min, dtype))
-    if max is not None:
-        x = ops.negate(ops.maximum(ops.negate(x), ops.negate(ctx.tensor(max, dtype))))
-    return x
-
-
-@lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
-def _lower_clamp_min(ctx: NodeContext, x: popxl.Tensor, min: Any) -> Any:  # noqa: A002
-    return _lower_clamp(ctx, x, min=min)
-
-
-@lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
-def _lower_clamp_max(ctx: NodeContext, x: popxl.Tensor, max: Any) -> Any:  # noqa: A002
-    return _lower_clamp(ctx, x, max=max)
-
-
-# Activations --------------------------------------------------------------------------------
-
-
-@lowering(aten.gelu.default)
-def _lower_gelu(ctx: NodeContext, x: popxl.Tensor, approximate: str = "none") -> popxl.Tensor:
-    return ops.gelu(x) if approximate == "tanh" else ops.geluerf(x)
-
-
-def _leaky_relu(x: Any, negative_slope: float) -> Any:
-    return jnp.where(x > 0, x, x * jnp.asarray(negative_slope, x.dtype))
-
-
-@lowering(aten.leaky_relu.default)
-def _lower_leaky_relu(ctx: NodeContext, x: popxl.Tensor, negative_slope: float = 0.01) -> Any:
-    return ctx.jax("leaky_relu", _leaky_relu, x, negative_slope=float(negative_slope))
-
-
-def _elu(x: Any, alpha: float, scale: float, input_scale: float) -> Any:
-    neg = jnp.asarray(alpha * scale, x.dtype) * jnp.expm1(x * jnp.asarray(input_scale, x.dtype))
-    return jnp.where(x > 0, x * jnp.asarray(scale, x.dtype), neg)
-
-
-@lowering(aten.elu.default)
-def _lower_elu(
-    ctx: NodeContext, x: popxl.Tensor, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0
-) -> Any:
-    return ctx.jax(
-        "elu", _elu, x, alpha=float(alpha), scale=float(scale), input_scale=float(input_scale)
-    )
-
-
-def _hardtanh(x: Any, min_val: float, max_val: float) -> Any:
-    return jnp.clip(x, jnp.asarray(min_val, x.dtype), jnp.asarray(max_val, x.dtype))
-
-
-@lowering(aten.hardtanh.default)
-def _lower_hardtanh(ctx: NodeContext, x: popxl.Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Any:
-    return ctx.jax("hardtanh", _hardtanh, x, min_val=float(min_val), max_val=float(max_val))
-
-
-def _softplus(x: Any, beta: float, threshold: float) -> Any:
-    b = jnp.asarray(beta, x.dtype)
-    return jnp.where(x * b > threshold, x, jax.nn.softplus(x * b) / b)
-
-
-@lowering(aten.softplus.default)
-def _lower_softplus(ctx: NodeContext, x: popxl.Tensor, beta: float = 1.0, threshold: float = 20.0) -> Any:
-    return ctx.jax("softplus", _softplus, x, beta=float(beta), threshold=float(threshold))
+    if min is None and max is None:
+        raise ValueError(f"aten.clamp needs min or max (both are None), in {ctx.where()}.")
+    if max is None:
+        return ctx.jax("clamp_min", _clamp_min, x, ctx.tensor(min, dtype))
+    if min is None:
+        return ctx.jax("clamp_max", _clamp_max, x, ctx.tensor(max, dtype))
+    return ctx.jax("clamp", _clamp, x, ctx.tensor(min, dtype), ctx.tensor(max, dtype))

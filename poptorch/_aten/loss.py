@@ -1,3 +1,488 @@
-"""Loss functions kept whole by the capture (nll, cross entropy, mse, bce, ...)."""
+"""Loss functions, kept whole by the capture (each is one ``aten::<loss>`` op).
+
+Their decompositions spread a loss over a dozen elementwise, gather and reduction ops;
+kept whole, the program names the loss (as PopTorch's did) and each record is the loss's
+formula in JAX, computed in float32 and returned in the output's dtype. ``reduction`` is
+torch's code: 0 none, 1 mean, 2 sum. Integer targets are not differentiated.
+
+A model's training loss is its last output (or what ``poptorch.identity_loss`` marks), so a
+loss module's result returned last is what ``trainingModel`` minimises.
+"""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from torch.ops import aten
+
+import popxl
+
+from ._registry import NodeContext, lowering
+
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _reduce(loss: Any, reduction: int) -> Any:
+    if reduction == 1:
+        return loss.mean()
+    if reduction == 2:
+        return loss.sum()
+    return loss
+
+
+def _f32(*xs: Any) -> list[Any]:
+    return [x.astype(jnp.float32) for x in xs]
+
+
+def _cast_out(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*arrays: Any, present: tuple, out: str, **attrs: Any) -> Any:
+        it = iter(arrays)
+        full = [next(it) if p else None for p in present]
+        return fn(*full, **attrs).astype(jnp.dtype(out))
+
+    run.__doc__ = fn.__doc__
+    return run
+
+
+_WRAPPED: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def _jaxfn(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """One wrapped function per loss (``ctx.jax`` caches op kinds by name)."""
+    if fn not in _WRAPPED:
+        _WRAPPED[fn] = _cast_out(fn)
+    return _WRAPPED[fn]
+
+
+def _record(
+    ctx: NodeContext, name: str, fn: Callable[..., Any], *tensors: Any, **attrs: Any
+) -> popxl.Tensor:
+    given = [t for t in tensors if t is not None]
+    present = tuple(t is not None for t in tensors)
+    nondiff = tuple(i for i, t in enumerate(given) if not t.dtype.is_floating_point)
+    reduction = attrs.get("reduction")
+    if reduction is not None and reduction not in _REDUCTIONS:
+        raise ValueError(f"aten.{name}: unknown reduction code {reduction}; expected 0, 1 or 2.")
+    if nondiff:  # an op kind fixes its non-differentiable inputs (ctx.jax caches by name)
+        name = f"{name}_nondiff{''.join(str(i) for i in nondiff)}"
+    return ctx.jax(
+        name,
+        _jaxfn(fn),
+        *given,
+        nondiff=nondiff,
+        present=present,
+        out=ctx.out_dtype.name,
+        **attrs,
+    )
+
+
+# Regression losses ---------------------------------------------------------------------------
+
+
+def _l1(x: Any, y: Any, reduction: int) -> Any:
+    x, y = _f32(x, y)
+    return _reduce(jnp.abs(x - y), reduction)
+
+
+def _mse(x: Any, y: Any, reduction: int) -> Any:
+    x, y = _f32(x, y)
+    return _reduce(jnp.square(x - y), reduction)
+
+
+def _smooth_l1(x: Any, y: Any, reduction: int, beta: float) -> Any:
+    x, y = _f32(x, y)
+    d = jnp.abs(x - y)
+    if beta == 0:
+        return _reduce(d, reduction)
+    return _reduce(jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta), reduction)
+
+
+def _huber(x: Any, y: Any, reduction: int, delta: float) -> Any:
+    x, y = _f32(x, y)
+    d = jnp.abs(x - y)
+    return _reduce(jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
+
+
+@lowering(aten.l1_loss.default, preserve=True)
+def _lower_l1_loss(ctx: NodeContext, x: Any, y: Any, reduction: int = 1) -> Any:
+    return _record(ctx, "l1_loss", _l1, x, y, reduction=reduction)
+
+
+@lowering(aten.mse_loss.default, preserve=True)
+def _lower_mse_loss(ctx: NodeContext, x: Any, y: Any, reduction: int = 1) -> Any:
+    return _record(ctx, "mse_loss", _mse, x, y, reduction=reduction)
+
+
+@lowering(aten.smooth_l1_loss.default, preserve=True)
+def _lower_smooth_l1_loss(
+    ctx: NodeContext, x: Any, y: Any, reduction: int = 1, beta: float = 1.0
+) -> Any:
+    return _record(ctx, "smooth_l1_loss", _smooth_l1, x, y, reduction=reduction, beta=float(beta))
+
+
+@lowering(aten.huber_loss.default, preserve=True)
+def _lower_huber_loss(
+    ctx: NodeContext, x: Any, y: Any, reduction: int = 1, delta: float = 1.0
+) -> Any:
+    return _record(ctx, "huber_loss", _huber, x, y, reduction=reduction, delta=float(delta))
+
+
+# Binary classification losses ---------------------------------------------------------------
+
+
+def _bce(x: Any, y: Any, w: Any, reduction: int) -> Any:
+    """torch clamps each log at -100, so a probability of 0 or 1 gives a finite loss."""
+    x, y = _f32(x, y)
+    log_x = jnp.maximum(jnp.log(x), -100.0)
+    log_1mx = jnp.maximum(jnp.log1p(-x), -100.0)
+    loss = -(y * log_x + (1 - y) * log_1mx)
+    if w is not None:
+        loss = loss * w.astype(jnp.float32)
+    return _reduce(loss, reduction)
+
+
+def _bce_logits(x: Any, y: Any, w: Any, pos_weight: Any, reduction: int) -> Any:
+    """``(1 - y) x + (1 + (p - 1) y) log(1 + exp(-x))``, with the log-sum-exp kept stable."""
+    x, y = _f32(x, y)
+    softplus_neg = jnp.log1p(jnp.exp(-jnp.abs(x))) + jnp.maximum(-x, 0)
+    if pos_weight is not None:
+        log_weight = (pos_weight.astype(jnp.float32) - 1) * y + 1
+        loss = (1 - y) * x + log_weight * softplus_neg
+    else:
+        loss = (1 - y) * x + softplus_neg
+    if w is not None:
+        loss = loss * w.astype(jnp.float32)
+    return _reduce(loss, reduction)
+
+
+def _soft_margin(x: Any, y: Any, reduction: int) -> Any:
+    x, y = _f32(x, y)
+    return _reduce(jnp.logaddexp(0.0, -y * x), reduction)
+
+
+@lowering(aten.binary_cross_entropy.default, preserve=True)
+def _lower_bce(ctx: NodeContext, x: Any, y: Any, weight: Any = None, reduction: int = 1) -> Any:
+    return _record(ctx, "binary_cross_entropy", _bce, x, y, weight, reduction=reduction)
+
+
+@lowering(aten.binary_cross_entropy_with_logits.default, preserve=True)
+def _lower_bce_with_logits(
+    ctx: NodeContext,
+    x: Any,
+    y: Any,
+    weight: Any = None,
+    pos_weight: Any = None,
+    reduction: int = 1,
+) -> Any:
+    return _record(
+        ctx,
+        "binary_cross_entropy_with_logits",
+        _bce_logits,
+        x,
+        y,
+        weight,
+        pos_weight,
+        reduction=reduction,
+    )
+
+
+@lowering(aten.soft_margin_loss.default, preserve=True)
+def _lower_soft_margin_loss(ctx: NodeContext, x: Any, y: Any, reduction: int = 1) -> Any:
+    return _record(ctx, "soft_margin_loss", _soft_margin, x, y, reduction=reduction)
+
+
+# Divergences and likelihoods ----------------------------------------------------------------
+
+
+def _kl_div(x: Any, y: Any, reduction: int, log_target: bool) -> Any:
+    x, y = _f32(x, y)
+    if log_target:
+        loss = jnp.exp(y) * (y - x)
+    else:
+        loss = jax.scipy.special.xlogy(y, y) - y * x
+    return _reduce(loss, reduction)
+
+
+def _poisson_nll(x: Any, y: Any, log_input: bool, full: bool, eps: float, reduction: int) -> Any:
+    x, y = _f32(x, y)
+    loss = jnp.exp(x) - y * x if log_input else x - y * jnp.log(x + eps)
+    if full:
+        safe = jnp.where(y > 1, y, 2.0)
+        stirling = safe * jnp.log(safe) - safe + 0.5 * jnp.log(2 * math.pi * safe)
+        loss = loss + jnp.where(y > 1, stirling, 0.0)
+    return _reduce(loss, reduction)
+
+
+@lowering(aten.kl_div.default, preserve=True)
+def _lower_kl_div(
+    ctx: NodeContext, x: Any, y: Any, reduction: int = 1, log_target: bool = False
+) -> Any:
+    return _record(ctx, "kl_div", _kl_div, x, y, reduction=reduction, log_target=bool(log_target))
+
+
+@lowering(aten.poisson_nll_loss.default, preserve=True)
+def _lower_poisson_nll_loss(
+    ctx: NodeContext,
+    x: Any,
+    y: Any,
+    log_input: bool,
+    full: bool,
+    eps: float,
+    reduction: int,
+) -> Any:
+    return _record(
+        ctx,
+        "poisson_nll_loss",
+        _poisson_nll,
+        x,
+        y,
+        log_input=bool(log_input),
+        full=bool(full),
+        eps=float(eps),
+        reduction=reduction,
+    )
+
+
+# Margin and embedding losses ----------------------------------------------------------------
+
+
+def _hinge_embedding(x: Any, y: Any, margin: float, reduction: int) -> Any:
+    (x,) = _f32(x)
+    loss = jnp.where(y != 1, jnp.maximum(margin - x, 0.0), 0.0) + jnp.where(y != -1, x, 0.0)
+    return _reduce(loss, reduction)
+
+
+def _margin_ranking(x1: Any, x2: Any, y: Any, margin: float, reduction: int) -> Any:
+    x1, x2, y = _f32(x1, x2, y)
+    return _reduce(jnp.maximum(-y * (x1 - x2) + margin, 0.0), reduction)
+
+
+def _cosine_embedding(x1: Any, x2: Any, y: Any, margin: float, reduction: int) -> Any:
+    x1, x2 = _f32(x1, x2)
+    eps = 1e-12
+    dot = (x1 * x2).sum(-1)
+    norms = jnp.sqrt(((x1 * x1).sum(-1) + eps) * ((x2 * x2).sum(-1) + eps))
+    cos = dot / norms
+    loss = jnp.where(y == 1, 1 - cos, 0.0) + jnp.where(y == -1, jnp.maximum(cos - margin, 0.0), 0.0)
+    return _reduce(loss, reduction)
+
+
+def _pairwise_distance(a: Any, b: Any, p: float, eps: float) -> Any:
+    d = a - b + eps
+    if p == math.inf:
+        return jnp.abs(d).max(-1)
+    return (jnp.abs(d) ** p).sum(-1) ** (1.0 / p)
+
+
+def _triplet_margin(
+    a: Any, pos: Any, neg: Any, margin: float, p: float, eps: float, swap: bool, reduction: int
+) -> Any:
+    a, pos, neg = _f32(a, pos, neg)
+    d_pos = _pairwise_distance(a, pos, p, eps)
+    d_neg = _pairwise_distance(a, neg, p, eps)
+    if swap:
+        d_neg = jnp.minimum(d_neg, _pairwise_distance(pos, neg, p, eps))
+    return _reduce(jnp.maximum(margin + d_pos - d_neg, 0.0), reduction)
+
+
+def _multilabel_margin(x: Any, y: Any, reduction: int) -> Any:
+    """Each sample's targets are ``y``'s entries before the first -1; every (target,
+    non-target) pair adds ``max(0, 1 - (x[target] - x[other])) / C``."""
+    (x,) = _f32(x)
+    squeeze = x.ndim == 1
+    if squeeze:
+        x, y = x[None], y[None]
+    c = x.shape[-1]
+    valid = jnp.cumprod(y >= 0, axis=-1).astype(bool)  # (N, C): before the first -1
+    safe = jnp.where(valid, y, 0)
+    is_target = (jax.nn.one_hot(safe, c) * valid[..., None]).max(axis=1) > 0  # (N, C)
+    x_target = jnp.take_along_axis(x, safe, axis=-1)  # (N, C): x at each listed target
+    hinge = jnp.maximum(1 - x_target[:, :, None] + x[:, None, :], 0.0)  # (N, j, i)
+    pairs = valid[:, :, None] & ~is_target[:, None, :]
+    loss = jnp.where(pairs, hinge, 0.0).sum((1, 2)) / c
+    return _reduce(loss[0] if squeeze else loss, reduction)
+
+
+@lowering(aten.hinge_embedding_loss.default, preserve=True)
+def _lower_hinge_embedding_loss(
+    ctx: NodeContext, x: Any, y: Any, margin: float = 1.0, reduction: int = 1
+) -> Any:
+    return _record(
+        ctx,
+        "hinge_embedding_loss",
+        _hinge_embedding,
+        x,
+        y,
+        margin=float(margin),
+        reduction=reduction,
+    )
+
+
+@lowering(aten.margin_ranking_loss.default, preserve=True)
+def _lower_margin_ranking_loss(
+    ctx: NodeContext, x1: Any, x2: Any, y: Any, margin: float = 0.0, reduction: int = 1
+) -> Any:
+    return _record(
+        ctx,
+        "margin_ranking_loss",
+        _margin_ranking,
+        x1,
+        x2,
+        y,
+        margin=float(margin),
+        reduction=reduction,
+    )
+
+
+@lowering(aten.cosine_embedding_loss.default, preserve=True)
+def _lower_cosine_embedding_loss(
+    ctx: NodeContext, x1: Any, x2: Any, y: Any, margin: float = 0.0, reduction: int = 1
+) -> Any:
+    return _record(
+        ctx,
+        "cosine_embedding_loss",
+        _cosine_embedding,
+        x1,
+        x2,
+        y,
+        margin=float(margin),
+        reduction=reduction,
+    )
+
+
+@lowering(aten.triplet_margin_loss.default, preserve=True)
+def _lower_triplet_margin_loss(
+    ctx: NodeContext,
+    anchor: Any,
+    positive: Any,
+    negative: Any,
+    margin: float = 1.0,
+    p: float = 2.0,
+    eps: float = 1e-6,
+    swap: bool = False,
+    reduction: int = 1,
+) -> Any:
+    return _record(
+        ctx,
+        "triplet_margin_loss",
+        _triplet_margin,
+        anchor,
+        positive,
+        negative,
+        margin=float(margin),
+        p=float(p),
+        eps=float(eps),
+        swap=bool(swap),
+        reduction=reduction,
+    )
+
+
+@lowering(aten.multilabel_margin_loss.default, preserve=True)
+def _lower_multilabel_margin_loss(ctx: NodeContext, x: Any, y: Any, reduction: int = 1) -> Any:
+    return _record(ctx, "multilabel_margin_loss", _multilabel_margin, x, y, reduction=reduction)
+
+
+# Classification losses ----------------------------------------------------------------------
+
+
+def _class_dim(x: Any) -> int:
+    return 0 if x.ndim == 1 else 1
+
+
+def _nll_terms(logp: Any, t: Any, w: Any, ignore_index: int) -> tuple[Any, Any, Any]:
+    """Per-element ``-w[t] * logp[t]``, the per-element weights ``w[t]`` (0 where ignored)
+    and the ignore mask, for class-index targets ``t``."""
+    dim = _class_dim(logp)
+    ignored = t == ignore_index
+    safe = jnp.where(ignored, 0, t)
+    picked = jnp.take_along_axis(logp, jnp.expand_dims(safe, dim), axis=dim).squeeze(dim)
+    weight = jnp.ones_like(picked) if w is None else w.astype(jnp.float32)[safe]
+    weight = jnp.where(ignored, 0.0, weight)
+    return -picked * weight, weight, ignored
+
+
+def _nll(logp: Any, t: Any, w: Any, reduction: int, ignore_index: int) -> Any:
+    """torch's mean divides by the summed weights of the counted targets."""
+    (logp,) = _f32(logp)
+    loss, weight, _ = _nll_terms(logp, t, w, ignore_index)
+    if reduction == 1:
+        return loss.sum() / weight.sum()
+    return _reduce(loss, reduction)
+
+
+def _cross_entropy(
+    x: Any, t: Any, w: Any, reduction: int, ignore_index: int, label_smoothing: float
+) -> Any:
+    (x,) = _f32(x)
+    dim = _class_dim(x)
+    c = x.shape[dim]
+    logp = jax.nn.log_softmax(x, axis=dim)
+    shape = [1] * x.ndim
+    shape[dim] = c
+    w_b = 1.0 if w is None else w.astype(jnp.float32).reshape(shape)
+    if jnp.issubdtype(t.dtype, jnp.floating):  # class probabilities
+        t = t.astype(jnp.float32)
+        if label_smoothing > 0:
+            t = t * (1 - label_smoothing) + label_smoothing / c
+        loss = -(logp * t * w_b).sum(dim)
+        if reduction == 1:
+            return loss.sum() / (x.size / c)
+        return _reduce(loss, reduction)
+    nll = _nll(logp, t, w, reduction, ignore_index)
+    if label_smoothing <= 0:
+        return nll
+    _, weight, ignored = _nll_terms(logp, t, w, ignore_index)
+    smooth = jnp.where(ignored, 0.0, -(logp * w_b).sum(dim))
+    if reduction == 1:
+        smooth = smooth.sum() / weight.sum()
+    else:
+        smooth = _reduce(smooth, reduction)
+    return (1 - label_smoothing) * nll + smooth * (label_smoothing / c)
+
+
+@lowering(aten.nll_loss_nd.default, aten.nll_loss.default, aten.nll_loss2d.default, preserve=True)
+def _lower_nll_loss(
+    ctx: NodeContext,
+    x: Any,
+    target: Any,
+    weight: Any = None,
+    reduction: int = 1,
+    ignore_index: int = -100,
+) -> Any:
+    return _record(
+        ctx,
+        "nll_loss",
+        _nll,
+        x,
+        target,
+        weight,
+        reduction=reduction,
+        ignore_index=int(ignore_index),
+    )
+
+
+@lowering(aten.cross_entropy_loss.default, preserve=True)
+def _lower_cross_entropy_loss(
+    ctx: NodeContext,
+    x: Any,
+    target: Any,
+    weight: Any = None,
+    reduction: int = 1,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+) -> Any:
+    return _record(
+        ctx,
+        "cross_entropy_loss",
+        _cross_entropy,
+        x,
+        target,
+        weight,
+        reduction=reduction,
+        ignore_index=int(ignore_index),
+        label_smoothing=float(label_smoothing),
+    )

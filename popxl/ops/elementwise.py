@@ -90,7 +90,8 @@ UNARY: dict[str, tuple[str, Any, str | None]] = {
     "sign": ("Sign", _sign, None),
     "negate": ("Neg", lambda x: -x, None),
     "abs": ("Abs", lambda x: jnp.abs(x), None),
-    "relu": ("Relu", lambda x: jnp.maximum(x, jnp.zeros_like(x)), "ReluInplace"),
+    # where (not maximum): the gradient at exactly 0 is 0, as PopART's and torch's are.
+    "relu": ("Relu", lambda x: jnp.where(x > 0, x, jnp.zeros_like(x)), "ReluInplace"),
     "gelu": ("Gelu", _gelu_tanh, "GeluInplace"),
     "geluerf": ("GeluErf", lambda x: jax.nn.gelu(x, approximate=False), "GeluErfInplace"),
     "swish": ("Swish", lambda x: x * jax.nn.sigmoid(x), "SwishInplace"),

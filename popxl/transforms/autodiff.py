@@ -469,30 +469,18 @@ def _adjoint_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> 
 def _print_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Contribution:
     """``print_tensor`` passes its gradient through, printing it if asked to."""
     from ..ops import misc  # noqa: PLC0415
+    from ..ops._base import record  # noqa: PLC0415
 
     (cot,) = cots
     op = step.op
     if cot is not None and op.attrs.get("print_gradient"):
+        # The forward op's attributes were checked when it was made: record them as they are.
         attrs = dict(op.attrs)
         attrs["title"] = f"{op.attrs['title']}_gradient"
         attrs["print_self"] = True
-        cot = misc.print_tensor(cot, **_print_kwargs(attrs))
+        attrs["print_gradient"] = False
+        cot = record(misc.PRINT_TENSOR, {"t": cot}, attrs, ["print_out"])[0]
     return [(step.befores[0], cot)] if cot is not None else []
-
-
-def _print_kwargs(attrs: dict[str, Any]) -> dict[str, Any]:
-    keep = (
-        "title",
-        "summarise_threshold",
-        "edge_items",
-        "max_line_width",
-        "digits",
-        "float_format",
-        "separator",
-        "open_bracket",
-        "close_bracket",
-    )
-    return {k: attrs[k] for k in keep if k in attrs}
 
 
 def _no_grad(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Contribution:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+import poptorch
 import popxl
 import popxl_addons as addons
-import poptorch
 
 IN, OUT = 4, 3
 

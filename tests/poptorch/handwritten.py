@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+import poptorch
 import popxl
 import popxl.ops as ops
 import popxl_addons as addons
-import poptorch
 from popxl_addons.transforms.repeat_graph import repeat_graph
 
 FEATURES, HIDDEN, CLASSES = 16, 32, 4

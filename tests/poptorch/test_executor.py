@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-import popxl
 import poptorch
+import popxl
 
 from ._linear import OUT, Linear, data, grad, initial_w
 

@@ -64,6 +64,8 @@ def ref_adam(x, t, lr, b1=0.9, b2=0.999, eps=1e-8, wd=0.0, decoupled=False, corr
 def ref_rmsprop(x, t, lr, alpha=0.99, eps=1e-8, momentum=0.0, centered=False, tf=False):
     w = initial_w().astype(np.float64)
     v, ga, buf = np.zeros_like(w), np.zeros_like(w), np.zeros_like(w)
+    if tf:  # TensorFlow's variant starts the mean square at ones
+        v = np.ones_like(w)
     for xb, tb in batches(x, t, STEPS):
         g = grad(w, xb, tb)
         v = alpha * v + (1 - alpha) * g * g
@@ -256,8 +258,10 @@ def test_parameter_groups_use_their_own_hyper_parameters():
 
 
 def test_amsgrad_is_refused():
+    """As PopTorch: accepted by the constructor, refused when a model is built with it."""
+    opt = optim.Adam(lr=0.1, amsgrad=True)
     with pytest.raises(ValueError, match="amsgrad=True"):
-        optim.Adam(lr=0.1, amsgrad=True)
+        poptorch.trainingModel(Linear(), poptorch.Options(), opt)
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,10 @@ reference) and checks the documented result.
 import numpy as np
 import pytest
 
+import poptorch
 import popxl
 import popxl.ops as ops
 import popxl_addons as addons
-import poptorch
 
 
 class ExampleDataset:

@@ -9,10 +9,10 @@ import contextlib
 import numpy as np
 import pytest
 
-import popxl_addons as addons
-from popxl import ops
 import poptorch
+import popxl_addons as addons
 from poptorch import optim
+from popxl import ops
 
 IN, HID, OUT, B = 4, 8, 3, 2
 

@@ -20,6 +20,10 @@ def _unit(*shape: int) -> torch.Tensor:
     return torch.rand(*shape) * 1.8 - 0.9
 
 
+def _ints(low: int, high: int, *shape: int) -> torch.Tensor:
+    return torch.randint(low, high, shape or (3, 4), dtype=torch.int32)
+
+
 def _unary(name, fn, op, make=_randn, **kw):
     return Case(name, fn, lambda: (make(3, 4),), [op], **kw)
 
@@ -62,7 +66,8 @@ CASES = [
     _unary("sign", torch.sign, aten.sign.default, grad=False),
     _unary("isnan", lambda x: torch.isnan(x.log()), aten.isnan.default, grad=False),
     _unary("isinf", lambda x: torch.isinf(1 / (x > 0).float()), aten.isinf.default, grad=False),
-    _unary("isfinite", lambda x: torch.isfinite(x.log()), aten.isfinite.default, grad=False),
+    # decomposed (abs, ne, eq, mul of bools)
+    _unary("isfinite", lambda x: torch.isfinite(x.log()), aten.ne.Scalar, grad=False),
     _unary("logical_not", torch.logical_not, aten.logical_not.default, grad=False),
     Case(
         "bitwise_not",
@@ -81,7 +86,7 @@ CASES = [
     Case("div_int", lambda a, b: a / b, lambda: (torch.arange(1, 13, dtype=torch.int32), torch.full((12,), 4, dtype=torch.int32)), [aten.div.Tensor], grad=False, half=False),
     Case("div_floor", lambda a, b: torch.div(a, b, rounding_mode="floor"), lambda: (_randn(3, 4) * 5, _positive(3, 4)), [aten.div.Tensor_mode], grad=False),
     Case("div_trunc_int", lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda: (torch.arange(-6, 6, dtype=torch.int32), torch.full((12,), 4, dtype=torch.int32)), [aten.div.Tensor_mode], grad=False, half=False),
-    Case("floor_divide", torch.floor_divide, lambda: (torch.arange(-6, 6, dtype=torch.int32), torch.full((12,), 4, dtype=torch.int32)), [aten.floor_divide.default], grad=False, half=False),
+    Case("floor_divide", torch.floor_divide, lambda: (torch.arange(-6, 6, dtype=torch.int32), torch.full((12,), 4, dtype=torch.int32)), [aten.div.Tensor_mode], grad=False, half=False),
     Case("remainder", torch.remainder, lambda: (_randn(3, 4) * 4, _positive(3, 4)), [aten.remainder.Tensor], grad=False),
     Case("remainder_scalar", lambda a: torch.remainder(a, 1.5), lambda: (_randn(3, 4) * 4,), [aten.remainder.Scalar], grad=False),
     Case("fmod", torch.fmod, lambda: (_randn(3, 4) * 4, _positive(3, 4)), [aten.fmod.Tensor], grad=False),
@@ -132,15 +137,115 @@ CASES = [
     Case("where_scalar", lambda c, a: torch.where(c > 0, a, 0.5), lambda: (_randn(3, 4), _randn(3, 4)), [aten.where.self], grad_inputs=[1]),
     Case("clamp", lambda a: torch.clamp(a, -0.5, 0.5), lambda: (_randn(3, 4),), [aten.clamp.default]),
     Case("clamp_tensor", lambda a, lo, hi: torch.clamp(a, lo, hi), lambda: (_randn(3, 4), _randn(3, 4) - 1, _randn(3, 4) + 1), [aten.clamp.Tensor]),
-    Case("clamp_min", lambda a: torch.clamp_min(a, 0.1), lambda: (_randn(3, 4),), [aten.clamp_min.default]),
-    Case("clamp_min_tensor", lambda a, lo: torch.clamp_min(a, lo), lambda: (_randn(3, 4), _randn(3, 4)), [aten.clamp_min.Tensor]),
-    Case("clamp_max", lambda a: torch.clamp_max(a, 0.1), lambda: (_randn(3, 4),), [aten.clamp_max.default]),
-    Case("clamp_max_tensor", lambda a, hi: torch.clamp_max(a, hi), lambda: (_randn(3, 4), _randn(3, 4)), [aten.clamp_max.Tensor]),
-    Case("gelu", torch.nn.functional.gelu, lambda: (_randn(3, 4),), [aten.gelu.default], atol=1e-4),
-    Case("gelu_tanh", lambda a: torch.nn.functional.gelu(a, approximate="tanh"), lambda: (_randn(3, 4),), [aten.gelu.default], atol=1e-4),
-    Case("leaky_relu", lambda a: torch.nn.functional.leaky_relu(a, 0.2), lambda: (_randn(3, 4),), [aten.leaky_relu.default]),
-    Case("elu", torch.nn.functional.elu, lambda: (_randn(3, 4),), [aten.elu.default]),
-    Case("selu", torch.selu, lambda: (_randn(3, 4),), [aten.elu.default]),
-    Case("hardtanh", torch.nn.functional.hardtanh, lambda: (_randn(3, 4),), [aten.hardtanh.default]),
-    Case("softplus", lambda a: torch.nn.functional.softplus(a, beta=2.0), lambda: (_randn(3, 4),), [aten.softplus.default]),
+    Case("clamp_min", lambda a: torch.clamp_min(a, 0.1), lambda: (_randn(3, 4),), [aten.clamp.default]),
+    Case("clamp_min_tensor", lambda a, lo: torch.clamp_min(a, lo), lambda: (_randn(3, 4), _randn(3, 4)), [aten.clamp.Tensor]),
+    Case("clamp_max", lambda a: torch.clamp_max(a, 0.1), lambda: (_randn(3, 4),), [aten.clamp.default]),
+    Case("clamp_max_tensor", lambda a, hi: torch.clamp_max(a, hi), lambda: (_randn(3, 4), _randn(3, 4)), [aten.clamp.Tensor]),
+    # value equal to a bound: torch passes the gradient through (min/max would halve it)
+    Case("clamp_tie", lambda a: torch.clamp(a, 0.0, 1.0), lambda: (torch.tensor([[-1.0, 0.0, 0.5, 1.0, 2.0]]),), [aten.clamp.default]),
+    Case("clamp_empty_range", lambda a: torch.clamp(a, 0.8, 0.2), lambda: (_randn(3, 4),), [aten.clamp.default]),
+    Case("clamp_int_float_bounds", lambda a: torch.clamp(a, -4.5, 5.5), lambda: (_ints(-9, 9),), [aten.clamp.default], grad=False, half=False),
+    Case("clamp_int", lambda a: torch.clamp(a, max=3), lambda: (_ints(-9, 9),), [aten.clamp.default], grad=False, half=False),
+    _unary("erfc", torch.erfc, aten.erfc.default),
+    _unary("signbit", lambda x: torch.signbit(x.round()), aten.signbit.default, grad=False),
+    _unary("i0", torch.i0, aten.i0.default, half=False, atol=1e-4),
+    _unary("i0e", torch.special.i0e, aten.special_i0e.default, half=False, atol=1e-4),
+    _unary("i1", torch.special.i1, aten.special_i1.default, half=False, atol=1e-4),
+    _unary("i1e", torch.special.i1e, aten.special_i1e.default, half=False, atol=1e-4),
+    _unary("ndtri", torch.special.ndtri, aten.special_ndtri.default, make=lambda *s: torch.rand(*s) * 0.9 + 0.05, half=False, atol=1e-4),
+    _unary("erfcx", torch.special.erfcx, aten.special_erfcx.default, half=False, atol=1e-4),
+    _unary("round_decimals", lambda x: torch.round(x * 10, decimals=1), aten.round.decimals, grad=False, half=False),
+    _unary("polygamma", lambda x: torch.polygamma(1, x), aten.polygamma.default, make=_positive, half=False, atol=1e-4),
+    # integer inputs: float functions compute in float32, the others keep the dtype
+    *[
+        Case(f"{name}_int", fn, lambda: (_ints(-9, 9),), [op], grad=False, half=False)
+        for name, fn, op in (
+            ("abs", torch.abs, aten.abs.default),
+            ("neg", torch.neg, aten.neg.default),
+            ("sign", torch.sign, aten.sign.default),
+            ("floor", torch.floor, aten.floor.default),
+            ("ceil", torch.ceil, aten.ceil.default),
+            ("round", torch.round, aten.round.default),
+            ("trunc", torch.trunc, aten.trunc.default),
+            ("relu", torch.relu, aten.relu.default),
+            ("exp", torch.exp, aten.exp.default),
+            ("sin", torch.sin, aten.sin.default),
+            ("sqrt", lambda a: torch.sqrt(a.abs()), aten.sqrt.default),
+            ("reciprocal", lambda a: torch.reciprocal(a.abs() + 1), aten.reciprocal.default),
+            ("isnan", torch.isnan, aten.isnan.default),
+            ("logical_not", torch.logical_not, aten.logical_not.default),
+            ("atan2", lambda a: torch.atan2(a, a.abs() + 1), aten.atan2.default),
+            ("pow", lambda a: a**2, aten.pow.Tensor_Scalar),
+            ("pow_tensor", lambda a: torch.pow(a, a.abs() % 3), aten.pow.Tensor_Tensor),
+            ("pow_scalar_base", lambda a: 2 ** a.abs(), aten.pow.Scalar),
+            ("minimum", lambda a: torch.minimum(a, a.flip(0)), aten.minimum.default),
+            ("maximum", lambda a: torch.maximum(a, a.flip(0)), aten.maximum.default),
+            ("mul", lambda a: a * 3, aten.mul.Tensor),
+            ("sub", lambda a: a - 3, aten.sub.Tensor),
+            ("add_float", lambda a: a + 0.5, aten.add.Tensor),
+            ("remainder", lambda a: torch.remainder(a, 4), aten.remainder.Scalar),
+            ("fmod", lambda a: torch.fmod(a, 4), aten.fmod.Scalar),
+            ("div_floor", lambda a: torch.div(a, 4, rounding_mode="floor"), aten.div.Tensor_mode),
+        )
+    ],
+    Case("pow_odd", lambda a: a**3.0, lambda: (_randn(3, 4),), [aten.pow.Tensor_Scalar]),
+    Case("pow_negative", lambda a: a**-2, lambda: (_positive(3, 4),), [aten.pow.Tensor_Scalar]),
+    Case("pow_fraction", lambda a: a**2.5, lambda: (_positive(3, 4),), [aten.pow.Tensor_Scalar]),
+    Case("add_bool", torch.add, lambda: (_randn(3, 4) > 0, _randn(3, 4) > 0), [aten.add.Tensor], grad=False),
+    Case("mul_bool", torch.mul, lambda: (_randn(3, 4) > 0, _randn(3, 4) > 0), [aten.mul.Tensor], grad=False),
+    Case("add_bool_int", lambda a, b: a + b, lambda: (_randn(3, 4) > 0, _ints(-9, 9)), [aten.add.Tensor], grad=False, half=False),
+    Case("mul_bool_float", lambda a, b: a * b, lambda: (_randn(3, 4) > 0, _randn(3, 4)), [aten.mul.Tensor], grad_inputs=[1]),
+    Case("add_0d_tensor", lambda a, b: a + b, lambda: (_randn(3, 4), torch.tensor(0.25, dtype=torch.float32)), [aten.add.Tensor], grad_inputs=[0]),
+    # the .Scalar overloads, which export makes only when called directly
+    Case("add_scalar_overload", lambda a: aten.add.Scalar(a, 1.5, alpha=2), lambda: (_randn(3, 4),), [aten.add.Scalar]),
+    Case("sub_scalar_overload", lambda a: aten.sub.Scalar(a, 1.5), lambda: (_randn(3, 4),), [aten.sub.Scalar]),
+    Case("mul_scalar_overload", lambda a: aten.mul.Scalar(a, 1.5), lambda: (_randn(3, 4),), [aten.mul.Scalar]),
+    Case("div_scalar_overload", lambda a: aten.div.Scalar(a, 1.5), lambda: (_randn(3, 4),), [aten.div.Scalar]),
+    Case("div_scalar_mode_overload", lambda a: aten.div.Scalar_mode(a, 1.5, rounding_mode="trunc"), lambda: (_randn(3, 4) * 4,), [aten.div.Scalar_mode], grad=False),
+    Case("remainder_scalar_tensor", lambda a: torch.remainder(5.0, a), lambda: (_positive(3, 4),), [aten.remainder.Scalar_Tensor], grad=False),
+    Case("modulo_mixed_sign", lambda a, b: (torch.remainder(a, b), torch.fmod(a, b)), lambda: (torch.tensor([-4.3, 7.2, 5.0, 4.3, -7.2, 8.0]), torch.tensor([2.1, -3.4, 8.0, -2.1, 3.4, 5.0])), [aten.remainder.Tensor, aten.fmod.Tensor], grad=False),
+    Case("copysign", torch.copysign, lambda: (_randn(3, 4), _randn(3, 4)), [aten.copysign.Tensor], grad_inputs=[0]),
+    Case("copysign_scalar", lambda a: torch.copysign(a, -1.0), lambda: (_randn(3, 4),), [aten.copysign.Scalar]),
+    Case("hypot", torch.hypot, lambda: (_randn(3, 4), _randn(3, 4)), [aten.hypot.default]),
+    Case("nextafter", lambda a, b: torch.nextafter(a, b) - a, lambda: (_randn(3, 4), _randn(3, 4)), [aten.nextafter.default], grad=False, half=False, atol=0, rtol=0),
+    Case("gcd", torch.gcd, lambda: (_ints(-20, 20), _ints(-20, 20)), [aten.gcd.default], grad=False, half=False),
+    Case("lcm", torch.lcm, lambda: (_ints(-20, 20), _ints(-20, 20)), [aten.lcm.default], grad=False, half=False),
+    # exponents >= 0: torch computes the gradient 2**e in integers (0 for e < 0)
+    Case("ldexp", torch.ldexp, lambda: (_randn(3, 4), _ints(0, 4)), [aten.ldexp.Tensor], grad_inputs=[0]),
+    Case("ldexp_negative", torch.ldexp, lambda: (_randn(3, 4), _ints(-4, 0)), [aten.ldexp.Tensor], grad=False),
+    Case("igamma", torch.igamma, lambda: (_positive(3, 4), _positive(3, 4)), [aten.igamma.default], grad=False, half=False, atol=1e-4),
+    Case("igammac", torch.igammac, lambda: (_positive(3, 4), _positive(3, 4)), [aten.igammac.default], grad=False, half=False, atol=1e-4),
+    Case("zeta", torch.special.zeta, lambda: (_positive(3, 4) + 1, _positive(3, 4)), [aten.special_zeta.default], grad=False, half=False, atol=1e-4),
+    Case("zeta_self_scalar", lambda a: torch.special.zeta(2.0, a), lambda: (_positive(3, 4),), [aten.special_zeta.self_scalar], grad=False, half=False, atol=1e-4),
+    Case("zeta_other_scalar", lambda a: torch.special.zeta(a + 1, 2.0), lambda: (_positive(3, 4),), [aten.special_zeta.other_scalar], grad=False, half=False, atol=1e-4),
+    *[
+        Case(f"{op}_{overload}", fn, lambda: (_ints(0, 16), _ints(0, 4)), [getattr(getattr(aten, op), overload)], grad=False, half=False)
+        for op, overload, fn in (
+            ("bitwise_and", "Scalar_Tensor", lambda a, b: torch.bitwise_and(6, a)),
+            ("bitwise_or", "Scalar_Tensor", lambda a, b: torch.bitwise_or(6, a)),
+            ("bitwise_xor", "Scalar_Tensor", lambda a, b: torch.bitwise_xor(6, a)),
+            ("__lshift__", "Scalar", lambda a, b: a << 2),
+            ("__rshift__", "Scalar", lambda a, b: (a - 8) >> 1),
+            ("__lshift__", "Tensor", lambda a, b: a << b),
+            ("__rshift__", "Tensor", lambda a, b: (a - 8) >> b),
+            ("bitwise_left_shift", "Tensor", torch.bitwise_left_shift),
+            ("bitwise_left_shift", "Tensor_Scalar", lambda a, b: torch.bitwise_left_shift(a, 3)),
+            ("bitwise_left_shift", "Scalar_Tensor", lambda a, b: torch.bitwise_left_shift(3, b)),
+            ("bitwise_right_shift", "Tensor", lambda a, b: torch.bitwise_right_shift(a - 8, b)),
+            ("bitwise_right_shift", "Tensor_Scalar", lambda a, b: torch.bitwise_right_shift(a - 8, 2)),
+            ("bitwise_right_shift", "Scalar_Tensor", lambda a, b: torch.bitwise_right_shift(-100, b)),
+        )
+    ],
+    *[
+        Case(f"{n}_bool", fn, lambda: (_randn(3, 4) > 0, _randn(3, 4) > 0), [op], grad=False)
+        for n, fn, op in (
+            ("and", lambda a, b: a & b, aten.bitwise_and.Tensor),
+            ("or", lambda a, b: a | b, aten.bitwise_or.Tensor),
+            ("xor", lambda a, b: a ^ b, aten.bitwise_xor.Tensor),
+            ("not", lambda a, b: ~a, aten.bitwise_not.default),
+            ("eq", torch.eq, aten.eq.Tensor),
+        )
+    ],
+    Case("compare_int_float", lambda a, b: (a < b, a == 2), lambda: (_ints(-3, 3), _randn(3, 4)), [aten.lt.Tensor, aten.eq.Scalar], grad=False, half=False),
+    Case("where_int", lambda c, a: torch.where(c > 0, a, 3), lambda: (_randn(3, 4), _ints(-9, 9)), [aten.where.self], grad=False, half=False),
 ]

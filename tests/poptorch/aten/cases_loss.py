@@ -1,0 +1,216 @@
+"""Cases for ``poptorch/_aten/loss.py``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.ops import aten
+
+from .harness import Case
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _randn(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape)
+
+
+def _signs(*shape: int) -> torch.Tensor:
+    return torch.randint(0, 2, shape) * 2 - 1
+
+
+def _each_reduction(name, fn, inputs, op, **kw):
+    """One case per reduction (``fn(*inputs, reduction=r)``)."""
+    return [
+        Case(f"{name}_{r}", lambda *xs, r=r: fn(*xs, reduction=r), inputs, [op], **kw)
+        for r in _REDUCTIONS
+    ]
+
+
+CASES = [
+    *_each_reduction(
+        "l1_loss", F.l1_loss, lambda: (_randn(3, 4), _randn(3, 4)), aten.l1_loss.default
+    ),
+    *_each_reduction(
+        "mse_loss", F.mse_loss, lambda: (_randn(3, 4), _randn(3, 4)), aten.mse_loss.default
+    ),
+    Case(
+        "smooth_l1_loss",
+        lambda x, y: F.smooth_l1_loss(x, y, beta=0.5),
+        lambda: (_randn(3, 4), _randn(3, 4)),
+        [aten.smooth_l1_loss.default],
+    ),
+    Case(
+        "smooth_l1_loss_beta0",  # F.smooth_l1_loss calls l1_loss for beta 0
+        lambda x, y: aten.smooth_l1_loss.default(x, y, 2, 0.0),
+        lambda: (_randn(3, 4), _randn(3, 4)),
+        [aten.smooth_l1_loss.default],
+    ),
+    Case(
+        "huber_loss",
+        lambda x, y: F.huber_loss(x, y, reduction="none", delta=0.7),
+        lambda: (_randn(3, 4), _randn(3, 4)),
+        [aten.huber_loss.default],
+    ),
+    Case(
+        "bce",
+        lambda x, y, w: F.binary_cross_entropy(x, y, w),
+        lambda: (torch.rand(3, 4) * 0.9 + 0.05, torch.rand(3, 4), torch.rand(3, 4)),
+        [aten.binary_cross_entropy.default],
+        grad_inputs=[0],  # torch does not differentiate the target
+    ),
+    Case(
+        "bce_saturated",
+        lambda x, y: F.binary_cross_entropy(x, y, reduction="none"),
+        lambda: (torch.tensor([0.0, 1.0, 0.5, 1.0]), torch.tensor([1.0, 0.0, 0.5, 1.0])),
+        [aten.binary_cross_entropy.default],
+        grad=False,
+    ),
+    *_each_reduction(
+        "bce_with_logits",
+        lambda x, y, w, p, reduction: F.binary_cross_entropy_with_logits(
+            x, y, w, pos_weight=p, reduction=reduction
+        ),
+        lambda: (_randn(5, 3) * 4, torch.rand(5, 3), torch.rand(5, 3), torch.rand(3)),
+        aten.binary_cross_entropy_with_logits.default,
+        grad_inputs=[0, 1],  # torch does not differentiate the weights
+    ),
+    Case(
+        "bce_with_logits_stable",
+        lambda x, y: F.binary_cross_entropy_with_logits(x, y),
+        lambda: (torch.tensor([88.0, -90.0]), torch.tensor([0.5, 0.25])),
+        [aten.binary_cross_entropy_with_logits.default],
+        half=False,
+    ),
+    Case(
+        "soft_margin_loss",
+        lambda x, y: F.soft_margin_loss(x, y),
+        lambda: (_randn(4, 3), _signs(4, 3)),
+        [aten.soft_margin_loss.default],
+    ),
+    *[
+        Case(
+            f"kl_div_{r}_{'log' if log else 'prob'}",
+            lambda x, y, r=r, log=log: F.kl_div(x, y, reduction=r, log_target=log),
+            lambda log=log: (
+                _randn(3, 5).log_softmax(1),
+                _randn(3, 5) if log else torch.rand(3, 5) * 2,
+            ),
+            [aten.kl_div.default],
+            grad_inputs=[0, 1] if log else [0],
+        )
+        for r in ("batchmean", "none")
+        for log in (False, True)
+    ],
+    *[
+        Case(
+            f"poisson_nll_loss_{log}_{full}",
+            lambda x, y, log=log, full=full: F.poisson_nll_loss(x, y, log_input=log, full=full),
+            lambda: (torch.rand(10) + 0.1, torch.poisson(torch.rand(10) * 5)),
+            [aten.poisson_nll_loss.default],
+            grad_inputs=[0],
+        )
+        for log in (False, True)
+        for full in (False, True)
+    ],
+    Case(
+        "hinge_embedding_loss",
+        lambda x, y: F.hinge_embedding_loss(x, y, margin=0.7, reduction="none"),
+        lambda: (_randn(10), _signs(10)),
+        [aten.hinge_embedding_loss.default],
+    ),
+    Case(
+        "margin_ranking_loss",
+        lambda a, b, y: F.margin_ranking_loss(a, b, y, margin=0.3),
+        lambda: (_randn(4, 5), _randn(4, 5), _signs(4, 5)),
+        [aten.margin_ranking_loss.default],
+    ),
+    Case(
+        "cosine_embedding_loss",
+        lambda a, b, y: F.cosine_embedding_loss(a, b, y, margin=0.2, reduction="sum"),
+        lambda: (_randn(6, 3), _randn(6, 3), _signs(6)),
+        [aten.cosine_embedding_loss.default],
+        atol=1e-4,
+    ),
+    *[
+        Case(
+            f"triplet_margin_loss_p{p}_{'swap' if swap else 'plain'}",
+            lambda a, b, c, p=p, swap=swap: F.triplet_margin_loss(
+                a, b, c, margin=0.8, p=p, swap=swap
+            ),
+            lambda: (_randn(10, 5), _randn(10, 5), _randn(10, 5)),
+            [aten.triplet_margin_loss.default],
+            atol=1e-4,
+        )
+        for p in (2.0, 3.0)
+        for swap in (False, True)
+    ],
+    Case(
+        "multilabel_margin_loss",
+        lambda x, y: F.multilabel_margin_loss(x, y, reduction="none"),
+        lambda: (_randn(3, 5), torch.tensor([[3, 0, -1, 1, 2], [1, 2, 3, 4, 0], [-1, 2, 0, 0, 0]])),
+        [aten.multilabel_margin_loss.default],
+        half=False,  # torch has no float16 multilabel_margin_loss on the CPU
+    ),
+    *_each_reduction(
+        "nll_loss",
+        lambda x, t, w, reduction: F.nll_loss(x, t, w, reduction=reduction, ignore_index=2),
+        lambda: (_randn(6, 4).log_softmax(1), torch.tensor([0, 2, 3, 1, 2, 3]), torch.rand(4)),
+        aten.nll_loss_nd.default,
+        grad_inputs=[0],
+    ),
+    Case(
+        "nll_loss2d",
+        lambda x, t: F.nll_loss(x, t, reduction="sum"),
+        lambda: (_randn(2, 3, 4, 4).log_softmax(1), torch.randint(0, 3, (2, 4, 4))),
+        [aten.nll_loss_nd.default],
+    ),
+    Case(
+        "nll_loss_ops",
+        lambda x, t, x2, t2: (
+            aten.nll_loss.default(x, t),
+            aten.nll_loss2d.default(x2, t2, None, 2),
+        ),
+        lambda: (
+            _randn(5, 3),
+            torch.randint(0, 3, (5,)),
+            _randn(2, 3, 4, 4),
+            torch.randint(0, 3, (2, 4, 4)),
+        ),
+        [aten.nll_loss.default, aten.nll_loss2d.default],
+    ),
+    *_each_reduction(
+        "cross_entropy",
+        lambda x, t, reduction: F.cross_entropy(x, t, reduction=reduction),
+        lambda: (_randn(1, 10, 2, 3), torch.randint(0, 10, (1, 2, 3))),
+        aten.cross_entropy_loss.default,
+    ),
+    *[
+        Case(
+            f"cross_entropy_weighted_{r}",
+            lambda x, t, w, r=r: F.cross_entropy(
+                x, t, w, ignore_index=1, label_smoothing=0.2, reduction=r
+            ),
+            lambda: (_randn(6, 4), torch.tensor([0, 1, 3, 1, 2, 3]), torch.rand(4)),
+            [aten.cross_entropy_loss.default],
+            grad_inputs=[0],
+        )
+        for r in _REDUCTIONS
+    ],
+    Case(
+        "cross_entropy_unbatched",
+        lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
+        lambda: (_randn(5), torch.tensor(3)),
+        [aten.cross_entropy_loss.default],
+    ),
+    *[
+        Case(
+            f"cross_entropy_probabilities_{r}",
+            lambda x, t, w, r=r: F.cross_entropy(x, t, w, label_smoothing=0.1, reduction=r),
+            lambda: (_randn(4, 3, 2), torch.rand(4, 3, 2).softmax(1), torch.rand(3)),
+            [aten.cross_entropy_loss.default],
+            grad_inputs=[0, 1],
+        )
+        for r in ("mean", "none")
+    ],
+]
