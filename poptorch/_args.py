@@ -192,6 +192,7 @@ class Binder:
             elif name in kwargs:
                 if check:
                     self._check_dict(kwargs[name])
+                    _check_not_numpy(name, kwargs[name])
                 if after_varargs:
                     call.kwargs[name] = kwargs[name]
                 else:
@@ -211,6 +212,7 @@ class Binder:
     def _append(self, call: CallArgs, value: Any, name: str, check: bool) -> None:
         if check:
             self._check_dict(value)
+            _check_not_numpy(name, value)
         if isinstance(value, list):
             value = tuple(value)  # PopTorch passed lists as tuples
         call.args.append(value)
@@ -241,6 +243,25 @@ class Binder:
         if found[0] and not self._warned_contiguous:
             logger.warning(NOT_CONTIGUOUS_MSG)
             self._warned_contiguous = True
+
+
+NUMPY_INPUT_MSG = (
+    "Argument {name} is a numpy.ndarray: a PopTorch model's tensor inputs must be torch "
+    "tensors (a NumPy array would be compiled into the program as a constant). Convert it "
+    "with torch.from_numpy(...)."
+)
+
+
+def _check_not_numpy(name: str, value: Any) -> None:
+    work = [(name, value)]
+    while work:
+        label, v = work.pop()
+        if type(v).__module__ == "numpy" and hasattr(v, "shape") and getattr(v, "ndim", 0) > 0:
+            raise Error(NUMPY_INPUT_MSG.format(name=label), "poptorch_py_error")
+        if isinstance(v, (tuple, list)):
+            work.extend((f"{label}[{i}]", x) for i, x in enumerate(v))
+        elif isinstance(v, dict):
+            work.extend((f"{label}[{k!r}]", x) for k, x in v.items())
 
 
 def _map_tensors(value: Any, fn: Any) -> Any:

@@ -219,8 +219,9 @@ class ProcessShare:
     blocks by the samples left over so that those are used too.
     """
 
-    def __init__(self, dataset: Any, pid: int, count: int, seed: int | None,
-                 combined: int, drop_last: bool) -> None:
+    def __init__(
+        self, dataset: Any, pid: int, count: int, seed: int | None, combined: int, drop_last: bool
+    ) -> None:
         total = len(dataset)
         if drop_last:
             per_process = combined * (total // (combined * count))

@@ -51,6 +51,8 @@ class Bound(optim._Binding):
         self._executor = weakref.ref(executor)
         if isinstance(self.user, optim.Optimizer):
             self.user._set_executor(executor)
+        else:
+            optim.mark_stepped(self.user)
         link_of(executor).attach(self)
 
     def _linked(self) -> Any:
@@ -163,6 +165,8 @@ class Link:
             new._executor = weakref.ref(executor)
         if isinstance(new_user, optim.Optimizer):
             new_user._set_executor(executor)
+        else:
+            optim.mark_stepped(new_user)
         self.spec = spec
         if built is None or executor._session is None:
             return

@@ -172,7 +172,9 @@ class TorchExecutor(PoplarExecutor):
         )
         with _unwrapped(self._user_model):
             captured = capture(self._torch_model, tuple(micro.args), dict(micro.kwargs))
-            self._captured = CapturedModel(captured, self.training, self._options.random_seed)
+            self._captured = CapturedModel(
+                captured, self.training, self._options.random_seed, self._options
+            )
             arrays = [_host_array(t, f"Input {i}") for i, t in enumerate(tensors)]
             self._compile_arrays(arrays, self._captured)
         self._compiled_call = _args.metadata(call)

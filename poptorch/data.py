@@ -1,19 +1,30 @@
 """``DataLoader`` and ``AsynchronousDataAccessor``: combined batches for one model call.
 
 One model call consumes ``batch_size * deviceIterations * replicationFactor /
-inputReplicaGrouping size * gradientAccumulation`` samples (the *combined batch size*);
-``DataLoader`` yields batches of exactly that many samples, stacked field by field, so
-each batch can be passed straight to the executor.
+inputReplicaGrouping size * gradientAccumulation`` samples (the *combined batch size*).
+``poptorch.DataLoader`` is a ``torch.utils.data.DataLoader`` whose batches have that size,
+so each batch can be passed straight to the model: worker processes, samplers,
+``collate_fn``, ``worker_init_fn`` and the other ``torch.utils.data.DataLoader`` arguments
+behave as in PyTorch. On top of that, as in PopTorch:
 
-Datasets: anything with ``__len__`` and ``__getitem__`` (map-style: NumPy arrays, lists,
-``torch.utils.data.Dataset``) or anything iterable (iterable-style). A sample is an array
-or a tuple/list of arrays; a batch is an array or a tuple of arrays.
+* ``Options.Distributed``: each process gets its own contiguous block of a map-style
+  dataset (``auto_distributed_partitioning``); shuffling then permutes the whole dataset
+  with ``Options.randomSeed`` so that the blocks stay disjoint.
+* ``mode=DataLoaderMode.Async``: batches are prefetched by an ``AsynchronousDataAccessor``
+  (a separate process filling a ring buffer of shared memory). ``AsyncRebatched``: the
+  loader's workers load batches of ``rebatched_worker_size`` and the accessor joins them
+  into combined batches, so that an iterable dataset split between workers loses at most
+  one combined batch instead of one per worker.
+* ``batch_sampler``: its batches are micro-batches; each combined batch concatenates
+  ``deviceIterations * replicas * gradientAccumulation`` of them.
 
-Shuffling uses a permutation drawn from ``numpy.random.default_rng(seed + epoch)`` with
-``seed`` from ``Options.randomSeed`` (0 when unset), so every process of a multi-process
-run draws the same permutation; process ``p`` of ``n`` then takes every ``n``-th sample
-from ``p`` (``Options.Distributed``).
+Datasets that are not ``torch.utils.data`` datasets (NumPy arrays, lists, objects with
+``__len__``/``__getitem__``, or any iterable) are accepted too, for the popxl_addons front
+end: their default ``collate_fn`` keeps NumPy samples as NumPy arrays (torch's stacks them
+into torch tensors), and a plain iterable is dealt out sample by sample to the processes
+and to the worker processes.
 
+>>> import numpy as np
 >>> from poptorch import Options
 >>> opts = Options().deviceIterations(10)
 >>> loader = DataLoader(opts, np.arange(2000, dtype=np.float32), batch_size=10)
@@ -23,88 +34,126 @@ from ``p`` (``Options.Distributed``).
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+import atexit
+import weakref
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
+import torch
+import torch.utils.data
 
+from . import _data_utils as du
+from ._data_utils import collate as collate
+from ._data_worker import WorkerHandle
+from ._log import logger
 from .enums import DataLoaderMode, SharingStrategy
+from .errors import Error
 from .options import Options
 
-BATCH_SAMPLER_MSG = (
-    "batch_sampler is mutually exclusive with batch_size, shuffle and drop_last (as in "
-    "torch.utils.data.DataLoader)."
+SAMPLER_EXCLUSIVE_MSG = "`batch_sampler` option is mutually exclusive with batch_size, shuffle."
+SAMPLER_DISTRIBUTED_MSG = (
+    "`batch_sampler` option is mutually exclusive with auto_distributed_partitioning=True."
 )
-REBATCHED_MSG = (
-    "rebatched_worker_size ({size}) must be at most the combined batch size ({combined})."
+ITERABLE_DISTRIBUTED_MSG = "auto_distributed_partitioning not supported for IterableDataset"
+SEED_MSG = (
+    "When using auto_distributed_partitioning you must set poptorch.Options.randomSeed() to "
+    "ensure that tensors are in the same order in all processes."
 )
-TERMINATED_MSG = "The AsynchronousDataAccessor was terminated; create a new one to load again."
-EMPTY_MSG = (
-    "The dataset has {n} samples for this process, fewer than one combined batch of {c} "
-    "(batch_size {b} x deviceIterations x replicas x gradientAccumulation); with "
-    "drop_last=True no batch is produced. Use a smaller batch or drop_last=False."
+NO_BATCH_SIZE_MSG = "batch_size=None not allowed when using auto_distributed_partitioning."
+REBATCHED_SIZE_MSG = (
+    "The rebatched_worker_size ({size}) must be <= to the combined batch size ({combined})"
 )
+REBATCHED_OPTION_MSG = (
+    "You cannot use DataLoaderMode.AsyncRebatched and manually specify the rebatched_size in "
+    "async_options"
+)
+ITERABLE_WORKERS_MSG = (
+    "IterableDataset used with num_workers=%d but no worker_init_fn specified: as a result "
+    "the DataLoader will return %d times each element in the dataset (See "
+    "torch.utils.data.IterableDataset's documentation for more information)"
+)
+REMAINDER_MSG = (
+    "The number of elements in the dataset (%d) is not divisible by the number of elements "
+    "processed per step (%d) and drop_last=False. The last tensor will have a batch size of "
+    "%d. To avoid having to handle this special case switch to drop_last=True"
+)
+SAMPLER_REMAINDER_MSG = (
+    "The number of batches generated by the batch sampler (%d) is not divisible by the "
+    "number of batches elements processed per step (%d) and drop_last=False. The last tensor "
+    "will have a batch size of %d. To avoid having to  handle this special case switch to  "
+    "drop_last=True. Batch size = %d, combined batch size = %d ."
+)
+SAMPLER_NO_LEN_MSG = (
+    "The `batch_sampler` __len__ method is not implemented and drop_last=False. The last "
+    "tensor may be incomplete - batch size < %d. To avoid having to handle this special case "
+    "switch to drop_last=True."
+)
+TOO_SMALL_MSG = (
+    "The dataset has %d samples for this process, fewer than one combined batch of %d "
+    "(batch_size x deviceIterations x replicas x gradientAccumulation): with drop_last=True "
+    "the DataLoader yields no batch."
+)
+ALREADY_ASYNC_MSG = (
+    "The DataLoader already uses an AsynchronousDataAccessor internally. Either use the "
+    "existing one or set mode='poptorch.DataLoaderMode.Sync' in the DataLoader."
+)
+DROP_LAST_MSG = (
+    "The 'drop_last=False' option from the DataLoader only works if 'rebatched_size' is "
+    "specified too."
+)
+REBATCHED_MIN_MSG = "rebatched_size must be None or greater than 1"
+TERMINATED_MSG = "The AsynchronousDataAccessor was terminated: create a new one to load again."
 
 
 def combined_batch_size(options: Options, batch_size: int) -> int:
     """Samples one model call consumes: ``batch_size * DI * (R / input group) * GA``."""
-    o = options
-    replicas = o.replication_factor // o.input_group_size
-    return batch_size * o.device_iterations * replicas * o.training.gradient_accumulation
+    return batch_size * _batches_per_step(options)
 
 
-def collate(samples: list[Any]) -> Any:
-    """Stack samples field by field: arrays -> one array, tuples -> a tuple of arrays."""
-    first = samples[0]
-    if isinstance(first, (tuple, list)):
-        return tuple(collate([s[i] for s in samples]) for i in range(len(first)))
-    if isinstance(first, dict):
-        return {k: collate([s[k] for s in samples]) for k in first}
-    return np.stack([_numpy(s) for s in samples])
+def _batches_per_step(options: Options) -> int:
+    replicas = options.replication_factor // options.input_group_size
+    return options.device_iterations * replicas * options.Training.gradient_accumulation
 
 
-def _numpy(x: Any) -> np.ndarray:
-    if hasattr(x, "detach") and hasattr(x, "numpy"):
-        return x.detach().cpu().numpy()
-    return np.asarray(x)
+def _sampler_len(sampler: Any) -> int | None:
+    """``len(sampler)``, or None where the sampler cannot tell."""
+    try:
+        length = len(sampler)
+    except (TypeError, NotImplementedError):
+        return None
+    return None if length is NotImplemented else length
 
 
-def _is_map_style(dataset: Any) -> bool:
-    return hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
-
-
-class DataLoader:
-    """Batches of ``combinedBatchSize`` samples for a model built with ``options``.
+class DataLoader(torch.utils.data.DataLoader):
+    """A ``torch.utils.data.DataLoader`` whose batches are combined batches.
 
     Args:
-        options: the model's options (device iterations, replicas, accumulation, seed,
-            process layout).
-        dataset: map-style or iterable dataset.
-        batch_size: the micro-batch size (samples per replica per micro-batch).
-        shuffle: shuffle map-style datasets each epoch (seeded; identical on every process).
-        num_workers: threads that load samples in parallel (0: load in the caller).
-        drop_last: drop the last incomplete combined batch (else yield it short).
-        auto_distributed_partitioning: give each process its share of the samples.
-        mode: ``DataLoaderMode.Sync``, or ``Async``/``AsyncRebatched`` to prefetch in a
-            background ``AsynchronousDataAccessor``.
-        async_options: keyword arguments for the ``AsynchronousDataAccessor``.
-        rebatched_worker_size: ``AsyncRebatched``: samples per worker batch (at most the
-            combined batch size).
-        batch_sampler: iterable of index lists; replaces batch_size/shuffle/drop_last.
-        collate_fn: builds a batch from a list of samples (default ``collate``).
-
-    Raises:
-        ValueError: bad argument combinations (see the messages).
+        options: the options the model is compiled with (device iterations, replicas,
+            gradient accumulation, random seed, process layout). They are frozen.
+        dataset: a map-style or iterable dataset.
+        batch_size: the micro-batch size (samples per replica per step); ``None`` yields
+            the dataset's items unbatched.
+        shuffle: shuffle a map-style dataset every epoch.
+        num_workers: worker processes loading data (0: load in this process).
+        drop_last: drop a last incomplete combined batch.
+        persistent_workers: keep the workers between epochs (default: when there are
+            workers).
+        auto_distributed_partitioning: give each process (``Options.Distributed``) its
+            share of the dataset; otherwise the dataset is assumed already partitioned.
+        mode: ``DataLoaderMode.Sync``, ``Async`` or ``AsyncRebatched``.
+        async_options: keyword arguments of the ``AsynchronousDataAccessor``.
+        rebatched_worker_size: ``AsyncRebatched``: the workers' batch size (default: the
+            combined batch size; at most the combined batch size).
+        batch_sampler: yields lists of indices (micro-batches); mutually exclusive with
+            ``batch_size`` and ``shuffle``.
+        kwargs: other ``torch.utils.data.DataLoader`` arguments.
     """
 
     def __init__(
         self,
         options: Options,
         dataset: Any,
-        batch_size: int = 1,
+        batch_size: int | None = 1,
         shuffle: bool | None = None,
         num_workers: int = 0,
         drop_last: bool = True,
@@ -113,205 +162,252 @@ class DataLoader:
         mode: DataLoaderMode = DataLoaderMode.Sync,
         async_options: dict[str, Any] | None = None,
         rebatched_worker_size: int | None = None,
-        batch_sampler: Iterable[list[int]] | None = None,
-        collate_fn: Any = None,
+        batch_sampler: torch.utils.data.Sampler[Sequence[int]]
+        | Iterable[Sequence[int]]
+        | None = None,
+        **kwargs: Any,
     ) -> None:
-        if batch_sampler is not None and (batch_size != 1 or shuffle or not drop_last):
-            raise ValueError(BATCH_SAMPLER_MSG)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
-        options._freeze()  # as in PopTorch: the options a loader uses cannot change
-        self._options = options
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.shuffle = bool(shuffle)
-        self.num_workers = num_workers
-        self.drop_last = drop_last
-        self.mode = DataLoaderMode(mode)
-        self.batch_sampler = batch_sampler
-        self.collate_fn = collate_fn or collate
-        self._combined = combined_batch_size(options, batch_size)
-        if rebatched_worker_size is not None and rebatched_worker_size > self._combined:
-            raise ValueError(
-                REBATCHED_MSG.format(size=rebatched_worker_size, combined=self._combined)
-            )
-        if rebatched_worker_size is not None and rebatched_worker_size < 1:
-            raise ValueError(
-                f"rebatched_worker_size must be a positive integer, got {rebatched_worker_size}."
-            )
-        self._rebatched = self.mode == DataLoaderMode.AsyncRebatched and batch_sampler is None
-        # Samples per batch a worker loads: the accessor rebatches them to ``_combined``.
-        self._worker_batch = (rebatched_worker_size or self._combined) if self._rebatched else 0
-        if auto_distributed_partitioning:
-            self.process_id = options.distributed.process_id
-            self.num_processes = options.distributed.num_processes
-        else:
-            self.process_id, self.num_processes = 0, 1
-        self._epoch = 0
+        if not isinstance(options, Options):
+            raise TypeError(f"options must be a poptorch.Options, not {type(options).__name__}")
         self._accessor: AsynchronousDataAccessor | None = None
-        if self.mode != DataLoaderMode.Sync:
-            kwargs = dict(async_options or {})
-            kwargs.setdefault("load_indefinitely", False)
-            if self._rebatched:
-                kwargs["rebatched_size"] = self._combined
-            source = _WorkerBatches(self) if self._rebatched else _SyncBatches(self)
-            self._accessor = AsynchronousDataAccessor(source, **kwargs)
+        self._options = options
+        self._is_user_batch_sampler_set = batch_sampler is not None
+        self._sampler_drop_last = drop_last
+        self._is_iterable = False
+        num_processes = options.Distributed.numProcesses
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle:
+                raise Error(SAMPLER_EXCLUSIVE_MSG, "poptorch_py_error")
+            if num_processes > 1 and auto_distributed_partitioning:
+                raise Error(SAMPLER_DISTRIBUTED_MSG, "poptorch_py_error")
+            batch_size = getattr(batch_sampler, "batch_size", batch_size)
+            drop_last = False  # the sampler decides; ours is applied when combining
+        shuffle = bool(shuffle)
+        options._freeze()
+        if persistent_workers is None:
+            persistent_workers = num_workers > 0
+
+        self._num_batches_to_combine = None if batch_size is None else _batches_per_step(options)
+        self._combined_batch_size = (
+            None if batch_size is None else batch_size * _batches_per_step(options)
+        )
+        self._global_shuffle = False
+        dataset, shuffle = self._prepare_dataset(
+            dataset, shuffle, drop_last, num_workers, auto_distributed_partitioning, kwargs
+        )
+        if batch_sampler is not None:
+            self._check_sampler_remainder(batch_sampler, batch_size)
+        if shuffle and options.random_seed is not None and "generator" not in kwargs:
+            # Reproducible shuffling (Options.randomSeed), independent of torch's global RNG.
+            kwargs["generator"] = torch.Generator().manual_seed(options.random_seed)
+
+        mode = DataLoaderMode(mode)
+        loader_batch_size = 1 if batch_sampler is not None else self._combined_batch_size
+        real_drop_last = self._sampler_drop_last if batch_sampler is not None else drop_last
+        self.rebatched_drop_last = True
+        rebatched_size = None
+        big_batches = self._combined_batch_size is not None and self._combined_batch_size > 1
+        if mode == DataLoaderMode.AsyncRebatched or (
+            mode == DataLoaderMode.Async and not real_drop_last and big_batches
+        ):
+            # The accessor builds the combined batches and handles the left-overs.
+            mode = DataLoaderMode.Async
+            rebatched_size = self._combined_batch_size
+            self.rebatched_drop_last = real_drop_last
+            drop_last = False
+            if rebatched_worker_size is not None:
+                if rebatched_worker_size > (self._combined_batch_size or 0):
+                    raise Error(
+                        REBATCHED_SIZE_MSG.format(
+                            size=rebatched_worker_size, combined=self._combined_batch_size
+                        ),
+                        "poptorch_py_error",
+                    )
+                loader_batch_size = rebatched_worker_size
+
+        super().__init__(
+            dataset,
+            batch_size=loader_batch_size,
+            shuffle=shuffle,
+            batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            drop_last=drop_last,
+            persistent_workers=persistent_workers,
+            **kwargs,
+        )
+        if mode == DataLoaderMode.Async:
+            async_options = dict(async_options or {})
+            if "rebatched_size" in async_options:
+                raise Error(REBATCHED_OPTION_MSG, "poptorch_py_error")
+            self._accessor = AsynchronousDataAccessor(
+                self, **async_options, rebatched_size=rebatched_size
+            )
+
+    # ---- construction helpers -----------------------------------------------------------
+
+    def _prepare_dataset(
+        self,
+        dataset: Any,
+        shuffle: bool,
+        drop_last: bool,
+        num_workers: int,
+        partition: bool,
+        kwargs: dict[str, Any],
+    ) -> tuple[Any, bool]:
+        """This process's view of ``dataset`` (and whether torch should still shuffle it)."""
+        options = self._options
+        pid, count = options.Distributed.processId, options.Distributed.numProcesses
+        if not isinstance(dataset, torch.utils.data.Dataset):
+            kwargs.setdefault("collate_fn", du.collate)
+            if not du.is_map_style(dataset):
+                self._is_iterable = True
+                return du.PlainIterable(dataset, *((pid, count) if partition else (0, 1))), shuffle
+        self._is_iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        if self._is_iterable:
+            if partition and count != 1:
+                raise Error(ITERABLE_DISTRIBUTED_MSG, "poptorch_py_error")
+            if num_workers > 1 and "worker_init_fn" not in kwargs:
+                logger.warning(ITERABLE_WORKERS_MSG, num_workers, num_workers)
+            return dataset, shuffle
+        if not self._is_user_batch_sampler_set:
+            self._check_remainder(len(dataset), drop_last, count if partition else 1)
+        if count > 1 and partition:
+            if shuffle and options.random_seed is None:
+                raise Error(SEED_MSG, "poptorch_py_error")
+            if self._combined_batch_size is None:
+                raise Error(NO_BATCH_SIZE_MSG, "poptorch_py_error")
+            dataset = du.ProcessShare(
+                dataset, pid, count, options.random_seed, self._combined_batch_size, drop_last
+            )
+            # The whole dataset is shuffled here (the same way in every process), so torch
+            # must not shuffle each process's block again.
+            self._global_shuffle, shuffle = shuffle, False
+        return dataset, shuffle
+
+    def _check_remainder(self, size: int, drop_last: bool, processes: int) -> None:
+        combined = self._combined_batch_size
+        if combined is None:
+            return
+        if not drop_last and size % (combined * processes):
+            logger.warning(REMAINDER_MSG, size, combined * processes, size % (combined * processes))
+        elif drop_last and 0 < size // processes < combined:
+            logger.warning(TOO_SMALL_MSG, size // processes, combined)
+
+    def _check_sampler_remainder(self, sampler: Any, batch_size: int | None) -> None:
+        per_step = self._num_batches_to_combine
+        if self._sampler_drop_last or per_step is None:
+            return
+        length = _sampler_len(sampler)
+        if length is None:
+            logger.warning(SAMPLER_NO_LEN_MSG, per_step)
+        elif length % per_step:
+            logger.warning(
+                SAMPLER_REMAINDER_MSG,
+                length,
+                per_step,
+                (length % per_step) * (batch_size or 1),
+                batch_size,
+                self._combined_batch_size,
+            )
+
+    # ---- PopTorch's API -----------------------------------------------------------------
 
     @property
-    def combinedBatchSize(self) -> int:  # noqa: N802
-        """Samples consumed by one model call."""
-        return self._combined
+    def combinedBatchSize(self) -> int | None:  # noqa: N802
+        """Total number of elements consumed from the dataset for a single execution of the
+        model."""
+        return self._combined_batch_size
 
     @property
     def options(self) -> Options:
+        """The options that were used to create this DataLoader."""
         return self._options
 
-    # ---- indices ------------------------------------------------------------------------
+    def terminate(self) -> None:
+        """Stop the ``AsynchronousDataAccessor``'s worker (``Async`` modes); no effect in
+        ``Sync`` mode."""
+        accessor = self.__dict__.get("_accessor")
+        if accessor is not None:
+            accessor.terminate()
 
-    def _indices(self) -> np.ndarray:
-        n = len(self.dataset)
-        if self.shuffle:
-            seed = (self._options.random_seed or 0) + self._epoch
-            order = np.random.default_rng(seed).permutation(n)
-        else:
-            order = np.arange(n)
-        if self.num_processes > 1:
-            usable = n - n % self.num_processes
-            order = order[:usable][self.process_id :: self.num_processes]
-        return order
-
-    def _index_batches(self, worker_batches: bool = False) -> list[np.ndarray]:
-        """Index batches of the combined size, or (``worker_batches``) the same indices cut
-        into worker batches for the accessor to rebatch."""
-        if self.batch_sampler is not None:
-            return [np.asarray(b) for b in self.batch_sampler]
-        order = self._indices()
-        c = self._combined
-        count = len(order) // c if self.drop_last else -(-len(order) // c)
-        if worker_batches:
-            order, c = order[: count * c], self._worker_batch
-            count = -(-len(order) // c)
-        return [order[i * c : (i + 1) * c] for i in range(count)]
+    def __del__(self) -> None:
+        self.terminate()
 
     def __len__(self) -> int:
-        if not _is_map_style(self.dataset):
-            raise TypeError("An iterable-style dataset has no length.")
-        if self.batch_sampler is not None:
-            return len(self.batch_sampler)  # type: ignore[arg-type]
-        n = len(self.dataset) // self.num_processes
-        return n // self._combined if self.drop_last else -(-n // self._combined)
+        accessor = self._accessor
+        if accessor is not None and accessor.rebatched_size:
+            samples, size = len(self.dataset), accessor.rebatched_size
+            return samples // size + int(not self.rebatched_drop_last and samples % size > 0)
+        if self._is_user_batch_sampler_set and self._num_batches_to_combine != 1:
+            # The sampler's micro-batches, combined.
+            batches = len(self.batch_sampler)  # type: ignore[arg-type]
+            per_step = self._num_batches_to_combine or 1
+            return batches // per_step + int(not self._sampler_drop_last and batches % per_step)
+        return super().__len__()
 
-    # ---- loading ------------------------------------------------------------------------
-
-    def _fetch(self, indices: np.ndarray) -> Any:
-        if isinstance(self.dataset, np.ndarray):
-            return self.dataset[indices]
-        return self.collate_fn([self.dataset[int(i)] for i in indices])
-
-    def _sync_iter(self, worker_batches: bool = False) -> Iterator[Any]:
-        """This epoch's batches: combined batches, or (``worker_batches``) the workers'
-        batches of ``rebatched_worker_size`` samples."""
-        if not _is_map_style(self.dataset):
-            yield from self._iterable_batches(worker_batches)
-            return
-        batches = self._index_batches(worker_batches)
-        self._epoch += 1
-        if not batches and len(self.dataset):
-            raise ValueError(
-                EMPTY_MSG.format(n=len(self._indices()), c=self._combined, b=self.batch_size)
-            )
-        if self.num_workers > 0:
-            with ThreadPoolExecutor(self.num_workers) as pool:
-                yield from pool.map(self._fetch, batches)
-        else:
-            for b in batches:
-                yield self._fetch(b)
-
-    def _iterable_batches(self, worker_batches: bool = False) -> Iterator[Any]:
-        """Deal this process's samples to the workers; each batches its own share.
-
-        Worker batches (``AsyncRebatched``) keep every sample: the accessor drops the
-        remainder. Otherwise each worker drops its own short last batch if ``drop_last``.
-        """
-        size = self._worker_batch if worker_batches else self._combined
-        drop = self.drop_last and not worker_batches
-        workers: list[list[Any]] = [[] for _ in range(max(1, self.num_workers))]
-        mine = 0
-        for i, sample in enumerate(self.dataset):
-            if self.num_processes > 1 and i % self.num_processes != self.process_id:
-                continue
-            worker = mine % len(workers)
-            mine += 1
-            workers[worker].append(sample)
-            if len(workers[worker]) == size:
-                yield self.collate_fn(workers[worker])
-                workers[worker] = []
-        for buffer in workers:
-            if buffer and not drop:
-                yield self.collate_fn(buffer)
-
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Any:
         if self._accessor is not None:
             return iter(self._accessor)
-        return self._sync_iter()
+        if self._global_shuffle:
+            self.dataset.next_epoch()
+        batches = super().__iter__()
+        if self._is_user_batch_sampler_set and self._num_batches_to_combine != 1:
+            return du.combine_batches(
+                batches, self._num_batches_to_combine or 1, self._sampler_drop_last
+            )
+        return batches
 
-    def terminate(self) -> None:
-        """Stop the background worker (``Async`` modes); no effect in ``Sync`` mode."""
-        if self._accessor is not None:
-            self._accessor.terminate()
+    # ---- pickling (the accessor's worker process gets a copy without the accessor) ------
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_accessor"] = None
+        state["_iterator"] = None
+        return state
 
-class _SyncBatches:
-    """A DataLoader's synchronous batches, as an iterable for the accessor."""
-
-    def __init__(self, loader: DataLoader) -> None:
-        self.loader = loader
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.loader._sync_iter()
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-
-class _WorkerBatches(_SyncBatches):
-    """``AsyncRebatched``: the workers' batches, which the accessor rebatches."""
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.loader._sync_iter(worker_batches=True)
-
-    @property
-    def drop_last(self) -> bool:
-        return self.loader.drop_last
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
 
-_END = object()
+_LIVE: weakref.WeakSet[AsynchronousDataAccessor] = weakref.WeakSet()
 
 
-class _WorkerError:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
+@atexit.register
+def _terminate_all() -> None:
+    """Stop the workers still running when the program exits (else it would wait for them)."""
+    for accessor in list(_LIVE):
+        accessor.terminate()
 
 
 class AsynchronousDataAccessor:
-    """Prefetch batches from ``dataset`` in a background thread into a bounded queue.
+    """Load batches in a separate process, ahead of their use.
+
+    The worker process iterates ``dataset`` and copies its items into a ring buffer of
+    ``buffer_size`` slots of shared memory; iterating the accessor returns them (copied out,
+    so a batch stays valid after the next one is requested) in the dataset's order.
 
     Args:
-        dataset: any iterable (a ``DataLoader``, a list of batches...).
-        buffer_size: batches held ready at most (the ring buffer's size).
-        miss_sleep_time_in_ms: how long the worker waits before retrying a full buffer.
-        load_indefinitely: restart ``dataset`` when it ends (iteration never stops).
-        early_preload: start loading at construction instead of at the first ``iter``.
-        sharing_strategy: accepted for compatibility; the worker is a thread, so data is
-            shared in memory whatever the strategy.
-        rebatched_size: return batches of exactly this many samples. The dataset's items are
-            single samples (stacked), or, when the dataset is a ``DataLoader``'s worker
-            batches (``AsyncRebatched``), batches that are concatenated and split at batch
-            boundaries. A short last batch is dropped unless the ``DataLoader`` says
-            ``drop_last=False``.
+        dataset: the items to load: a ``DataLoader``, a dataset, any iterable whose items
+            are tensors, NumPy arrays, numbers or containers of them (the same structure
+            and shapes every time, except fewer rows in a short batch).
+        buffer_size: slots in the ring buffer.
+        miss_sleep_time_in_ms: how long the worker sleeps when the ring is full before
+            checking again.
+        load_indefinitely: when the dataset ends, start the next epoch at once (else wait
+            for the next ``iter()``).
+        early_preload: fill the ring as soon as the worker starts (else load the first
+            item only and wait for an iterator).
+        sharing_strategy: how the dataset reaches the worker: ``ForkServer`` (default),
+            ``Fork``, ``SharedMemory`` (a fresh interpreter) or ``FileSystem`` (pickled to a
+            file, for datasets too large for shared memory).
+        rebatched_size: return batches of exactly this many rows, concatenating (and
+            splitting) the dataset's items along their first dimension. The rows left at the
+            end of an epoch are dropped unless ``dataset`` is a ``poptorch.DataLoader`` built
+            with ``drop_last=False``.
 
-    An exception in the worker is re-raised in the caller by the next ``next()``.
-    ``terminate()`` stops the worker and joins it.
+    Raises:
+        poptorch.Error: the worker failed to start (the dataset's error is printed and
+            named), or failed later (raised by the next ``next()``).
     """
 
     def __init__(
@@ -324,134 +420,62 @@ class AsynchronousDataAccessor:
         sharing_strategy: SharingStrategy = SharingStrategy.ForkServer,
         rebatched_size: int | None = None,
     ) -> None:
+        self._worker: WorkerHandle | None = None
+        if isinstance(dataset, DataLoader):
+            if dataset._accessor is not None:
+                raise Error(ALREADY_ASYNC_MSG, "poptorch_py_error")
+            combined = dataset.combinedBatchSize
+            if (
+                not dataset._is_user_batch_sampler_set
+                and not dataset.drop_last
+                and rebatched_size is None
+                and combined not in (None, 1)
+            ):
+                raise Error(DROP_LAST_MSG, "poptorch_py_error")
+        if rebatched_size is not None and rebatched_size <= 1:
+            raise Error(REBATCHED_MIN_MSG, "poptorch_py_error")
         if buffer_size < 1:
             raise ValueError(f"buffer_size must be at least 1, got {buffer_size}.")
-        self.dataset = dataset
-        self.buffer_size = buffer_size
-        self._sleep = miss_sleep_time_in_ms / 1000.0
-        self.load_indefinitely = load_indefinitely
+        self._dataset = dataset
         self.rebatched_size = rebatched_size
-        self._queue: queue.Queue[Any] = queue.Queue(buffer_size)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._terminated = False
-        if early_preload:
-            self._start()
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def _pieces(self) -> Iterator[Any]:
-        """The dataset's items as batches (single samples become batches of one)."""
-        if isinstance(self.dataset, _WorkerBatches):
-            return iter(self.dataset)
-        return (collate([s]) for s in self.dataset)
-
-    def _drop_last(self) -> bool:
-        return getattr(self.dataset, "drop_last", True)
-
-    def _source(self) -> Iterator[Any]:
-        while True:
-            if self.rebatched_size:
-                yield from _rebatch(self._pieces(), self.rebatched_size, self._drop_last())
-            else:
-                yield from self.dataset
-            if not self.load_indefinitely:
-                return
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=max(self._sleep, 1e-3))
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _work(self) -> None:
-        try:
-            for batch in self._source():
-                if not self._put(batch):
-                    return
-        except BaseException as error:  # noqa: BLE001 (handed to the caller)
-            self._put(_WorkerError(error))
-            return
-        self._put(_END)
-
-    def _start(self) -> None:
-        if self._terminated:
-            raise RuntimeError(TERMINATED_MSG)
-        if self._thread is None or not self._thread.is_alive():
-            self._queue = queue.Queue(self.buffer_size)
-            self._thread = threading.Thread(target=self._work, daemon=True)
-            self._thread.start()
-
-    def __iter__(self) -> Iterator[Any]:
-        self._start()
-        return self._drain()
-
-    def _drain(self) -> Iterator[Any]:
-        while True:
-            item = self._queue.get()
-            if item is _END:
-                self._thread = None
-                return
-            if isinstance(item, _WorkerError):
-                self._thread = None
-                raise item.error
-            yield item
+        cfg = {
+            "buffer_size": buffer_size,
+            "miss_sleep_s": miss_sleep_time_in_ms / 1000.0,
+            "load_indefinitely": load_indefinitely,
+            "early_preload": early_preload,
+            "rebatched_size": rebatched_size,
+        }
+        self._worker = WorkerHandle(dataset, cfg, sharing_strategy)
+        _LIVE.add(self)
 
     def terminate(self) -> None:
-        """Stop and join the worker; the accessor cannot load again."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._thread = None
-        self._terminated = True
+        """Stop the worker process (the accessor cannot load again)."""
+        worker, self._worker = getattr(self, "_worker", None), None
+        if worker is not None:
+            worker.terminate()
 
     def __del__(self) -> None:
-        self._stop.set()
+        try:
+            self.terminate()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
 
+    def __len__(self) -> int:
+        length = len(self._dataset)
+        # A DataLoader using this accessor already counts combined batches.
+        if self.rebatched_size and getattr(self._dataset, "_accessor", None) is not self:
+            rows = getattr(self._dataset, "batch_size", 1) or 1
+            length = length * rows // self.rebatched_size
+        return length
 
-def _rows(batch: Any) -> int:
-    if isinstance(batch, (tuple, list)):
-        return _rows(batch[0])
-    if isinstance(batch, dict):
-        return _rows(next(iter(batch.values())))
-    return len(batch)
+    def __iter__(self) -> AsynchronousDataAccessor:
+        self._live().reset_iterator()
+        return self
 
+    def __next__(self) -> Any:
+        return self._live().next()
 
-def _cut(batch: Any, start: int, stop: int) -> Any:
-    if isinstance(batch, (tuple, list)):
-        return tuple(_cut(b, start, stop) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _cut(v, start, stop) for k, v in batch.items()}
-    return batch[start:stop]
-
-
-def _concat(batches: list[Any]) -> Any:
-    first = batches[0]
-    if isinstance(first, (tuple, list)):
-        return tuple(_concat([b[i] for b in batches]) for i in range(len(first)))
-    if isinstance(first, dict):
-        return {k: _concat([b[k] for b in batches]) for k in first}
-    return np.concatenate([_numpy(b) for b in batches])
-
-
-def _rebatch(pieces: Iterator[Any], size: int, drop_last: bool) -> Iterator[Any]:
-    """Batches of exactly ``size`` rows from ``pieces`` (batches of any size), splitting a
-    piece across two batches where needed; the short remainder is yielded unless
-    ``drop_last``."""
-    held: list[Any] = []
-    count = 0
-    for piece in pieces:
-        start, rows = 0, _rows(piece)
-        while start < rows:
-            take = min(size - count, rows - start)
-            held.append(_cut(piece, start, start + take))
-            count, start = count + take, start + take
-            if count == size:
-                yield _concat(held)
-                held, count = [], 0
-    if held and not drop_last:
-        yield _concat(held)
+    def _live(self) -> WorkerHandle:
+        if self._worker is None:
+            raise Error(TERMINATED_MSG, "poptorch_py_error")
+        return self._worker

@@ -310,6 +310,8 @@ class Optimizer:
 
     def _set_executor(self, executor: Any) -> None:
         self._executor = weakref.ref(executor) if executor is not None else None
+        if executor is not None:
+            mark_stepped(self)
 
     def _link(self, executor: Any) -> None:
         """Used by ``executor`` (a popxl_addons model: the optimiser names its weights)."""
@@ -391,6 +393,12 @@ _OWN_KEYS = {
     "use_tf_variant",
     "max_weight_norm",
 }
+
+
+def mark_stepped(opt: Any) -> None:
+    """A training model steps ``opt`` on the device at every call: torch's LR schedulers
+    must not warn that ``optimizer.step()`` was never called."""
+    opt._opt_called = True
 
 
 def _accum_types(opt: Any, given: dict[str, Any], *names: str) -> None:

@@ -109,7 +109,7 @@ def torch_dtype(dtype: popxl.dtype) -> torch.dtype:
 
 # JAX-lowered ops ---------------------------------------------------------------------------
 
-_JAX_OPS: dict[str, OpDef] = {}
+_JAX_OPS: dict[tuple[str, tuple[int, ...]], OpDef] = {}
 
 
 def _infer_from_attrs(*_specs: Any, _out: tuple, **_attrs: Any) -> list[popxl.TensorSpec]:
@@ -118,25 +118,27 @@ def _infer_from_attrs(*_specs: Any, _out: tuple, **_attrs: Any) -> list[popxl.Te
 
 def jax_opdef(name: str, fn: Callable[..., Any], nondiff: Sequence[int] = ()) -> OpDef:
     """The op kind ``aten::<name>`` (or ``name`` itself when it has a ``::`` namespace)
-    lowered by ``fn(*arrays, **attrs)``; one per name."""
-    if name in _JAX_OPS:
-        return _JAX_OPS[name]
+    lowered by ``fn(*arrays, **attrs)``; one per name and set of non-differentiable inputs
+    (the printed type is the name either way)."""
+    cache_key = (name, tuple(nondiff))
+    if cache_key in _JAX_OPS:
+        return _JAX_OPS[cache_key]
 
     def lower(*arrays: Any, _out: tuple, **attrs: Any) -> Any:
         return fn(*arrays, **attrs)
 
-    grad = "vjp"
     type_name = name if "::" in name else f"aten::{name}"
+    key = type_name if not nondiff else f"{type_name}#nondiff{','.join(map(str, nondiff))}"
     opdef = define(
-        type_name,
+        key,
         type_name,
         _infer_from_attrs,
         lower,
-        grad=grad,
+        grad="vjp",
         nondiff_inputs=tuple(nondiff),
         doc=fn.__doc__ or "",
     )
-    _JAX_OPS[name] = opdef
+    _JAX_OPS[cache_key] = opdef
     return opdef
 
 
@@ -190,6 +192,11 @@ class NodeContext:
     @property
     def training(self) -> bool:
         return self.translator.training
+
+    @property
+    def options(self) -> Any:
+        """The model's ``poptorch.Options`` (None when the model is captured without any)."""
+        return self.translator.options
 
     def output_used(self, i: int) -> bool:
         """Whether anything reads output ``i`` of a multi-output node (``node[i]``)."""

@@ -162,11 +162,27 @@ def _lower_cat(ctx: NodeContext, tensors: list, dim: int = 0) -> popxl.Tensor:
     return ops.concat(parts, _dim(dim, rank))
 
 
+def _with(shape: Any, axis: int, n: int) -> tuple[int, ...]:
+    return tuple(n if a == axis else int(s) for a, s in enumerate(shape))
+
+
 def _split_at(ctx: NodeContext, x: popxl.Tensor, sizes: list[int], dim: int) -> list:
     d = _dim(dim, x.rank)
     out, start = [], 0
     for size in sizes:
-        out.append(ops.slice(x, [start], [start + size], [1], [d]))
+        if size == 0:
+            out.append(
+                ctx.jax(
+                    "empty_slice",
+                    _empty_slice,
+                    x,
+                    begin=start,
+                    axis=d,
+                    outputs=[(_with(x.shape, d, 0), x.dtype)],
+                )
+            )
+        else:
+            out.append(ops.slice(x, [start], [start + size], [1], [d]))
         start += size
     return out
 

@@ -27,10 +27,13 @@ SPEC_MISMATCH_MSG = (
 class CapturedModel:
     """``create_graph`` for a captured torch model (see the module docstring)."""
 
-    def __init__(self, capture: Capture, training: bool, seed: int | None) -> None:
+    def __init__(
+        self, capture: Capture, training: bool, seed: int | None, options: Any = None
+    ) -> None:
         self.capture = capture
         self.training = training
         self.seed = seed
+        self.options = options
         self.forward: Forward | None = None
 
     @property
@@ -38,7 +41,7 @@ class CapturedModel:
         return type(self.capture.module).__name__
 
     def create_graph(self, *specs: popxl.TensorSpec) -> tuple[NamedVariableFactories, Any]:
-        forward = translate(self.capture, self.training, self.name)
+        forward = translate(self.capture, self.training, self.name, self.options)
         for i, (spec, t) in enumerate(zip(specs, forward.inputs)):
             if tuple(spec.shape) != tuple(t.shape) or spec.dtype != t.dtype:
                 raise ValueError(

@@ -89,9 +89,13 @@ def _host_value(t: torch.Tensor) -> np.ndarray:
 class Translator:
     """Walks one captured program's graph, recording popxl ops in the current graph."""
 
-    def __init__(self, capture: Capture, training: bool, subgraphs: dict[Any, Any]) -> None:
+    def __init__(
+        self, capture: Capture, training: bool, subgraphs: dict[Any, Any], options: Any = None
+    ) -> None:
         self.capture = capture
         self.training = training
+        # The model's poptorch.Options (records may read PopART options from them).
+        self.options = options
         # Block subgraphs of this IR by call signature, shared with nested translators.
         self.subgraphs = subgraphs
         self.env: dict[torch.fx.Node, Any] = {}
@@ -213,7 +217,7 @@ class Translator:
         sig = signature(blk, metas)
         if sig not in self.subgraphs:
             self.subgraphs[sig] = _block_subgraph(
-                self.capture.block_captures[sig], blk, self.training, self.subgraphs
+                self.capture.block_captures[sig], blk, self.training, self.subgraphs, self.options
             )
         sub = self.subgraphs[sig]
         inputs = [self.env[n] for n in tensors_arg]
@@ -321,12 +325,12 @@ class BlockSubgraph:
 
 
 def _block_subgraph(
-    capture: Capture, blk: Any, training: bool, subgraphs: dict[Any, Any]
+    capture: Capture, blk: Any, training: bool, subgraphs: dict[Any, Any], options: Any
 ) -> BlockSubgraph:
     ir = popxl.gcg().ir
     graph = ir.create_empty_graph(type(blk.module).__name__)
     with graph:
-        t = Translator(capture, training, subgraphs)
+        t = Translator(capture, training, subgraphs, options)
         t._inputs(blk.state_names)
         t.run()
         marked = t.outputs(seed_is_state=False)
@@ -335,12 +339,12 @@ def _block_subgraph(
     return BlockSubgraph(graph, t._seed_input is not None)
 
 
-def translate(capture: Capture, training: bool, name: str) -> Forward:
+def translate(capture: Capture, training: bool, name: str, options: Any = None) -> Forward:
     """Build the popxl graph of ``capture`` in the current IR."""
     ir = popxl.gcg().ir
     graph = ir.create_empty_graph(name)
     with graph:
-        t = Translator(capture, training, {})
+        t = Translator(capture, training, {}, options)
         user, named, factories = t._inputs(None)
         t.run()
         marked = t.outputs()

@@ -184,7 +184,12 @@ CASES = [
     ),
     Case("repeat", lambda x: x.repeat(2, 1, 3), lambda: (_randn(2, 3),), [aten.repeat.default]),
     Case("tile", lambda x: x.tile(2), lambda: (_randn(2, 3),), [aten.repeat.default]),
-    Case("tensor_unfold", lambda x: x.unfold(1, 3, 2), lambda: (_randn(2, 7, 3),), [aten.unfold.default]),
+    Case(
+        "tensor_unfold",
+        lambda x: x.unfold(1, 3, 2),
+        lambda: (_randn(2, 7, 3),),
+        [aten.unfold.default],
+    ),
     Case(
         "one_hot",
         lambda x: torch.nn.functional.one_hot(x, 5),
