@@ -23,6 +23,8 @@ from ._log import setLogLevel as setLogLevel
 from ._program import identity_loss as identity_loss
 from .blocks import BeginBlock as BeginBlock
 from .blocks import Block as Block
+from .blocks import BlockFunction as BlockFunction
+from .blocks import removeBlocks as removeBlocks
 from .data import AsynchronousDataAccessor as AsynchronousDataAccessor
 from .data import DataLoader as DataLoader
 from .enums import AutoStage as AutoStage
@@ -86,6 +88,7 @@ __all__ = [
     "AutoStage",
     "BeginBlock",
     "Block",
+    "BlockFunction",
     "CommGroupType",
     "ConnectionType",
     "DataLoader",
@@ -119,6 +122,7 @@ __all__ = [
     "RecoverableError",
     "ReductionType",
     "registerCustomArgParser",
+    "removeBlocks",
     "serializedMatMul",
     "SerialPhasedExecution",
     "set_available_memory",

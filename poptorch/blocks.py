@@ -39,7 +39,10 @@ from typing import Any
 
 import popxl
 
-BEGIN_BLOCK_MSG = "BeginBlock expects a popxl_addons Module (with a build method), got {got}."
+BEGIN_BLOCK_MSG = (
+    "BeginBlock expects a torch.nn.Module or a popxl_addons Module (with a build method), "
+    "got {got}."
+)
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,65 @@ def recording() -> Iterator[Recorder]:
         _RECORDER.reset(token)
 
 
+# Torch models: blocks are annotations on the captured graph's nodes -------------------------
+#
+# While a torch model is captured, starting a block enters an annotation context
+# (``torch.fx.traceback.annotate``) that stays entered until the capture ends, so every node
+# traced after it carries ``meta["custom"][BLOCK_KEY] = (user_id, ipu_id)`` until the next
+# block starts; the translator turns changes of that annotation into block marks.
+
+BLOCK_KEY = "poptorch_block"
+_CAPTURE: contextvars.ContextVar[contextlib.ExitStack | None] = contextvars.ContextVar(
+    "poptorch_block_capture", default=None
+)
+_AUTO_IDS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "poptorch_block_ids", default=None
+)
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[None]:
+    """Scope of one torch model's capture: block annotations opened in it close at its end."""
+    with contextlib.ExitStack() as stack:
+        token = _CAPTURE.set(stack)
+        ids = _AUTO_IDS.set([0])
+        try:
+            yield
+        finally:
+            _AUTO_IDS.reset(ids)
+            _CAPTURE.reset(token)
+
+
+def _begin_torch_block(user_id: str | None, ipu_id: int | None) -> None:
+    stack = _CAPTURE.get()
+    if stack is None:
+        return
+    counter = _AUTO_IDS.get()
+    if user_id is None and counter is not None:
+        user_id = f"block{counter[0]}"
+    if counter is not None:
+        counter[0] += 1
+    from torch.fx import traceback as fx_traceback  # noqa: PLC0415 (torch models only)
+
+    stack.enter_context(fx_traceback.annotate({BLOCK_KEY: (str(user_id), ipu_id)}))
+
+
+def mark_node_block(recorder: Recorder | None, annotation: tuple[str, int | None]) -> None:
+    """Start the block a captured node is annotated with (the translator calls this when
+    the annotation changes)."""
+    if recorder is not None:
+        recorder.begin(*annotation)
+
+
+def current_recorder() -> Recorder | None:
+    return _RECORDER.get()
+
+
 class Block(contextlib.ContextDecorator):
     """Start block ``user_id`` (on IPU ``ipu_id``) with the ops created in this scope.
+
+    In a popxl_addons ``Module``'s ``build`` or a torch model's ``forward`` (while it is
+    captured); outside both it does nothing, so the model still runs in plain PyTorch.
 
     Args:
         user_id: the block's name, used by ``Stage(...)``; default ``"block<n>"``.
@@ -96,10 +156,19 @@ class Block(contextlib.ContextDecorator):
     def __init__(self, user_id: str | None = None, ipu_id: int | None = None) -> None:
         self.user_id, self.ipu_id = user_id, ipu_id
 
+    @property
+    def _user_id(self) -> str | None:
+        return self.user_id
+
+    @property
+    def _ipu_id(self) -> int | None:
+        return self.ipu_id
+
     def __enter__(self) -> Block:
         recorder = _RECORDER.get()
         if recorder is not None:
             recorder.begin(self.user_id, self.ipu_id)
+        _begin_torch_block(self.user_id, self.ipu_id)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -125,15 +194,37 @@ class _BlockStartingBuild:
         return self.build(*args, **kwargs)
 
 
+class _BeginBlockHook:
+    """A torch module's forward pre-hook starting a block (a class, so models pickle)."""
+
+    def __init__(self, user_id: str | None, ipu_id: int | None) -> None:
+        self.user_id, self.ipu_id = user_id, ipu_id
+
+    def __call__(self, module: Any, args: Any) -> None:
+        _begin_torch_block(self.user_id, self.ipu_id)
+
+
+def _is_torch_module(module: Any) -> bool:
+    return any(c.__module__ == "torch.nn.modules.module" for c in type(module).__mro__)
+
+
 def BeginBlock(  # noqa: N802 (PopTorch's name)
     module: Any, user_id: str | None = None, ipu_id: int | None = None
 ) -> Any:
     """Make every call of ``module`` start block ``user_id`` (on IPU ``ipu_id``); the block
     lasts until the next one starts. Returns ``module``.
 
+    ``module`` is a ``torch.nn.Module`` (a forward pre-hook marks the block while the model
+    is captured) or a popxl_addons ``Module``.
+
     Raises:
-        TypeError: ``module`` has no ``build`` method.
+        TypeError: ``module`` is neither.
     """
+    if _is_torch_module(module):
+        removeBlocks(module)
+        handle = module.register_forward_pre_hook(_BeginBlockHook(user_id, ipu_id))
+        module.__dict__["_poptorch_block_hook"] = handle
+        return module
     build = getattr(module, "build", None)
     if not callable(build):
         raise TypeError(BEGIN_BLOCK_MSG.format(got=type(module).__name__))
@@ -141,3 +232,28 @@ def BeginBlock(  # noqa: N802 (PopTorch's name)
         build = build.build
     module.build = _BlockStartingBuild(build, user_id, ipu_id)
     return module
+
+
+def removeBlocks(module: Any) -> None:  # noqa: N802 (PopTorch's name)
+    """Remove the ``BeginBlock`` marks of ``module`` and of its sub-modules."""
+    modules = module.modules() if _is_torch_module(module) else [module]
+    for m in modules:
+        handle = m.__dict__.pop("_poptorch_block_hook", None)
+        if handle is not None:
+            handle.remove()
+
+
+def BlockFunction(  # noqa: N802 (PopTorch's name)
+    user_id: str | None = None, ipu_id: int | None = None
+) -> Any:
+    """Decorator: calls of the decorated function start block ``user_id`` on ``ipu_id``."""
+
+    def decorate(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with Block(user_id, ipu_id):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate

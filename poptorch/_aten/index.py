@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.ops import aten
 
@@ -33,15 +34,10 @@ def _dim(d: int, rank: int) -> int:
     return d % rank if rank else 0
 
 
-def _arg_dtype(ctx: NodeContext, value: Any) -> Any:
-    """The torch dtype of a graph value passed to the node (index tensors)."""
-    return value.meta["val"].dtype if hasattr(value, "meta") else None
-
-
-def _is_mask(ctx: NodeContext, node_arg: Any) -> bool:
-    import torch  # noqa: PLC0415 (only the dtype constants)
-
-    return _arg_dtype(ctx, node_arg) in (torch.bool, torch.uint8)
+def _is_mask(node_arg: Any) -> bool:
+    """Whether an index the FX node received is a mask (bool, or uint8 as torch reads it)."""
+    dtype = node_arg.meta["val"].dtype if hasattr(node_arg, "meta") else None
+    return dtype in (torch.bool, torch.uint8)
 
 
 # Overwriting with torch's gradient ---------------------------------------------------------
@@ -68,14 +64,14 @@ def _overwrite(x: Any, v: Any, arrays: tuple, layout: tuple[bool, ...]) -> Any:
 
 
 def _overwrite_fwd(x: Any, v: Any, arrays: tuple, layout: tuple[bool, ...]) -> tuple:
-    return _overwrite(x, v, arrays, layout), (arrays, jnp.zeros_like(v))
+    return _overwrite(x, v, arrays, layout), (arrays, v)
 
 
 def _overwrite_bwd(layout: tuple[bool, ...], res: tuple, g: Any) -> tuple:
-    arrays, v_zero = res
+    arrays, v = res
     where = _where_of(arrays, layout)
     grad_x = g.at[where].set(0)
-    grad_v = _sum_to(g[where], v_zero.shape).astype(v_zero.dtype)
+    grad_v = _sum_to(g[where], v.shape).astype(v.dtype)
     return grad_x, grad_v, tuple(None for _ in arrays)
 
 
@@ -110,7 +106,7 @@ class MaskedIndexError(DynamicOutputShapeException):
 
 
 def _refuse_masks(ctx: NodeContext) -> None:
-    if any(a is not None and _is_mask(ctx, a) for a in ctx.node.args[1]):
+    if any(a is not None and _is_mask(a) for a in ctx.node.args[1]):
         raise MaskedIndexError(ctx.where())
 
 
@@ -154,7 +150,7 @@ def _mask_position(ctx: NodeContext, indices: list) -> int | None:
     """Where a boolean mask sits in an index list, or None; only ``[None.., mask]`` is
     supported."""
     node_indices = ctx.node.args[1]
-    masks = [k for k, a in enumerate(node_indices) if a is not None and _is_mask(ctx, a)]
+    masks = [k for k, a in enumerate(node_indices) if a is not None and _is_mask(a)]
     if not masks:
         return None
     k = masks[0]
@@ -243,9 +239,6 @@ def _scatter_where(index: Any, axis: int) -> tuple:
     grids = jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij", sparse=True)
     grids[axis] = index
     return tuple(jnp.broadcast_to(g, index.shape) for g in grids)
-
-
-_DENSE_IDENTITY = {"prod": 1.0, "amax": -np.inf, "amin": np.inf, "sum": 0.0, "mean": 0.0}
 
 
 def _dense_reduce(part: Any, index: Any, src: Any, reduce: str, include_self: bool) -> Any:

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.fx import traceback as fx_traceback
 from torch.utils import _pytree as pytree
 
 from .. import _state
+from .. import blocks as blocks_api
 from .._aten import PRESERVED
 from .blocks import Block, NotABlock, as_blocks, find_groups
 
@@ -97,7 +99,15 @@ def _tracing() -> Iterator[None]:
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
-    with _tracing(), torch.no_grad(), warnings.catch_warnings():
+    # preserve_node_meta: annotations made while tracing (torch.fx.traceback.annotate, which
+    # poptorch.Block and BeginBlock use) stay on the nodes, through decomposition too.
+    with (
+        _tracing(),
+        torch.no_grad(),
+        warnings.catch_warnings(),
+        fx_traceback.preserve_node_meta(),
+        blocks_api.capturing(),
+    ):
         # torch's own deprecation notices while tracing are not the user's concern.
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -123,7 +133,7 @@ def _not_a_block(error: BaseException | None) -> bool:
 
 
 def _decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), fx_traceback.preserve_node_meta():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         table = torch.export.default_decompositions()

@@ -27,6 +27,7 @@ from popxl_addons import NamedTensors
 from popxl_addons.variable_factory import NamedVariableFactories, VariableFactory
 
 from .._aten import TABLE
+from ..blocks import BLOCK_KEY, current_recorder, mark_node_block
 from .._aten._registry import NodeContext, describe_node, popxl_dtype
 from .blocks import is_block_node
 from .export import Capture, signature
@@ -201,9 +202,15 @@ class Translator:
             located._poptorch_located = True  # type: ignore[attr-defined]
             raise located from error
 
-    def run(self) -> None:
+    def run(self, marks_blocks: bool = False) -> None:
+        recorder = current_recorder() if marks_blocks else None
+        block = None
         for node in self.capture.program.graph.nodes:
             if node.op == "call_function":
+                annotation = (node.meta.get("custom") or {}).get(BLOCK_KEY)
+                if annotation is not None and annotation != block:
+                    mark_node_block(recorder, annotation)
+                    block = annotation
                 scope = _scope_of(node)
                 with popxl.name_scope(scope) if scope else _null():
                     self.env[node] = self._lower(node)
@@ -346,7 +353,7 @@ def translate(capture: Capture, training: bool, name: str, options: Any = None) 
     with graph:
         t = Translator(capture, training, {}, options)
         user, named, factories = t._inputs(None)
-        t.run()
+        t.run(marks_blocks=True)
         marked = t.outputs()
         if t._seed_input is not None:
             named[SEED_NAME] = t._seed_input
