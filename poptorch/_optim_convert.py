@@ -118,10 +118,8 @@ def kind_of(opt: Any) -> str:
 
 
 def is_subclassed(opt: Any) -> bool:
-    """A user's subclass of an optimiser (neither torch's nor PopTorch's own class)."""
-    bases = type(opt).__bases__
-    torch_base = torch.optim.Optimizer if torch is not None else optim._StandInOptimizer
-    return torch_base not in bases and optim.Optimizer not in bases
+    """A user's subclass of an optimiser (not one of torch's or PopTorch's own classes)."""
+    return not any(type(opt) in classes for _, classes in _classes())
 
 
 def warn_if_subclassed(opt: Any) -> None:

@@ -413,7 +413,9 @@ def read_state(opt: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     if executor is None or opt._ipu_dirty:
         return dict(opt._ipu), _legacy(opt, opt._legacy)
     session = executor._session
-    fresh = opt._cache_of is session._state and (not opt._named or opt._legacy is not None)
+    cached_of = opt._cache_of  # (the session state the cache was read from,) or None
+    fresh = cached_of is not None and cached_of[0] is session._state
+    fresh = fresh and (not opt._named or opt._legacy is not None)
     if fresh and opt.has_state():
         logger.debug("Using cached optimiser state dict")
         return dict(opt._ipu), _legacy(opt, opt._legacy)
@@ -422,7 +424,7 @@ def read_state(opt: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     tensors = not opt._named
     opt._ipu = {k: _as_torch(v, tensors) for k, v in ipu.items()}
     opt._legacy = legacy
-    opt._cache_of = session._state
+    opt._cache_of = (session._state,)
     return dict(opt._ipu), _legacy(opt, legacy)
 
 
@@ -458,13 +460,17 @@ def load_into(executor: Any, state: Mapping[str, Any]) -> None:
     link = link_of(executor)
     user = user_of(executor._optimizer)
     if state.get("ipu_state") is not None:
-        executor.copyWeightsToHostIfNeeded()
+        if executor.copyWeightsToHostIfNeeded():
+            logger.debug(
+                "copyWeightsToHost(): the weights were synced to the host before the "
+                "optimiser state is written."
+            )
         logger.info("Writing optimiser state tensors from host to IPU memory.")
         write_device_state(executor, state)
         if isinstance(user, optim.Optimizer):  # what was written is what a read would give
             ipu = {k: state.get(k) for k in ("ipu_state", "ipu_param")}
             user._ipu = {k: dict(v) if v is not None else None for k, v in ipu.items()}
-            user._cache_of = executor._session._state
+            user._cache_of = (executor._session._state,)
         return
     write_device_state(executor, state)
     # The previous layout's hyper-parameters come from the optimiser (restored with it).
@@ -475,6 +481,14 @@ def load_into(executor: Any, state: Mapping[str, Any]) -> None:
         link.uploaded = spec.key()
     if isinstance(user, optim.Optimizer):
         user._legacy = None
+
+
+def after_detach(executor: Any) -> None:
+    """The executor detached from its device: the optimiser state is read back (as
+    PopTorch did), so ``state_dict()`` needs no device until the next attach."""
+    opt = user_of(executor.__dict__.get("_optimizer"))
+    if isinstance(opt, optim.Optimizer) and _current(opt) is not None:
+        read_state(opt)
 
 
 def build_spec(optimizer: Any, options: Any) -> Spec:

@@ -563,6 +563,33 @@ class AdamW(Optimizer, _torch_base("AdamW", {**_ADAM_DEFAULTS, "weight_decay": 1
         _adam_attributes(self, given, loss_scaling, max_grad_norm)
 
 
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """torch's AdamW step on the host parameters (without the bias correction if
+        ``bias_correction=False``, as the device runs it)."""
+        if self._named or self.bias_correction or torch is None:
+            return super().step(closure)
+        loss = closure() if closure is not None else None
+        with torch.no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        self._host_update(p, group)
+        return loss
+
+    def _host_update(self, p: Any, group: dict) -> None:
+        state = self.state[p]
+        if not state:
+            state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        state["step"] += 1
+        b1, b2 = group["betas"]
+        g = -p.grad if group.get("maximize", False) else p.grad
+        p.mul_(1 - group["lr"] * group["weight_decay"])
+        state["exp_avg"].mul_(b1).add_(g, alpha=1 - b1)
+        state["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
+        denom = state["exp_avg_sq"].sqrt().add_(group["eps"])
+        p.addcdiv_(state["exp_avg"], denom, value=-group["lr"])
+
+
 class RMSprop(Optimizer, _torch_base("RMSprop", _RMSPROP_DEFAULTS)):  # type: ignore[misc]
     """RMSprop (``torch.optim.RMSprop``) with loss scaling and accumulation types.
 

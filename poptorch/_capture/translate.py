@@ -13,6 +13,7 @@ signature, called once per child with that child's weights.
 from __future__ import annotations
 
 import operator
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,6 +141,8 @@ class Translator:
                 user.append(t)
             elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
                 state_specs.append((spec.target, node))
+            elif spec.kind == InputKind.TOKEN:
+                self.env[node] = None  # effect ordering: ops run in graph order anyway
             elif spec.kind == InputKind.CONSTANT_TENSOR:
                 value = constants[spec.target]
                 if isinstance(value, torch.Tensor):
@@ -183,6 +186,8 @@ class Translator:
             return self.env[node.args[0]][node.args[1]]
         if is_block_node(target):
             return self._call_block(node)
+        if target is torch.ops.higher_order.with_effects:
+            return (None, *_as_tuple(self._lower(_without_token(node))))
         fn = TABLE.get(target)
         if fn is None:
             raise NotImplementedError(
@@ -252,6 +257,8 @@ class Translator:
                     state.append((spec.target, self._arg(value)))
             elif spec.kind == OutputKind.USER_INPUT_MUTATION:
                 inputs.append((user_names.index(spec.target), self._arg(value)))
+            elif spec.kind == OutputKind.TOKEN:
+                continue
             else:
                 raise TypeError(
                     f"poptorch cannot capture an export output of kind {spec.kind.name}."
@@ -295,6 +302,27 @@ class Outputs:
     state: list[str] = field(default_factory=list)
     inputs: list[int] = field(default_factory=list)
     loss_index: int | None = None
+
+
+def _as_tuple(value: Any) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _without_token(node: torch.fx.Node) -> Any:
+    """The op a ``with_effects(token, op, *args)`` node runs, as a node-like record (its
+    results are the node's results after the token)."""
+    val = node.meta.get("val")
+    inner = val[1] if isinstance(val, (tuple, list)) and len(val) == 2 else (
+        tuple(val[1:]) if isinstance(val, (tuple, list)) else val
+    )
+    return types.SimpleNamespace(
+        op="call_function",
+        target=node.args[1],
+        args=tuple(node.args[2:]),
+        kwargs=dict(node.kwargs),
+        name=node.name,
+        meta={**node.meta, "val": inner},
+    )
 
 
 def _fresh(t: popxl.Tensor) -> popxl.Tensor:

@@ -1,0 +1,237 @@
+"""torch.nn models through poptorch: capture, program, call semantics, weights, errors."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+
+import poptorch
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 8)
+        self.fc2 = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class MlpWithLoss(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Mlp()
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor):
+        out = self.net(x)
+        return out, torch.nn.functional.mse_loss(out, target)
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            [torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True) for _ in range(n)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def test_inference_matches_torch_and_program_uses_torch_names():
+    model = Mlp()
+    x = torch.randn(5, 4)
+    pm = poptorch.inferenceModel(model)
+    torch.testing.assert_close(pm(x), model(x).detach(), rtol=1e-5, atol=1e-6)
+    schedule = pm.print_schedule()
+    assert "fc1.weight=%" in schedule and "fc2.bias=%" in schedule
+    assert "MatMul." in schedule and "Relu." in schedule
+    assert pm.isCompiled() and isinstance(pm.ir, __import__("popxl").Ir)
+
+
+def test_device_iterations_and_replicas_split_the_combined_batch():
+    model = Mlp()
+    opts = poptorch.Options().deviceIterations(3).replicationFactor(2)
+    x = torch.randn(3 * 2 * 4, 4)
+    pm = poptorch.inferenceModel(model, opts)
+    torch.testing.assert_close(pm(x), model(x).detach(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(poptorch.Error, match="must be a multiple of"):
+        poptorch.inferenceModel(Mlp(), opts)(torch.randn(5, 4))
+
+
+def test_repeated_layers_are_one_subgraph_called_per_layer():
+    model = Stack(3).eval()
+    x = torch.randn(2, 5, 16)
+    pm = poptorch.inferenceModel(model)
+    torch.testing.assert_close(pm(x), model(x).detach(), rtol=1e-4, atol=1e-5)
+    schedule = pm.print_schedule()
+    calls = re.findall(r"Call\.\d+\((TransformerEncoderLayer_subgraph\(\d+\))\)", schedule)
+    assert len(calls) == 3 and len(set(calls)) == 1
+    assert schedule.count("Graph : TransformerEncoderLayer_subgraph") == 1
+
+
+def test_training_matches_torch_sgd_and_weights_come_back_lazily():
+    model = MlpWithLoss()
+    reference = copy.deepcopy(model)
+    x, target = torch.randn(6, 4), torch.randn(6, 3)
+    pm = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for _ in range(3):
+        _, loss = pm(x, target)
+        opt.zero_grad()
+        _, ref_loss = reference(x, target)
+        ref_loss.backward()
+        opt.step()
+    assert loss.shape == ()
+    # Reading the torch model's parameters copies the device's weights back.
+    torch.testing.assert_close(model.net.fc1.weight, reference.net.fc1.weight, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.state_dict()["net.fc2.bias"], reference.net.fc2.bias)
+    # An inference model of the same torch model runs the trained weights.
+    inference = poptorch.inferenceModel(model.net)
+    torch.testing.assert_close(inference(x), reference.net(x).detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_trained_weights_reach_an_inference_model_of_the_same_model():
+    model = MlpWithLoss()
+    x, target = torch.randn(6, 4), torch.randn(6, 3)
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5))
+    inference = poptorch.inferenceModel(model)
+    before = inference(x, target)[0]
+    for _ in range(5):
+        training(x, target)
+    after = inference(x, target)[0]
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, model.net(x).detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_buffers_persist_and_plain_tensor_attributes_are_constants():
+    class Counter(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("count", torch.zeros(1))
+            self.frozen = torch.zeros(1)
+
+        def forward(self, x: torch.Tensor):
+            self.count += 1
+            self.frozen += 1
+            return x + self.count, self.frozen * 1
+
+    model = Counter()
+    pm = poptorch.inferenceModel(model)
+    x = torch.zeros(1)
+    assert float(pm(x)[0]) == 1.0 and float(pm(x)[0]) == 2.0
+    assert float(pm(x)[1]) == 1.0  # PopTorch froze the attribute's value
+    pm.copyWeightsToHost()
+    assert float(model.count) == 3.0
+
+
+def test_inputs_modified_in_place_are_updated_on_the_host():
+    class AddOne(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> None:
+            x += 1
+
+    pm = poptorch.inferenceModel(AddOne())
+    x = torch.tensor([1.0, 2.0])
+    assert pm(x) is None
+    torch.testing.assert_close(x, torch.tensor([2.0, 3.0]))
+
+
+def test_output_structure_is_kept():
+    class Structured(torch.nn.Module):
+        def forward(self, x: torch.Tensor):
+            return {"double": x * 2, "pair": (x + 1, None)}
+
+    out = poptorch.inferenceModel(Structured())(torch.ones(2))
+    assert set(out) == {"double", "pair"} and out["pair"][1] is None
+    torch.testing.assert_close(out["pair"][0], torch.full((2,), 2.0))
+
+
+def test_64_bit_inputs_run_in_32_bits():
+    class Gather(torch.nn.Module):
+        def forward(self, table: torch.Tensor, index: torch.Tensor):
+            return table[index] * 2
+
+    table = torch.randn(5, 3, dtype=torch.float64)
+    index = torch.tensor([4, 0, 2])
+    out = poptorch.inferenceModel(Gather())(table, index)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, (table[index] * 2).float())
+
+
+def test_is_running_on_ipu_while_captured():
+    class Branch(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + (1 if poptorch.isRunningOnIpu() else 100)
+
+    model = Branch()
+    assert float(model(torch.zeros(1))) == 100.0
+    assert float(poptorch.inferenceModel(model)(torch.zeros(1))) == 1.0
+    assert not poptorch.ipuHardwareIsAvailable()
+
+
+def test_changed_inputs_get_poptorchs_errors():
+    pm = poptorch.inferenceModel(Mlp())
+    pm(torch.randn(2, 4))
+    with pytest.raises(poptorch.Error, match=re.escape("expected torch.Size([2, 4])")):
+        pm(torch.randn(3, 4))
+    with pytest.raises(poptorch.Error, match="Data type mismatch for x"):
+        pm(torch.randn(2, 4, dtype=torch.float16))
+
+
+def test_missing_op_error_names_op_module_and_line():
+    class Unsupported(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.linalg.cholesky(self.inner(x) @ self.inner(x).T + 3 * torch.eye(3))
+
+    with pytest.raises(NotImplementedError) as info:
+        poptorch.inferenceModel(Unsupported())(torch.randn(3, 3))
+    message = str(info.value)
+    assert "aten.linalg_cholesky_ex" in message or "aten.cholesky" in message
+    assert "test_torch_models.py" in message and "Unsupported" in message
+
+
+def test_unexportable_model_gets_torchs_reason_and_a_hint():
+    class DataDependent(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:
+                return x * 2
+            return x
+
+    with pytest.raises(poptorch.Error) as info:
+        poptorch.inferenceModel(DataDependent())(torch.ones(2))
+    assert "could not capture DataDependent.forward" in str(info.value)
+    assert "What to change" in str(info.value)
+
+
+def test_begin_block_places_layers_in_pipeline_stages():
+    model = MlpWithLoss()
+    reference = copy.deepcopy(model)
+    poptorch.BeginBlock(model.net.fc2, "head", ipu_id=1)
+    opts = poptorch.Options()
+    opts.setExecutionStrategy(poptorch.PipelinedExecution())
+    opts.Training.gradientAccumulation(4)
+    pm = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, target = torch.randn(8, 4), torch.randn(8, 3)
+    pm(x, target)
+    assert "PipelinedExecution" in pm.print_schedule()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    opt.zero_grad()
+    losses = [reference(xs, ts)[1] for xs, ts in zip(x.split(2), target.split(2))]
+    (sum(losses) / len(losses)).backward()
+    opt.step()
+    torch.testing.assert_close(model.net.fc2.weight, reference.net.fc2.weight, rtol=1e-4, atol=1e-5)
