@@ -49,9 +49,16 @@ from .executor import PoplarExecutor as PoplarExecutor
 from .executor import inferenceModel as inferenceModel
 from .executor import load as load
 from .executor import trainingModel as trainingModel
+from .ops import CPU as CPU
+from .ops import MultiConv as MultiConv
+from .ops import cond as cond
+from .ops import ctc_beam_search_decoder as ctc_beam_search_decoder
+from .ops import custom_op as custom_op
 from .ops import dynamic_slice as dynamic_slice
 from .ops import dynamic_update as dynamic_update
+from .ops import for_loop as for_loop
 from .ops import ipu_print_tensor as ipu_print_tensor
+from .ops import lower_torch_op as lower_torch_op
 from .ops import nop as nop
 from .ops import recomputationCheckpoint as recomputationCheckpoint
 from .ops import serializedMatMul as serializedMatMul
@@ -90,13 +97,18 @@ __all__ = [
     "Block",
     "BlockFunction",
     "CommGroupType",
+    "cond",
     "ConnectionType",
+    "CPU",
+    "ctc_beam_search_decoder",
+    "custom_op",
     "DataLoader",
     "DataLoaderMode",
     "dynamic_slice",
     "dynamic_update",
     "enums",
     "Error",
+    "for_loop",
     "HalfFloatCastingBehavior",
     "ICustomArgParser",
     "identity_loss",
@@ -106,8 +118,10 @@ __all__ = [
     "isRunningOnIpu",
     "Liveness",
     "load",
+    "lower_torch_op",
     "MatMulSerializationMode",
     "MeanReductionStrategy",
+    "MultiConv",
     "MultiConvPlanType",
     "nop",
     "optim",

@@ -27,6 +27,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -39,7 +40,11 @@ from .errors import Error
 
 FREE, READY = 0, 1
 DATA, END = 0, 1
-START, RESET, SHUTDOWN = "start", "reset", "shutdown"
+START, RESET, SHUTDOWN, WAKE = "start", "reset", "shutdown", "wake"
+# A worker waiting for a free slot sleeps at most this long between checks (the host wakes
+# it as soon as it frees a slot).
+MAX_SLEEP_S = 0.05
+WAITING, PENDING, ACK = 0, 1, 2  # the ring's control words
 
 START_FAILED_MSG = (
     "AsynchronousDataAccessor worker thread failed to start (Check above for details)"
@@ -58,40 +63,50 @@ REBATCH_ROWS_MSG = "rebatched_size needs every field of a batch to have the same
 
 
 class Ring:
-    """The shared slots and their flags (the same tensors on both sides)."""
+    """The shared slots and their flags (the same memory on both sides).
 
-    def __init__(
-        self,
-        buffers: list[list[torch.Tensor]],
-        state: torch.Tensor,
-        kind: torch.Tensor,
-        rows: torch.Tensor,
-    ) -> None:
-        self.buffers, self.state, self.kind, self.rows = buffers, state, kind, rows
+    The flags live in one shared int64 tensor, read and written through NumPy views (a
+    tensor element access costs microseconds, a NumPy one nanoseconds):
+    ``state[slot]``, ``kind[slot]``, ``rows[slot, field]``, and three words: ``waiting``
+    (the worker sleeps on a full ring), ``pending`` (the host sent a command) and ``ack``
+    (the last reset the worker carried out).
+    """
+
+    def __init__(self, buffers: list[list[torch.Tensor]], flags: torch.Tensor) -> None:
+        self.buffers, self.flags = buffers, flags
+        size, fields = len(buffers), len(buffers[0])
+        view = flags.numpy()
+        self.state = view[:size]
+        self.kind = view[size : 2 * size]
+        self.rows = view[2 * size : 2 * size + size * fields].reshape(size, fields)
+        self.words = view[2 * size + size * fields :]  # waiting, pending, ack
 
     @classmethod
-    def allocate(cls, size: int, shapes: list[tuple[torch.Size, torch.dtype]]) -> Ring:
-        def shared(shape: Any, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(shape, dtype=dtype).share_memory_()
-
-        buffers = [[shared(s, d) for s, d in shapes] for _ in range(size)]
-        return cls(
-            buffers,
-            shared(size, torch.int32),
-            shared(size, torch.int32),
-            shared((size, len(shapes)), torch.int64),
-        )
+    def allocate(cls, size: int, shapes: list[tuple[Any, torch.dtype]]) -> Ring:
+        buffers = [
+            [torch.zeros(s, dtype=d).share_memory_() for s, d in shapes] for _ in range(size)
+        ]
+        flags = torch.zeros(2 * size + size * len(shapes) + 3, dtype=torch.int64)
+        return cls(buffers, flags.share_memory_())
 
     @property
     def indices_mem(self) -> torch.Tensor:
         """Per slot: 1 when it holds data the host has not read yet (PopTorch's name)."""
-        return self.state
+        return self.flags[: len(self.buffers)]
 
     def __len__(self) -> int:
         return len(self.buffers)
 
     def parts(self) -> tuple[Any, ...]:
-        return self.buffers, self.state, self.kind, self.rows
+        return self.buffers, self.flags
+
+    def free(self, slot: int) -> bool:
+        """Give ``slot`` back to the worker; True if the worker sleeps and needs waking."""
+        self.state[slot] = FREE
+        if self.words[WAITING]:
+            self.words[WAITING] = 0
+            return True
+        return False
 
 
 # ---- worker side ------------------------------------------------------------------------
@@ -133,9 +148,10 @@ class _Producer:
         self.kinds = du.leaf_kinds(self.spec)
         self.consts = {i: v for i, (v, k) in enumerate(zip(leaves, self.kinds)) if k == du.CONST}
         tensors = self._tensors(leaves)
+        if not tensors:
+            raise Error("The dataset's items hold no tensor, array or number to transfer.")
         self.ring = Ring.allocate(self.size, [self._slot_shape(i, t) for i, t in tensors])
-        self.ack = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self.data_conn.send(("ready", self.spec, self.consts, self.ring.parts(), self.ack))
+        self.data_conn.send(("ready", self.spec, self.consts, self.ring.parts()))
         self._put(tensors)
         return iterator
 
@@ -163,8 +179,16 @@ class _Producer:
     # -- the ring --
 
     def _wait_free(self) -> None:
-        while int(self.ring.state[self.write]) != FREE:
-            self._poll(self.sleep)
+        """Sleep until the host frees the slot to fill (it wakes us), checking again after
+        ``miss_sleep_time_in_ms``, then twice as long each time up to ``MAX_SLEEP_S``."""
+        delay, state, words = self.sleep, self.ring.state, self.ring.words
+        while state[self.write] != FREE:
+            words[WAITING] = 1
+            if state[self.write] == FREE:
+                break
+            self._poll(delay)
+            delay = min(delay * 2, MAX_SLEEP_S)
+        words[WAITING] = 0
 
     def _publish(self, kind: int) -> None:
         self.ring.kind[self.write] = kind
@@ -238,14 +262,24 @@ class _Producer:
             raise _Stop()
         if command[0] == RESET:
             raise _Reset(command[1])
-        self.started = True
+        if command[0] == START:
+            self.started = True
+
+    def _commands(self) -> None:
+        """Obey the commands the host flagged as sent (no system call when there are
+        none)."""
+        words = self.ring.words
+        if words[PENDING]:
+            words[PENDING] = 0
+            while self.cmd_conn.poll(0):
+                self._poll(0)
 
     def _reset(self, generation: int) -> Iterator[Any]:
         logger.debug("AsynchronousDataAccessor worker: resetting the iterator")
-        self.ring.state.fill_(FREE)
+        self.ring.state[:] = FREE
         self.write = self.filled = 0
         iterator = iter(self.dataset)
-        self.ack[0] = generation
+        self.ring.words[ACK] = generation
         self.started = True
         return iterator
 
@@ -271,7 +305,7 @@ class _Producer:
         for item in iterator:
             leaves, _ = du.flatten(item)
             self._put(self._tensors(leaves))
-            self._poll(0)
+            self._commands()
         self._end_epoch()
 
 
@@ -297,6 +331,8 @@ def worker_main(source: Any, data_conn: Any, cmd_conn: Any, cfg: dict[str, Any])
         if isinstance(source, str):
             with open(source, "rb") as f:
                 source = pickle.load(f)
+        elif isinstance(source, _Payload):
+            source = source.dataset
         _Producer(source, data_conn, cmd_conn, cfg).run()
     except (_Stop, KeyboardInterrupt):
         return
@@ -307,6 +343,42 @@ def worker_main(source: Any, data_conn: Any, cmd_conn: Any, cfg: dict[str, Any])
         except (OSError, ValueError):
             pass
         sys.exit(1)
+
+
+class _Pickler(ForkingPickler):
+    """multiprocessing's pickler (tensors travel through shared memory), plus a reducer for
+    ``torch.Generator`` (a DataLoader's sampler may hold one: multiprocessing cannot send
+    one as is, its state tensor fails to map in the child)."""
+
+    _extra_reducers = dict(ForkingPickler._extra_reducers)
+
+
+def _reduce_generator(generator: torch.Generator) -> tuple[Any, ...]:
+    return _make_generator, (str(generator.device), bytes(generator.get_state().numpy()))
+
+
+def _make_generator(device: str, state: bytes) -> torch.Generator:
+    generator = torch.Generator(device)
+    generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+    return generator
+
+
+_Pickler.register(torch.Generator, _reduce_generator)
+
+
+class _Payload:
+    """The dataset on its way to the worker: pickled with ``_Pickler`` while the process
+    starts (so that shared-memory tensors can pass their file descriptors)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _Payload._load, (bytes(_Pickler.dumps(self.dataset)),)
+
+    @staticmethod
+    def _load(data: bytes) -> _Payload:
+        return _Payload(pickle.loads(data))
 
 
 # ---- host side --------------------------------------------------------------------------
@@ -356,8 +428,12 @@ class WorkerHandle:
     # -- start-up --
 
     def _start(self, dataset: Any, cfg: dict[str, Any], strategy: SharingStrategy) -> None:
-        if SharingStrategy(strategy) != SharingStrategy.FileSystem:
-            self._launch(dataset, cfg, strategy)
+        strategy = SharingStrategy(strategy)
+        if strategy == SharingStrategy.Fork:
+            self._launch(dataset, cfg, strategy)  # inherited, not pickled
+            return
+        if strategy != SharingStrategy.FileSystem:
+            self._launch(_Payload(dataset), cfg, strategy)
             return
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "dataset.pkl")
@@ -383,7 +459,7 @@ class WorkerHandle:
         if message[0] != "ready":
             self.terminate()
             raise Error(f"{START_FAILED_MSG}: {message[1]}", "poptorch_py_error")
-        _, self.spec, self.consts, parts, self._ack = message
+        _, self.spec, self.consts, parts = message
         self.kinds = [k for k in du.leaf_kinds(self.spec) if k != du.CONST]
         self._data_buffers = Ring(*parts)
 
@@ -392,6 +468,8 @@ class WorkerHandle:
     def _send(self, *command: Any) -> None:
         try:
             self._cmd.send(command)
+            if getattr(self, "_data_buffers", None) is not None:
+                self._data_buffers.words[PENDING] = 1
         except (BrokenPipeError, OSError):
             self._check_alive()
 
@@ -402,7 +480,8 @@ class WorkerHandle:
         if self._consumed:
             self._generation += 1
             self._send(RESET, self._generation)
-            self._wait(lambda: int(self._ack[0]) == self._generation)
+            words = self._data_buffers.words
+            self._wait(lambda: words[ACK] == self._generation)
             self._read = 0
             self._consumed = False
             self._needs_start = False
@@ -441,10 +520,10 @@ class WorkerHandle:
             self._send(START)
             self._needs_start = False
         ring, slot = self._data_buffers, self._read
-        self._wait(lambda: int(ring.state[slot]) == READY)
+        self._wait(lambda: ring.state[slot] == READY)
         self._read = (slot + 1) % len(ring)
-        if int(ring.kind[slot]) == END:
-            ring.state[slot] = FREE
+        if ring.kind[slot] == END:
+            self._free(slot)
             self._at_end, self._consumed = True, False
             self._needs_start = not self.load_indefinitely
             raise StopIteration
@@ -452,9 +531,13 @@ class WorkerHandle:
         for i, (buffer, kind) in enumerate(zip(ring.buffers[slot], self.kinds)):
             rows = int(ring.rows[slot, i])
             values.append(du.from_tensor(buffer if rows < 0 else buffer[:rows], kind))
-        ring.state[slot] = FREE
+        self._free(slot)
         self._consumed = True
         return du.unflatten(self.spec, self._with_consts(values))
+
+    def _free(self, slot: int) -> None:
+        if self._data_buffers.free(slot):
+            self._send(WAKE)
 
     def _with_consts(self, values: list[Any]) -> list[Any]:
         if not self.consts:

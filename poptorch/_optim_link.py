@@ -32,7 +32,10 @@ from ._optim_convert import AttrTracker, is_subclassed, to_spec, warn_if_subclas
 from ._optim_rules import Spec
 from .enums import ConnectionType
 
-SGD0_SHOWN = {"lr", "weight_decay"}
+STRUCTURE_MSG = (
+    "{cls}.{attr} was {old} when the model was compiled and is part of the program, so it "
+    "cannot become {new}: build a new trainingModel to change it."
+)
 
 
 class Bound(optim._Binding):
@@ -215,12 +218,9 @@ def hyper_writes(built: Any, spec: Spec) -> dict[Any, np.float32]:
         if key in built.hyper:
             writes[built.hyper[key]] = np.float32(value)
         elif key in built.constants and built.constants[key] != value:
-            attr = key[1]
-            raise ValueError(
-                optim.CONSTANT_CHANGED_MSG.format(
-                    attr=attr, cls=spec.source, old=built.constants[key], new=value
-                )
-            )
+            attr, old = key[1], built.constants[key]
+            message = STRUCTURE_MSG if attr == "max_grad_norm" else optim.CONSTANT_CHANGED_MSG
+            raise ValueError(message.format(attr=attr, cls=spec.source, old=old, new=value))
 
     for name, attr in _per_weight(built):
         put((name, attr), spec.groups[built.groups[name]][attr][0])

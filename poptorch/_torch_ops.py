@@ -8,6 +8,7 @@ torch.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -195,3 +196,213 @@ def _update_backward(ctx: object, grad: torch.Tensor) -> tuple:
 
 
 dynamic_update.register_autograd(_update_backward, setup_context=_update_setup)
+
+
+# Control flow: markers around a body traced once (``poptorch.for_loop`` / ``poptorch.cond``).
+# The capture turns the nodes between them into a popxl subgraph (``_capture/control.py``).
+# Eagerly they copy their inputs; the Python functions never call them outside a capture.
+
+
+def _clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.clone() for t in tensors]
+
+
+def _empties(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [torch.empty_like(t) for t in tensors]
+
+
+@torch.library.custom_op("poptorch::start_for_loop", mutates_args=())
+def start_for_loop(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The loop body's inputs (copies: the body receives them by value)."""
+    return _clones(inputs)
+
+
+@torch.library.custom_op("poptorch::end_for_loop", mutates_args=())
+def end_for_loop(
+    outputs: list[torch.Tensor], body_inputs: list[torch.Tensor], count: int
+) -> list[torch.Tensor]:
+    """The loop's results: ``outputs`` after ``count`` iterations of the body."""
+    return _clones(outputs)
+
+
+@torch.library.custom_op("poptorch::start_if_block", mutates_args=())
+def start_if_block(condition: torch.Tensor) -> torch.Tensor:
+    return condition.clone()
+
+
+@torch.library.custom_op("poptorch::start_else_block", mutates_args=())
+def start_else_block(then_outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return _clones(then_outputs)
+
+
+@torch.library.custom_op("poptorch::end_if_block", mutates_args=())
+def end_if_block(
+    then_outputs: list[torch.Tensor], else_outputs: list[torch.Tensor], condition: torch.Tensor
+) -> list[torch.Tensor]:
+    return _clones(then_outputs if bool(condition.reshape(-1)[0]) else else_outputs)
+
+
+start_for_loop.register_fake(_empties)
+start_else_block.register_fake(_empties)
+
+
+@end_for_loop.register_fake
+def _end_for_loop_fake(
+    outputs: list[torch.Tensor], body_inputs: list[torch.Tensor], count: int
+) -> list[torch.Tensor]:
+    return _empties(outputs)
+
+
+@start_if_block.register_fake
+def _start_if_block_fake(condition: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(condition)
+
+
+@end_if_block.register_fake
+def _end_if_block_fake(
+    then_outputs: list[torch.Tensor], else_outputs: list[torch.Tensor], condition: torch.Tensor
+) -> list[torch.Tensor]:
+    return _empties(then_outputs)
+
+
+# Host callbacks (``poptorch.CPU``): the callable is found by ``token`` at run time. -----------
+
+CPU_CALLBACKS: dict[int, Any] = {}
+
+
+def _specs_from_json(out_specs: str) -> list[tuple[list[int], torch.dtype]]:
+    return [(shape, getattr(torch, dtype)) for shape, dtype in json.loads(out_specs)]
+
+
+def specs_to_json(tensors: Any) -> str:
+    """Shapes and dtypes of ``tensors`` as the ``out_specs`` string of an op's schema."""
+    return json.dumps([[list(t.shape), str(t.dtype).replace("torch.", "")] for t in tensors])
+
+
+@torch.library.custom_op("poptorch::call_cpu_op", mutates_args=())
+def call_cpu_op(
+    inputs: list[torch.Tensor], cpu_id: str, token: int, out_specs: str
+) -> list[torch.Tensor]:
+    """The outputs of the host function registered as ``token`` (called eagerly)."""
+    outs = CPU_CALLBACKS[token](*inputs)
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    return [o.detach().clone() for o in outs]
+
+
+@call_cpu_op.register_fake
+def _call_cpu_op_fake(
+    inputs: list[torch.Tensor], cpu_id: str, token: int, out_specs: str
+) -> list[torch.Tensor]:
+    return [torch.empty(shape, dtype=dtype) for shape, dtype in _specs_from_json(out_specs)]
+
+
+# Custom ops from the popxl registry (``poptorch.custom_op``). ---------------------------------
+
+
+@torch.library.custom_op("poptorch::custom_operation", mutates_args=())
+def custom_operation(
+    inputs: list[torch.Tensor],
+    name: str,
+    domain: str,
+    domain_version: int,
+    out_specs: str,
+    attributes: str,
+) -> list[torch.Tensor]:
+    """Eagerly: the registered op's JAX implementation on the CPU."""
+    from popxl import custom_ops  # noqa: PLC0415
+
+    op = custom_ops.get(name, domain, domain_version)
+    attrs = op.check_attributes(json.loads(attributes))
+    outs = op.lower(*(_to_jax(t) for t in inputs), **attrs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    return [_from_jax(o, dtype) for o, (_, dtype) in zip(outs, _specs_from_json(out_specs))]
+
+
+@custom_operation.register_fake
+def _custom_operation_fake(
+    inputs: list[torch.Tensor],
+    name: str,
+    domain: str,
+    domain_version: int,
+    out_specs: str,
+    attributes: str,
+) -> list[torch.Tensor]:
+    return [torch.empty(shape, dtype=dtype) for shape, dtype in _specs_from_json(out_specs)]
+
+
+def _to_jax(t: torch.Tensor) -> Any:
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    return jnp.asarray(t.detach().cpu().numpy())
+
+
+def _from_jax(a: Any, dtype: torch.dtype) -> torch.Tensor:
+    import numpy as np  # noqa: PLC0415
+
+    return torch.from_numpy(np.array(a)).to(dtype)
+
+
+def _custom_operation_setup(ctx: Any, inputs: tuple, output: Any) -> None:
+    ctx.save_for_backward(*inputs[0])
+    ctx.key = inputs[1:4]
+    ctx.attributes = inputs[5]
+
+
+def _custom_operation_backward(ctx: Any, grads: list[torch.Tensor]) -> tuple:
+    """Eager gradient: JAX's VJP of the op (the registered one, if any)."""
+    import jax  # noqa: PLC0415
+
+    from popxl import custom_ops  # noqa: PLC0415
+
+    op = custom_ops.get(*ctx.key)
+    attrs = op.check_attributes(json.loads(ctx.attributes))
+    xs = ctx.saved_tensors
+    outs, pullback = jax.vjp(lambda *a: op.lower(*a, **attrs), *(_to_jax(x) for x in xs))
+    single = not isinstance(outs, tuple)
+    cots = [_to_jax(g).astype(o.dtype) for g, o in zip(grads, (outs,) if single else outs)]
+    dxs = pullback(cots[0] if single else tuple(cots))
+    return (
+        [_from_jax(d, x.dtype) if x.is_floating_point() else None for d, x in zip(dxs, xs)],
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+custom_operation.register_autograd(
+    _custom_operation_backward, setup_context=_custom_operation_setup
+)
+
+
+# CTC beam search decoding (inference only). ----------------------------------------------------
+
+
+@torch.library.custom_op("poptorch::ctc_beam_search_decoder", mutates_args=())
+def ctc_beam_search_decoder(
+    probs: torch.Tensor, lengths: torch.Tensor, blank: int, beam_width: int, top_paths: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eagerly: the device decoder (``_aten.poptorch_ops.ctc_beam_search``) run by JAX."""
+    from ._aten.poptorch_ops import ctc_beam_search  # noqa: PLC0415
+
+    log_probs, path_lengths, paths = ctc_beam_search(
+        _to_jax(probs.float()), _to_jax(lengths.int()), blank, beam_width, top_paths
+    )
+    return (
+        _from_jax(log_probs, probs.dtype),
+        _from_jax(path_lengths, torch.int32),
+        _from_jax(paths, torch.int32),
+    )
+
+
+@ctc_beam_search_decoder.register_fake
+def _ctc_fake(
+    probs: torch.Tensor, lengths: torch.Tensor, blank: int, beam_width: int, top_paths: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    steps, batch, _ = probs.shape
+    return (
+        probs.new_empty((batch, top_paths)),
+        torch.empty((batch, top_paths), dtype=torch.int32),
+        torch.empty((batch, top_paths, steps), dtype=torch.int32),
+    )

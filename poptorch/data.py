@@ -183,6 +183,8 @@ class DataLoader(torch.utils.data.DataLoader):
             batch_size = getattr(batch_sampler, "batch_size", batch_size)
             drop_last = False  # the sampler decides; ours is applied when combining
         shuffle = bool(shuffle)
+        if batch_size is None:
+            drop_last = False  # no batching: nothing to drop (torch rejects drop_last=True)
         options._freeze()
         if persistent_workers is None:
             persistent_workers = num_workers > 0

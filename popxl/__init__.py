@@ -6,6 +6,7 @@
 from typing import Any
 
 from . import context as context
+from . import custom_ops as custom_ops
 from . import dtypes as dtypes
 from . import errors as errors
 from . import fp8_utils as fp8_utils

@@ -12,6 +12,7 @@ activations live in ``activation.py``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -367,8 +368,19 @@ def _lower_where(ctx: NodeContext, condition: Any, x: Any, y: Any) -> popxl.Tens
     return ops.where(cond, ctx.tensor(x, dtype), ctx.tensor(y, dtype))
 
 
-# clamp: ``where`` rather than min/max, so that a value equal to a bound passes its gradient
-# through as torch's clamp does (min/max would split it in two at the tie).
+# clamp's gradient at a value equal to a bound changed between torch releases: older ones pass
+# it through to the input, newer ones give it to nothing for number bounds and split it between
+# input and bound for tensor bounds (as min/max do). The records follow the installed torch.
+
+
+@functools.cache
+def _ties_pass_through() -> bool:
+    import torch  # noqa: PLC0415 (poptorch's front end; only reached while capturing)
+
+    x = torch.zeros(1, requires_grad=True)
+    torch.clamp(x, 0.0, 1.0).sum().backward()
+    assert x.grad is not None
+    return bool(x.grad[0] == 1.0)
 
 
 def _clamp_min(x: Any, lo: Any) -> Any:
@@ -383,14 +395,44 @@ def _clamp(x: Any, lo: Any, hi: Any) -> Any:
     return _clamp_max(_clamp_min(x, lo), hi)
 
 
+def _clamp_min_strict(x: Any, lo: Any) -> Any:
+    return jnp.where(x <= lo, lo, x)
+
+
+def _clamp_max_strict(x: Any, hi: Any) -> Any:
+    return jnp.where(x >= hi, hi, x)
+
+
+def _clamp_strict(x: Any, lo: Any, hi: Any) -> Any:
+    return _clamp_max_strict(_clamp_min_strict(x, lo), hi)
+
+
+def _clamp_split(x: Any, lo: Any, hi: Any) -> Any:
+    return jnp.minimum(jnp.maximum(x, lo), hi)
+
+
 @lowering(aten.clamp.default, aten.clamp.Tensor)
 def _lower_clamp(ctx: NodeContext, x: popxl.Tensor, min: Any = None, max: Any = None) -> Any:  # noqa: A002
     dtype = ctx.out_dtype
     x = ctx.tensor(x, dtype)
     if min is None and max is None:
         raise ValueError(f"aten.clamp needs min or max (both are None), in {ctx.where()}.")
+    if _ties_pass_through():
+        kinds = ("clamp_min", _clamp_min), ("clamp_max", _clamp_max), ("clamp", _clamp)
+    elif isinstance(min, popxl.Tensor) or isinstance(max, popxl.Tensor):
+        kinds = (
+            ("clamp_min_split", jnp.maximum),
+            ("clamp_max_split", jnp.minimum),
+            ("clamp_split", _clamp_split),
+        )
+    else:
+        kinds = (
+            ("clamp_min_strict", _clamp_min_strict),
+            ("clamp_max_strict", _clamp_max_strict),
+            ("clamp_strict", _clamp_strict),
+        )
     if max is None:
-        return ctx.jax("clamp_min", _clamp_min, x, ctx.tensor(min, dtype))
+        return ctx.jax(*kinds[0], x, ctx.tensor(min, dtype))
     if min is None:
-        return ctx.jax("clamp_max", _clamp_max, x, ctx.tensor(max, dtype))
-    return ctx.jax("clamp", _clamp, x, ctx.tensor(min, dtype), ctx.tensor(max, dtype))
+        return ctx.jax(*kinds[1], x, ctx.tensor(max, dtype))
+    return ctx.jax(*kinds[2], x, ctx.tensor(min, dtype), ctx.tensor(max, dtype))

@@ -219,7 +219,7 @@ def _avg_pool(
     total = lax.reduce_window(
         x.astype(dtype), 0.0, lax.add, window, (1,) * (x.ndim - n) + strides, padding
     )
-    total = total[(Ellipsis, *[slice(0, o) for o in outs])]
+    total = total[(Ellipsis,) + tuple(slice(0, o) for o in outs)]
     if divisor:
         return (total / divisor).astype(x.dtype)
     div = _avg_divisor(sizes, outs, kernel, strides, pads, count_include_pad)

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import functools
+import json
+import sys
+import weakref
 from typing import Any
 
+import numpy as np
 import torch
 
 import popxl
-from popxl import ops
-from popxl._op import AMP_HINT
-from popxl.ops import misc
-from popxl.ops._base import record
+from popxl import custom_ops, ops
+from popxl._op import AMP_HINT, define
+from popxl.ops._base import jax, record
+from popxl.ops.conv import CONV
+from popxl.transforms.autodiff import register_adjoint
 
-from .. import _torch_ops  # noqa: F401 (registers torch.ops.poptorch)
-from ._registry import NodeContext, lowering
+from .. import _torch_ops
+from ..errors import Error
+from ._registry import TABLE, NodeContext, lowering, popxl_dtype
 
 
 @lowering(torch.ops.poptorch.identity_loss.default)
@@ -48,11 +55,10 @@ def _lower_ipu_print_tensor(
     open_bracket: str,
     close_bracket: str,
 ) -> popxl.Tensor:
-    """PopXL's ``PrintTensor`` op with PopTorch's formatting (its separators and brackets
-    may be several characters, which popxl's public ``print_tensor`` does not accept)."""
+    """A ``PrintTensor`` op printing in Poplar's layout (``format_poplar``), with
+    PopTorch's separators and brackets (which may be several characters)."""
     attrs = {
         "title": title,
-        "print_self": True,
         "print_gradient": bool(print_gradient),
         "summarise_threshold": int(summarise_threshold),
         "edge_items": int(edge_items),
@@ -63,7 +69,7 @@ def _lower_ipu_print_tensor(
         "open_bracket": open_bracket,
         "close_bracket": close_bracket,
     }
-    return record(misc.PRINT_TENSOR, {"t": x}, attrs, ["print_out"])[0]
+    return record(PRINT_TENSOR, {"t": x}, attrs, ["print_out"])[0]
 
 
 def _identity(x: Any) -> Any:
@@ -126,3 +132,470 @@ def _lower_dynamic_update(
     if src.shape[d] != size:
         src = ops.slice(src, [0], [size], [1], [d])
     return ops.dynamic_update(x, index, src, [d], [size], no_overlap=False)
+
+
+# Printing in Poplar's layout -------------------------------------------------------------------
+#
+# Poplar's PrintTensor writes ``title: `` then the tensor: a vector on one line,
+# ``{1 2 3}``; a matrix as its rows on lines of their own, indented by depth,
+# ``{\n {1 2}\n {3 4}\n}``. Elements are right-aligned to a common width and joined by
+# the separator; a row longer than ``max_line_width`` continues on the next line, indented
+# past its bracket. ``digits`` counts significant digits.
+
+
+def _float_texts(values: np.ndarray, fmt: dict[str, Any]) -> list[str]:
+    digits, kind = max(int(fmt["digits"]), 1), fmt["float_format"]
+    values = values.astype(np.float32)
+    if kind == "scientific":
+        return [f"{v:.{digits - 1}e}" for v in values]
+    if kind == "fixed":
+        finite = np.abs(values[np.isfinite(values)])
+        biggest = float(finite.max()) if finite.size else 0.0
+        whole = len(str(int(biggest))) if biggest >= 1 else 1
+        return [f"{v:.{max(digits - whole, 0)}f}" for v in values]
+    if kind == "none":
+        return [np.format_float_positional(v, unique=True, trim="-") for v in values]
+    return [f"{v:.{digits}g}" for v in values]
+
+
+def _texts(values: np.ndarray, fmt: dict[str, Any]) -> list[str]:
+    if values.dtype.kind == "f":
+        texts = _float_texts(values, fmt)
+    elif values.dtype.kind == "b":
+        texts = ["true" if v else "false" for v in values]
+    else:
+        texts = [str(int(v)) for v in values]
+    width = max((len(t) for t in texts), default=0)
+    return [t.rjust(width) for t in texts]
+
+
+def _edges(n: int, fmt: dict[str, Any], summarise: bool) -> list[int | None]:
+    """Indices to show along an axis of length ``n`` (None: the ``...`` gap)."""
+    k = int(fmt["edge_items"])
+    if not summarise or n <= 2 * k:
+        return list(range(n))
+    return [*range(k), None, *range(n - k, n)]
+
+
+def _render(a: np.ndarray, texts: dict, index: tuple, depth: int, fmt: dict, summarise: bool) -> str:
+    open_, close, sep = fmt["open_bracket"], fmt["close_bracket"], fmt["separator"]
+    axis = len(index)
+    picks = _edges(a.shape[axis], fmt, summarise)
+    if axis == a.ndim - 1:
+        items = ["..." if i is None else texts[tuple(index) + (i,)] for i in picks]
+        return _wrap(items, open_, close, sep, depth, int(fmt["max_line_width"]))
+    pad = " " * (depth + 1)
+    rows = [
+        pad + ("..." if i is None else _render(a, texts, (*index, i), depth + 1, fmt, summarise))
+        for i in picks
+    ]
+    return open_ + "\n" + "\n".join(rows) + "\n" + " " * depth + close
+
+
+def _wrap(items: list[str], open_: str, close: str, sep: str, depth: int, width: int) -> str:
+    indent = " " * (depth + len(open_) + 1)
+    lines = [open_ + (items[0] if items else "")]
+    column = depth + len(lines[0])
+    for item in items[1:]:
+        if column + len(sep) + len(item) > width:
+            lines[-1] += sep
+            lines.append(indent + item)
+            column = len(lines[-1])
+        else:
+            lines[-1] += sep + item
+            column += len(sep) + len(item)
+    return "\n".join(lines) + close
+
+
+def format_poplar(array: Any, fmt: dict[str, Any]) -> str:
+    """``array`` as Poplar's PrintTensor wrote it (see the layout above)."""
+    a = np.asarray(array)
+    if a.dtype.kind == "f" and a.dtype != np.float64:
+        a = a.astype(np.float32)
+    if a.ndim == 0:
+        return _texts(a.reshape(1), fmt)[0]
+    summarise = a.size > int(fmt["summarise_threshold"])
+    shown = [idx for idx in np.ndindex(a.shape) if _shown(idx, a.shape, fmt, summarise)]
+    values = np.array([a[idx] for idx in shown], dtype=a.dtype)
+    texts = dict(zip(shown, _texts(values, fmt)))
+    return _render(a, texts, (), 0, fmt, summarise)
+
+
+def _shown(idx: tuple, shape: tuple, fmt: dict[str, Any], summarise: bool) -> bool:
+    return all(i in _edges(n, fmt, summarise) for i, n in zip(idx, shape))
+
+
+def _print_poplar(t: Any, *, title: str, print_gradient: bool, **fmt: Any) -> Any:
+    from popxl.ops.misc import _over_several_devices  # noqa: PLC0415
+
+    def printer(value: Any) -> None:
+        sys.stderr.write(f"{title}: {format_poplar(value, fmt)}\n")
+        sys.stderr.flush()
+
+    jax.debug.callback(printer, t, ordered=not _over_several_devices())
+    return t
+
+
+PRINT_TENSOR = define(
+    "poptorch::print_tensor",
+    "PrintTensor",
+    lambda t, **_: [t],
+    _print_poplar,
+    effect=True,
+    grad="adjoint",
+)
+
+
+def _print_adjoint(op: Any, cotangents: list[popxl.Tensor]) -> list[popxl.Tensor]:
+    """Identity, printing the gradient as ``<title>_gradient`` if asked to."""
+    (cot,) = cotangents
+    if op.attrs["print_gradient"]:
+        attrs = {**op.attrs, "title": f"{op.attrs['title']}_gradient", "print_gradient": False}
+        cot = record(PRINT_TENSOR, {"t": cot}, attrs, ["print_out"])[0]
+    return [cot]
+
+
+register_adjoint(PRINT_TENSOR.key, _print_adjoint)
+
+
+# Host callbacks (poptorch.CPU) ---------------------------------------------------------------
+
+
+def _host_call(*arrays: Any, cpu_id: str, token: int, _out: tuple) -> tuple:
+    """Run the registered host function on the inputs' values (once per execution, per
+    replica under replication: unordered callbacks may be batched by ``vmap``)."""
+    from jax.experimental import io_callback  # noqa: PLC0415
+
+    dtypes = [popxl.dtypes.dtype.from_name(d).as_numpy() for _, d in _out]
+    results = [jax.ShapeDtypeStruct(shape, dt) for (shape, _), dt in zip(_out, dtypes)]
+
+    def on_host(*values: Any) -> tuple:
+        outs = _torch_ops.CPU_CALLBACKS[token](*(torch.from_numpy(np.array(v)) for v in values))
+        outs = outs if isinstance(outs, (tuple, list)) else [outs]
+        if len(outs) != len(dtypes):
+            raise ValueError(f"poptorch.CPU({cpu_id!r}) returned {len(outs)} tensors, not {len(dtypes)}.")
+        return tuple(
+            np.asarray(o.detach().cpu().numpy(), dt).reshape(r.shape)
+            for o, dt, r in zip(outs, dtypes, results)
+        )
+
+    return tuple(io_callback(on_host, tuple(results), *arrays, ordered=False))
+
+
+CPU_OP = define(
+    "poptorch::cpu_op",
+    "HostOp",
+    lambda *_, _out, **__: [popxl.TensorSpec(s, popxl.dtypes.dtype.from_name(d)) for s, d in _out],
+    _host_call,
+    effect=True,
+    grad="none",
+)
+CPU_INFERENCE_MSG = (
+    "poptorch.CPU ops are only supported in inference models (CPU op {id!r}). Call the "
+    "host function outside the model, or use an inferenceModel."
+)
+CPU_ID_MSG = (
+    "Two different poptorch.CPU callables share the ID {id!r} in one model; give each its "
+    "own ID."
+)
+_CPU_IDS: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+
+
+@lowering(torch.ops.poptorch.call_cpu_op.default)
+def _lower_call_cpu_op(
+    ctx: NodeContext, inputs: list[popxl.Tensor], cpu_id: str, token: int, out_specs: str
+) -> tuple:
+    if ctx.training:
+        raise Error(CPU_INFERENCE_MSG.format(id=cpu_id), "poptorch_py_error")
+    ids = _CPU_IDS.setdefault(ctx.translator, {})
+    if ids.setdefault(cpu_id, token) != token:
+        raise Error(CPU_ID_MSG.format(id=cpu_id), "poptorch_py_error")
+    out = tuple((tuple(s), d) for s, d in _popxl_specs(out_specs))
+    named = {f"in{i}": t for i, t in enumerate(inputs)}
+    attrs = {"cpu_id": cpu_id, "token": int(token), "_out": out}
+    return tuple(record(CPU_OP, named, attrs, [f"{cpu_id}_out{i}" for i in range(len(out))]))
+
+
+def _popxl_specs(out_specs: str) -> list[tuple[list[int], str]]:
+    return [
+        (shape, popxl_dtype(getattr(torch, dtype)).name) for shape, dtype in json.loads(out_specs)
+    ]
+
+
+# Custom ops (poptorch.custom_op, torch.library ops) ----------------------------------------------
+
+EXAMPLE_MISMATCH_MSG = (
+    "custom op {op}: example_outputs {given} disagree with the op's shape inference {inferred}."
+)
+
+
+@lowering(torch.ops.poptorch.custom_operation.default)
+def _lower_custom_operation(
+    ctx: NodeContext,
+    inputs: list[popxl.Tensor],
+    name: str,
+    domain: str,
+    domain_version: int,
+    out_specs: str,
+    attributes: str,
+) -> tuple:
+    """The registered op (``popxl.custom_ops``), recorded under its name."""
+    op = custom_ops.get(name, domain, domain_version)
+    outs = op.apply(list(inputs), json.loads(attributes))
+    given = [f"{d}{tuple(s)}" for s, d in _popxl_specs(out_specs)]
+    inferred = [f"{t.dtype.name}{t.shape}" for t in outs]
+    if given != inferred:
+        raise ValueError(EXAMPLE_MISMATCH_MSG.format(op=op.qualname, given=given, inferred=inferred))
+    return tuple(outs)
+
+
+def register_torch_op(torch_op: Any, op: custom_ops.CustomOp) -> None:
+    """Lower the ``torch.library`` operator ``torch_op`` with the custom op ``op``: tensor
+    arguments are its inputs, other arguments its attributes of the same names."""
+    overload = getattr(torch_op, "default", torch_op)
+    if not isinstance(overload, torch._ops.OpOverload):
+        raise TypeError(f"lower_torch_op expects a torch operator, got {torch_op!r}.")
+    schema = overload._schema
+    for arg in schema.arguments:
+        if not _is_tensor_type(arg.type) and arg.name not in op.attributes:
+            raise ValueError(
+                f"lower_torch_op: argument '{arg.name}' of {schema.name} is not a tensor and "
+                f"not an attribute of custom op {op.qualname} (it declares "
+                f"{sorted(op.attributes) or 'none'})."
+            )
+    existing = TABLE.get(overload)
+    if existing is not None:
+        if not getattr(existing, "_torch_custom_op", False):
+            raise ValueError(f"{overload} already has a lowering ({existing.__name__}).")
+        del TABLE[overload]
+
+    def _lower_torch_custom_op(ctx: NodeContext, *args: Any, **kwargs: Any) -> Any:
+        inputs, attrs = [], {}
+        for arg, value in _bind(schema, args, kwargs):
+            if _is_tensor_type(arg.type):
+                inputs.extend(value if isinstance(value, (list, tuple)) else [value])
+            elif value is not None:
+                attrs[arg.name] = value
+        outs = op.apply(inputs, attrs)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    _lower_torch_custom_op._torch_custom_op = True  # type: ignore[attr-defined]
+    lowering(overload, preserve=True)(_lower_torch_custom_op)
+
+
+def _is_tensor_type(t: Any) -> bool:
+    text = str(t)
+    return text.startswith("Tensor")
+
+
+def _bind(schema: Any, args: tuple, kwargs: dict) -> list[tuple[Any, Any]]:
+    bound = []
+    for i, arg in enumerate(schema.arguments):
+        if i < len(args):
+            bound.append((arg, args[i]))
+        elif arg.name in kwargs:
+            bound.append((arg, kwargs[arg.name]))
+        elif arg.has_default_value():
+            bound.append((arg, arg.default_value))
+    return bound
+
+
+# MultiConv ------------------------------------------------------------------------------------
+
+
+def _multi_conv_infer(*specs: Any, convs: tuple, **_: Any) -> list[popxl.TensorSpec]:
+    out, k = [], 0
+    for attrs in convs:
+        x, w = specs[k], specs[k + 1]
+        k += 3 if dict(attrs)["bias"] else 2
+        conv_attrs = {n: v for n, v in attrs if n != "bias"}
+        out.extend(CONV.infer(x, w, **conv_attrs))
+    return out
+
+
+def _lower_multi_conv(*arrays: Any, convs: tuple, **_: Any) -> tuple:
+    """Each convolution as popxl's ``Conv`` computes it, plus its bias."""
+    out, k = [], 0
+    for attrs in convs:
+        conv_attrs = {n: v for n, v in attrs if n != "bias"}
+        y = CONV.lower(arrays[k], arrays[k + 1], **conv_attrs)
+        if dict(attrs)["bias"]:
+            bias = arrays[k + 2]
+            y = y + bias.reshape((1, -1) + (1,) * (y.ndim - 2)).astype(y.dtype)
+            k += 3
+        else:
+            k += 2
+        out.append(y)
+    return tuple(out)
+
+
+MULTI_CONV = define("poptorch::multi_conv", "MultiConv", _multi_conv_infer, _lower_multi_conv)
+
+
+def _ints(values: Any, n: int) -> tuple[int, ...]:
+    values = [int(v) for v in values]
+    return tuple(values * n if len(values) == 1 and n > 1 else values)
+
+
+def multi_conv(args: list[list[Any]], dtypes: list[popxl.dtype], options: dict) -> list[popxl.Tensor]:
+    """One ``MultiConv`` op for the ``aten.convolution`` calls ``args`` (their arguments, with
+    popxl tensors), with output dtypes ``dtypes``; ``options`` go to ``Op.hints``."""
+    inputs: list[popxl.Tensor] = []
+    convs = []
+    for (x, w, b, stride, padding, dilation, _, _, groups), dtype in zip(args, dtypes):
+        n = x.rank - 2
+        x = x if x.dtype == dtype else ops.cast(x, dtype)
+        w = w if w.dtype == dtype else ops.cast(w, dtype)
+        inputs += [x, w] + ([b if b.dtype == dtype else ops.cast(b, dtype)] if b is not None else [])
+        convs.append(
+            (
+                ("stride", _ints(stride, n)),
+                ("padding", _ints(padding, n) * 2),
+                ("dilation", _ints(dilation, n)),
+                ("groups", int(groups)),
+                ("pad_type", "not_set"),
+                ("bias", b is not None),
+            )
+        )
+    named = {f"in{i}": t for i, t in enumerate(inputs)}
+    outs = record(MULTI_CONV, named, {"convs": tuple(convs)}, ["multi_conv_out"] * len(convs))
+    outs[0]._producer.hints.update({k: v for k, v in options.items() if v is not None})
+    return outs
+
+
+# CTC beam search -------------------------------------------------------------------------------
+
+_HASH_MULTIPLIERS = (1_000_003, 2_654_435_761)
+
+
+def _ctc_item(lp: Any, length: Any, *, blank: int, beam_width: int, top_paths: int) -> tuple:
+    """Prefix beam search of one item: ``lp`` [T, C] log probabilities, ``length`` steps."""
+    jnp, lax = jax.numpy, jax.lax
+    steps, classes = lp.shape
+    width = beam_width
+    neg = jnp.float32(-jnp.inf)
+    state = (
+        jnp.zeros((width, steps), jnp.int32),  # prefixes
+        jnp.zeros((width,), jnp.int32),  # their lengths
+        jnp.full((width,), -1, jnp.int32),  # last label (-1: empty)
+        jnp.full((width,), neg).at[0].set(0.0),  # log p(prefix, ending in blank)
+        jnp.full((width,), neg),  # log p(prefix, ending in a label)
+        jnp.zeros((2, width), jnp.uint32),  # two hashes identifying each prefix
+    )
+    multipliers = jnp.array(_HASH_MULTIPLIERS, jnp.uint32)[:, None, None]
+
+    def step(t: Any, s: tuple) -> tuple:
+        prefix, plen, last, pb, pnb, hashes = s
+        p = lp[t]
+        total = jnp.logaddexp(pb, pnb)
+        stay_pb = total + p[blank]
+        stay_pnb = jnp.where(last >= 0, pnb + p[jnp.maximum(last, 0)], neg)
+        labels = jnp.arange(classes, dtype=jnp.int32)
+        ext = jnp.where(labels[None, :] == last[:, None], pb[:, None], total[:, None])
+        ext = jnp.where(labels[None, :] == blank, neg, ext + p[None, :])  # [W, C]
+        ext_hash = hashes[:, :, None] * multipliers + (labels + 1).astype(jnp.uint32)[None, None]
+        # An extension equal to a live beam's prefix adds to that beam (beams are distinct).
+        same = (
+            (ext_hash[:, :, :, None] == hashes[:, None, None, :]).all(0)
+            & ((plen + 1)[:, None, None] == plen[None, None, :])
+            & (total > neg)[None, None, :]
+        )  # [W, C, W]
+        merged = jnp.where(same, ext[:, :, None], neg)
+        stay_pnb = jnp.logaddexp(stay_pnb, jax.nn.logsumexp(merged.reshape(-1, width), axis=0))
+        ext = jnp.where(same.any(-1), neg, ext)
+        scores = jnp.concatenate([jnp.logaddexp(stay_pb, stay_pnb), ext.reshape(-1)])
+        _, pick = lax.top_k(scores, width)
+        is_ext = pick >= width
+        beam = jnp.where(is_ext, (pick - width) // classes, pick)
+        label = jnp.where(is_ext, (pick - width) % classes, 0)
+        new_prefix = jnp.where(
+            is_ext[:, None] & (jnp.arange(steps)[None, :] == plen[beam][:, None]),
+            label[:, None],
+            prefix[beam],
+        )
+        new = (
+            new_prefix,
+            plen[beam] + is_ext,
+            jnp.where(is_ext, label, last[beam]),
+            jnp.where(is_ext, neg, stay_pb[beam]),
+            jnp.where(is_ext, ext.reshape(-1)[jnp.maximum(pick - width, 0)], stay_pnb[beam]),
+            jnp.where(is_ext[None], ext_hash.reshape(2, -1)[:, jnp.maximum(pick - width, 0)], hashes[:, beam]),
+        )
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(t < length, a, b), new, s)
+
+    prefix, plen, _, pb, pnb, _ = lax.fori_loop(0, steps, step, state)
+    scores, best = lax.top_k(jnp.logaddexp(pb, pnb), top_paths)
+    return scores, plen[best], prefix[best]
+
+
+def ctc_beam_search(
+    log_probs: Any, lengths: Any, blank: int, beam_width: int, top_paths: int
+) -> tuple:
+    """CTC prefix beam search over ``log_probs`` [T, B, C] (JAX): per batch item the
+    ``top_paths`` best label sequences' log probabilities [B, K], lengths [B, K] and labels
+    [B, K, T] (zero-padded). Candidates are ranked stay-first, then by beam and label."""
+    jnp = jax.numpy
+    fn = functools.partial(_ctc_item, blank=blank, beam_width=beam_width, top_paths=top_paths)
+    lp = jnp.moveaxis(log_probs.astype(jnp.float32), 0, 1)
+    return jax.vmap(fn)(lp, lengths.astype(jnp.int32).reshape(-1))
+
+
+def _ctc_lowering(probs: Any, lengths: Any, **attrs: Any) -> tuple:
+    scores, plen, paths = ctc_beam_search(probs, lengths, **attrs)
+    return scores.astype(probs.dtype), plen, paths
+
+
+@lowering(torch.ops.poptorch.ctc_beam_search_decoder.default)
+def _lower_ctc_beam_search_decoder(
+    ctx: NodeContext,
+    probs: popxl.Tensor,
+    lengths: popxl.Tensor,
+    blank: int,
+    beam_width: int,
+    top_paths: int,
+) -> tuple:
+    """Inference only: no gradient flows through the decoded paths."""
+    return ctx.jax(
+        "poptorch::ctc_beam_search_decoder",
+        _ctc_lowering,
+        probs,
+        ops.detach(lengths) if lengths.dtype.is_floating_point else lengths,
+        nondiff=(0, 1),
+        blank=int(blank),
+        beam_width=int(beam_width),
+        top_paths=int(top_paths),
+    )
+
+
+# PopART's IR as JSON (PoplarExecutor._debugGetPopartIR) ------------------------------------------
+
+
+def popart_ir_json(ir: popxl.Ir) -> str:
+    """The program as PopART's IR JSON: ``{"maingraph": [op, ...], "<graph id>": [...]}``,
+    each op ``{"type", "name", "inputs", "outputs", "attributes"}``. ``maingraph`` lists the
+    ops the main program runs, with the ops of the graphs it calls, repeats or branches to
+    listed after the op that runs them (PopART's main graph before outlining)."""
+    graphs: dict[str, list] = {"maingraph": []}
+    _list_ops(ir.main_graph, graphs["maingraph"], graphs)
+    return json.dumps(graphs)
+
+
+def _list_ops(graph: popxl.Graph, into: list, graphs: dict[str, list]) -> None:
+    for op in graph._ops:
+        into.append(_op_json(op))
+        for called in op.called_graphs:
+            _list_ops(called, into, graphs)
+            if called.id not in graphs:
+                graphs[called.id] = []
+                _list_ops(called, graphs[called.id], graphs)
+
+
+def _op_json(op: Any) -> dict:
+    tensor = lambda t: {"name": t.id, "shape": list(t.shape), "type": t.dtype.name}  # noqa: E731
+    return {
+        "type": op.type,
+        "name": f"{op.type}.{op.id}",
+        "inputs": [tensor(t) for t in op.inputs],
+        "outputs": [tensor(t) for t in op.outputs],
+        "attributes": {k: str(v) for k, v in op.attrs.items() if k not in ("graphs", "recipe")},
+    }

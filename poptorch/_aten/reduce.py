@@ -33,11 +33,9 @@ def _axes(dims: Any, rank: int) -> list[int]:
     return sorted({d % rank for d in dims}) if rank else []
 
 
-def _reduce(
-    ctx: NodeContext, fn: Any, x: popxl.Tensor, dim: Any, keepdim: bool, dtype: popxl.dtype
-) -> popxl.Tensor:
-    """``fn`` (a popxl reduction) over torch's ``dim``, computed in ``dtype``."""
-    x = ctx.tensor(x, dtype)
+def _reduce(ctx: NodeContext, fn: Any, x: popxl.Tensor, dim: Any, keepdim: bool) -> popxl.Tensor:
+    """``fn`` (a popxl reduction) over torch's ``dim``, in the output's dtype."""
+    x = ctx.tensor(x, ctx.out_dtype)
     axes = _axes(dim, x.rank)
     if x.rank == 0 or not axes:
         return ops.identity(x)
@@ -51,21 +49,21 @@ def _reduce(
 def _lower_sum(
     ctx: NodeContext, x: popxl.Tensor, dim: Any = None, keepdim: bool = False, **kw: Any
 ) -> popxl.Tensor:
-    return _reduce(ctx, ops.sum, x, dim, keepdim, ctx.out_dtype)
+    return _reduce(ctx, ops.sum, x, dim, keepdim)
 
 
 @lowering(aten.mean.dim, aten.mean.default)
 def _lower_mean(
     ctx: NodeContext, x: popxl.Tensor, dim: Any = None, keepdim: bool = False, **kw: Any
 ) -> popxl.Tensor:
-    return _reduce(ctx, ops.mean, x, dim, keepdim, ctx.out_dtype)
+    return _reduce(ctx, ops.mean, x, dim, keepdim)
 
 
 @lowering(aten.prod.default, aten.prod.dim_int)
 def _lower_prod(
     ctx: NodeContext, x: popxl.Tensor, dim: Any = None, keepdim: bool = False, **kw: Any
 ) -> popxl.Tensor:
-    return _reduce(ctx, ops.prod, x, dim, keepdim, ctx.out_dtype)
+    return _reduce(ctx, ops.prod, x, dim, keepdim)
 
 
 def _nansum(x: Any, axis: tuple[int, ...], keepdims: bool) -> Any:
@@ -89,14 +87,14 @@ def _lower_nansum(
 def _lower_amax(
     ctx: NodeContext, x: popxl.Tensor, dim: Any = None, keepdim: bool = False
 ) -> popxl.Tensor:
-    return _reduce(ctx, ops.max, x, dim, keepdim, ctx.out_dtype)
+    return _reduce(ctx, ops.max, x, dim, keepdim)
 
 
 @lowering(aten.amin.default, aten.min.default)
 def _lower_amin(
     ctx: NodeContext, x: popxl.Tensor, dim: Any = None, keepdim: bool = False
 ) -> popxl.Tensor:
-    return _reduce(ctx, ops.min, x, dim, keepdim, ctx.out_dtype)
+    return _reduce(ctx, ops.min, x, dim, keepdim)
 
 
 def _pick(x: Any, idx: Any, axis: int, keepdims: bool) -> Any:
@@ -162,7 +160,10 @@ def _is_float(x: Any) -> bool:
 
 
 def _median_dim(x: Any, *, axis: int, keepdims: bool) -> Any:
-    """Lower median along ``axis`` and its index (the first NaN's, where there is one)."""
+    """Lower median along ``axis`` and its index (the first NaN's, where there is one).
+
+    Among equal values the index is the one a stable sort puts in the middle; torch's CPU
+    kernel (a selection, not a sort) may return another of them."""
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int32)
     order = jnp.argsort(x, axis=axis, stable=True).astype(jnp.int32)
@@ -295,7 +296,7 @@ def _lower_logsumexp(
     ctx: NodeContext, x: popxl.Tensor, dim: Any = None, keepdim: bool = False
 ) -> Any:
     """Kept whole (popxl's ``ReduceLogSumExp``, which subtracts the maximum first)."""
-    return _reduce(ctx, ops.logsumexp, x, dim, keepdim, ctx.out_dtype)
+    return _reduce(ctx, ops.logsumexp, x, dim, keepdim)
 
 
 def _safe_root(total: Any, p: float) -> Any:

@@ -30,6 +30,7 @@ from popxl_addons.variable_factory import NamedVariableFactories, VariableFactor
 from .._aten import TABLE
 from ..blocks import BLOCK_KEY, current_recorder, mark_node_block
 from .._aten._registry import NodeContext, describe_node, popxl_dtype
+from . import control
 from .blocks import is_block_node
 from .export import Capture, signature
 
@@ -184,6 +185,8 @@ class Translator:
         target = node.target
         if target is operator.getitem:
             return self.env[node.args[0]][node.args[1]]
+        if control.claims(self, node):  # loops, branches, MultiConv: whole regions
+            return control.lower(self, node)
         if is_block_node(target):
             return self._call_block(node)
         if target is torch.ops.higher_order.with_effects:
@@ -216,7 +219,9 @@ class Translator:
                 if annotation is not None and annotation != block:
                     mark_node_block(recorder, annotation)
                     block = annotation
-                scope = _scope_of(node)
+                # A block call is built outside the block's scope: its subgraph is shared
+                # by every child of the group, whatever their paths.
+                scope = "" if is_block_node(node.target) else _scope_of(node)
                 with popxl.name_scope(scope) if scope else _null():
                     self.env[node] = self._lower(node)
 

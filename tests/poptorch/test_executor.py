@@ -279,7 +279,7 @@ def test_program_is_an_ordinary_ir_and_prints():
     text = model.print_schedule()
     for op in ("Loop", "HostLoad", "ReplicatedAllReduceInplace", "CopyVarUpdate", "HostStore"):
         assert op in text
-    assert "optim.lr" in model.getTensorNames()
+    assert "learningRate___specific___w" in model.getTensorNames()  # PopART's naming
     so = model.ir._pb_ir.getSessionOptions()
     assert (so.accumulationFactor, so.replicatedGraphCount) == (2, 2)
     lo, hi, mean = model.getLatency()

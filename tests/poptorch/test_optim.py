@@ -236,6 +236,9 @@ def test_optimizer_state_can_be_read_and_restored():
     saved = opt.state_dict()
     assert saved["step"] == STEPS
     assert set(saved["state"]["w"]) == {"exp_avg", "exp_avg_sq"}
+    # PopTorch's layout too: state tensors and variable hyper-parameters by PopART's names.
+    np.testing.assert_array_equal(saved["ipu_state"]["Accl1___w"], saved["state"]["w"]["exp_avg"])
+    assert saved["ipu_param"]["learningRate___specific___w"] == np.float32(0.02)
     # Continue training in the original model, and in a fresh one restored from state.
     x2, t2 = data(STEPS * B, seed=3)
     model(x2, t2)

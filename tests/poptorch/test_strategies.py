@@ -256,7 +256,7 @@ def test_begin_block_models_save_and_load(tmp_path):
 
 
 def test_begin_block_needs_a_module():
-    with pytest.raises(TypeError, match="BeginBlock expects a popxl_addons Module"):
+    with pytest.raises(TypeError, match="BeginBlock expects a torch.nn.Module or a popxl_addons Module"):
         poptorch.BeginBlock(object(), "x")
 
 

@@ -160,6 +160,18 @@ def test_torch_optimizer_matches_torch(name, make):
     _train(make, make)
 
 
+@pytest.mark.skipif(
+    "decoupled_weight_decay" not in torch.optim.Adam.__init__.__code__.co_varnames,
+    reason="this torch's Adam has no decoupled_weight_decay",
+)
+def test_adam_with_decoupled_weight_decay_is_adamw():
+    def make(m):
+        return torch.optim.Adam(m.parameters(), lr=0.02, weight_decay=0.3,
+                                decoupled_weight_decay=True)
+
+    _train(make, make)
+
+
 def test_gradient_accumulation_matches_the_mean_gradient():
     """gradientAccumulation(2), Mean reduction: each step uses the mean gradient of its two
     micro-batches, i.e. torch's gradient of the mean loss over both."""
@@ -237,6 +249,9 @@ def test_changing_a_constant_is_an_error_and_a_variable_is_not():
     opt.param_groups[0]["momentum"] = 0.9
     with pytest.raises(ValueError, match="'momentum' of SGD was constant"):
         training.setOptimizer(opt)
+    clipped = poptorch.optim.SGD(model.parameters(), lr=0.1, max_grad_norm=1.0)
+    with pytest.raises(ValueError, match="max_grad_norm was inf .* part of the program"):
+        training.setOptimizer(clipped)
 
 
 @pytest.mark.parametrize(

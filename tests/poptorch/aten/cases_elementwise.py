@@ -143,6 +143,7 @@ CASES = [
     Case("clamp_max_tensor", lambda a, hi: torch.clamp_max(a, hi), lambda: (_randn(3, 4), _randn(3, 4)), [aten.clamp.Tensor]),
     # value equal to a bound: torch passes the gradient through (min/max would halve it)
     Case("clamp_tie", lambda a: torch.clamp(a, 0.0, 1.0), lambda: (torch.tensor([[-1.0, 0.0, 0.5, 1.0, 2.0]]),), [aten.clamp.default]),
+    Case("clamp_tensor_tie", lambda a, lo, hi: torch.clamp(a, lo, hi), lambda: (torch.tensor([[-1.0, 0.0, 0.5, 1.0, 2.0]]), torch.zeros(1, 5), torch.ones(1, 5)), [aten.clamp.Tensor]),
     Case("clamp_empty_range", lambda a: torch.clamp(a, 0.8, 0.2), lambda: (_randn(3, 4),), [aten.clamp.default]),
     Case("clamp_int_float_bounds", lambda a: torch.clamp(a, -4.5, 5.5), lambda: (_ints(-9, 9),), [aten.clamp.default], grad=False, half=False),
     Case("clamp_int", lambda a: torch.clamp(a, max=3), lambda: (_ints(-9, 9),), [aten.clamp.default], grad=False, half=False),

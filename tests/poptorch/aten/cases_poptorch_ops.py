@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import torch
 
 import poptorch
+import popxl
 
 from .harness import Case
 
@@ -81,5 +83,71 @@ CASES = [
         lambda: (_randn(3, 5), _randn(3, 2), torch.tensor([1])),
         [_OPS.dynamic_update.default],
         grad_inputs=[0, 1],
+    ),
+]
+
+
+# Host callbacks, custom ops and CTC decoding --------------------------------------------------
+
+_CASE_DOMAIN = "tests.aten.cases"
+
+
+def _cube(x, bias):
+    cubed = x * x * x
+    return cubed + bias, cubed
+
+
+def _cube_vjp(inputs, outputs, grads):
+    (x, _), (g_sum, g_cube) = inputs, grads
+    return 3 * x * x * (g_sum + g_cube), g_sum
+
+
+popxl.custom_ops.register("Cube", _cube, domain=_CASE_DOMAIN, vjp=_cube_vjp, replace=True)
+popxl.custom_ops.register(
+    "LeakyRelu",
+    lambda x, *, alpha: jnp.where(x >= 0, x, alpha * x),
+    domain=_CASE_DOMAIN,
+    attributes={"alpha": 0.01},
+    replace=True,
+)
+_HOST_DOUBLE = poptorch.CPU(lambda x, y: (x * 2.0, x + y), "cases.host_double")
+
+
+def _ctc_inputs():
+    gen = torch.Generator().manual_seed(3)
+    log_probs = torch.randn(6, 2, 4, generator=gen).log_softmax(-1)
+    return log_probs, torch.tensor([6, 4], dtype=torch.int32)
+
+
+CASES += [
+    Case(
+        "call_cpu_op",
+        lambda x, y: [t + 1 for t in _HOST_DOUBLE(x, y)],
+        lambda: (_randn(2, 3), _randn(2, 3)),
+        [_OPS.call_cpu_op.default],
+        grad=False,
+    ),
+    Case(
+        "custom_operation_cube",
+        lambda x, b: poptorch.custom_op([x, b], "Cube", _CASE_DOMAIN, 1, example_outputs=[x, x]),
+        lambda: (_randn(2, 3), _randn(2, 3)),
+        [_OPS.custom_operation.default],
+    ),
+    Case(
+        "custom_operation_attribute",
+        lambda x: poptorch.custom_op(
+            [x], "LeakyRelu", _CASE_DOMAIN, 1, example_outputs=[x], attributes={"alpha": 0.2}
+        )[0]
+        * 2,
+        lambda: (_randn(3, 4),),
+        [_OPS.custom_operation.default],
+    ),
+    Case(
+        "ctc_beam_search_decoder",
+        lambda lp, n: poptorch.ctc_beam_search_decoder(lp, n, blank=0, beam_width=5, top_paths=2),
+        _ctc_inputs,
+        [_OPS.ctc_beam_search_decoder.default],
+        grad=False,
+        half=False,
     ),
 ]

@@ -102,7 +102,10 @@ def test_case_names_are_unique():
 
 def test_every_registered_op_has_a_case():
     covered = covered_op_keys(CASES) | set(TESTED_ELSEWHERE)
-    missing = sorted(set(REGISTRY) - covered)
+    # Custom ops are registered by users (and by tests) at run time; tests/popxl/test_custom_ops.py
+    # covers the mechanism.
+    builtin = {k for k in REGISTRY if not k.startswith("custom::")}
+    missing = sorted(builtin - covered)
     assert not missing, f"registered ops without an op-table case: {missing}"
 
 
