@@ -40,6 +40,7 @@ from ._storage import (
     flush,
     full_shape,
     is_off_chip,
+    is_sharded,
     place,
     read,
     read_stored,
@@ -133,8 +134,9 @@ class Built:
     stores_per_call: int
     weights: dict[str, popxl.Variable]
     state: dict[str, dict[str, popxl.Variable]] = field(default_factory=dict)
-    hyper: dict[tuple[int, str], popxl.Variable] = field(default_factory=dict)
-    constants: dict[tuple[int, str], float] = field(default_factory=dict)
+    # Keyed by (weight name or group index, attribute); see ``_Trainer``.
+    hyper: dict[tuple[str | int, str], popxl.Variable] = field(default_factory=dict)
+    constants: dict[tuple[str | int, str], float] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
     step: popxl.Variable | None = None
     loss_index: int | None = None
@@ -268,7 +270,13 @@ def build(
         locations = _locations(options)
         named = _init(facts, options.random_seed, locations.weight)
         built = Built(
-            ir, inputs, [], [], layout.stores_per_call, named, loss_index=loss_index,
+            ir,
+            inputs,
+            [],
+            [],
+            layout.stores_per_call,
+            named,
+            loss_index=loss_index,
             interface=interface,
         )
         built.locations = locations
@@ -630,9 +638,24 @@ class _Trainer:
         self.loss_dtype = loss.dtype
         acc = self.spec.accum_type
         where = built.locations.accumulator
+        # Without gradient accumulation, a weight whose accumulator would be an ordinary
+        # on-chip variable takes its gradient straight from the backward: no accumulator to
+        # add into, read back and zero (what PopART did too).
+        single = whole and options.training.gradient_accumulation == 1
+
+        def direct(k: str) -> bool:
+            w = built.weights[k]
+            shape = full_shape(w)
+            return single and not (
+                is_off_chip(where, shape) or is_sharded(where, shape, w.replica_grouping)
+            )
+
         self.accums = {
-            k: _zeros_like(built.weights[k], acc, f"accum.{k}", where) for k in self.keys
+            k: _zeros_like(built.weights[k], acc, f"accum.{k}", where)
+            for k in self.keys
+            if not direct(k)
         }
+        self.grads: dict[str, popxl.Tensor] = {}
         self._make_hyper()
         self._make_state()
         _optim_link.program_built(optimizer, self.spec, built.groups)
@@ -642,6 +665,7 @@ class _Trainer:
 
         built, spec = self.built, self.spec
         attrs = [*self.rule.attrs, *self.rule.internal]
+        views: tuple[dict[tuple[str | int, str], Any], ...] = (built.hyper, built.constants)
         for name, group in built.groups.items():
             for attr in attrs:
                 value, const = spec.groups[group][attr]
@@ -652,7 +676,7 @@ class _Trainer:
                     built.hyper[(name, attr)] = popxl.variable(
                         np.float32(value), popxl.float32, var_name
                     )
-                for view in (built.hyper, built.constants):
+                for view in views:
                     if (name, attr) in view:
                         view.setdefault((group, attr), view[(name, attr)])
         value, const = spec.loss_scaling
@@ -669,9 +693,7 @@ class _Trainer:
             built.hyper[(0, "loss_scale_update_factor")] = popxl.variable(
                 np.float32(1.0), popxl.float32, rules.UPDATE_FACTOR_VAR
             )
-            built.good_steps = popxl.variable(
-                np.float32(0.0), popxl.float32, rules.GOOD_STEPS_VAR
-            )
+            built.good_steps = popxl.variable(np.float32(0.0), popxl.float32, rules.GOOD_STEPS_VAR)
 
     def _make_state(self) -> None:
         from . import _optim_rules as rules  # noqa: PLC0415
@@ -746,7 +768,12 @@ class _Trainer:
             self.accumulate(key, g)
 
     def accumulate(self, key: str, g: popxl.Tensor) -> None:
-        """Add a micro-batch gradient of weight ``key`` to its accumulator."""
+        """Add a micro-batch gradient of weight ``key`` to its accumulator (or keep it,
+        for a weight updated without one)."""
+        if key not in self.accums:
+            acc = self.spec.accum_type
+            self.grads[key] = g if g.dtype == acc else ops.cast(g, acc)
+            return
         accum = self.accums[key]
         group = shard_group(accum)
         if group is not None:  # a sharded accumulator keeps this replica's reduced shard
@@ -762,17 +789,19 @@ class _Trainer:
     def _sharding(self, name: str) -> popxl.ReplicaGrouping | None:
         """The group a weight's update runs sharded over: that of the weight, its
         accumulator or its optimiser state, whichever is replica-sharded (else None)."""
-        tensors = [self.built.weights[name], self.accums[name], *self.built.state[name].values()]
+        tensors = [self.built.weights[name], *self.built.state[name].values()]
+        if name in self.accums:
+            tensors.append(self.accums[name])
         return next((g for g in map(shard_group, tensors) if g is not None), None)
 
     def _reduced_grad(self, name: str, acc: popxl.Tensor, layout: Layout) -> popxl.Tensor:
         """The step's gradient of weight ``name`` from its accumulator ``acc`` (as stored):
         reduced over the replicas sharing the weight, this replica's shard of it if the
         update is sharded, unscaled and divided for a Mean reduction."""
-        accum = self.accums[name]
-        group = accum.replica_grouping
+        accum = self.accums.get(name)
+        group = self.built.weights[name].replica_grouping
         sharding = self._sharding(name)
-        if shard_group(accum) is not None:
+        if accum is not None and shard_group(accum) is not None:
             g = acc  # reduce-scattered micro-batch by micro-batch
         elif sharding is not None:
             g = ops.collectives.replicated_reduce_scatter(acc, "add", sharding, True)
@@ -791,7 +820,10 @@ class _Trainer:
         grads, loaded, shards = {}, {}, {}
         for name in built.groups:
             with self._on(name):
-                loaded[name] = read_stored(self.accums[name])
+                if name in self.grads:
+                    loaded[name] = self.grads[name]
+                else:
+                    loaded[name] = read_stored(self.accums[name])
                 grads[name] = self._reduced_grad(name, loaded[name], layout)
             shards[name] = self._sharding(name)
         finite = None
