@@ -59,3 +59,16 @@ def test_poptorch_style_tutorial_trains_and_prints_its_program(capsys):
     assert "lr now 0.0002" in printed  # the momentum loss fell below 0.5: setOptimizer
     assert f"Accuracy on test set: {accuracy:0.2f}%" in printed
     assert accuracy >= 90.0
+
+
+def test_torch_models_tutorial_trains_a_real_torch_cnn(capsys):
+    tutorial = load_tutorial("8_poptorch_torch_models")
+    accuracy = tutorial.main(["--digits", "--epochs", "3", "--print-program"])
+    printed = capsys.readouterr().out
+    assert "The program inferenceModel captured" in printed
+    assert "Conv.100" in printed and "block1.0.weight" in printed  # torch's names
+    assert "TrainingModelWithLoss_subgraph(0)_bwd" in printed and "ConvGrad." in printed
+    losses = [float(line.rsplit(" ", 1)[1]) for line in printed.splitlines() if "mean loss" in line]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert f"Accuracy on test set: {accuracy:0.2f}%" in printed
+    assert accuracy >= 90.0
