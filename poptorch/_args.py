@@ -141,7 +141,10 @@ class Binder:
             sig = None
         if sig is None:
             self.names = ["args", "kwargs"]
-            self.kinds = [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]
+            self.kinds: list[inspect._ParameterKind] = [
+                inspect.Parameter.VAR_POSITIONAL,
+                inspect.Parameter.VAR_KEYWORD,
+            ]
             self.defaults: dict[str, Any] = {}
         else:
             self.names = list(sig.parameters)
@@ -341,5 +344,8 @@ def metadata(call: CallArgs) -> CallArgs:
     return CallArgs(
         [_map_tensors(a, meta) if type(a) not in _PARSERS else a for a in call.args],
         list(call.names),
-        {k: _map_tensors(v, meta) if type(v) not in _PARSERS else v for k, v in call.kwargs.items()},
+        {
+            k: _map_tensors(v, meta) if type(v) not in _PARSERS else v
+            for k, v in call.kwargs.items()
+        },
     )

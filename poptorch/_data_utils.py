@@ -90,8 +90,8 @@ def _build(spec: Any, leaves: Iterator[Any]) -> Any:
         values = [_build(s, leaves) for s in spec[2]]
         return values if spec[1] is list else _sequence(spec[1], values)
     _, cls, keys, specs = spec
-    values = {k: _build(s, leaves) for k, s in zip(keys, specs)}
-    return values if cls is dict else _mapping(cls, values)
+    entries = {k: _build(s, leaves) for k, s in zip(keys, specs)}
+    return entries if cls is dict else _mapping(cls, entries)
 
 
 def _sequence(cls: type, values: list[Any]) -> Any:

@@ -167,7 +167,7 @@ class _Producer:
         fields must not change."""
         if len(leaves) != len(self.kinds):
             raise Error("Every batch must have the structure of the first one.")
-        out = []
+        out: list[tuple[int, torch.Tensor]] = []
         for i, (leaf, kind) in enumerate(zip(leaves, self.kinds)):
             if kind == du.CONST:
                 if leaf is not self.consts[i] and leaf != self.consts[i]:
@@ -350,7 +350,8 @@ class _Pickler(ForkingPickler):
     ``torch.Generator`` (a DataLoader's sampler may hold one: multiprocessing cannot send
     one as is, its state tensor fails to map in the child)."""
 
-    _extra_reducers = dict(ForkingPickler._extra_reducers)
+    # A private attribute of ForkingPickler (typeshed leaves it out).
+    _extra_reducers = dict(ForkingPickler._extra_reducers)  # type: ignore[attr-defined]
 
 
 def _reduce_generator(generator: torch.Generator) -> tuple[Any, ...]:

@@ -38,7 +38,7 @@ class _Formatter(logging.Formatter):
 class _StdoutHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stdout`` is at the time (tests capture it by swapping it)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stdout
 

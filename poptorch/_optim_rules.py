@@ -194,8 +194,8 @@ class AdamRule(Rule):
     moments with optional bias correction, ``w -= lr * m_hat / (sqrt(v_hat) + eps)``."""
 
     family = "Adam"
-    attrs = ("lr", "weight_decay", "beta1", "beta2", "eps")
-    internal = ("maximize", "decoupled")
+    attrs: tuple[str, ...] = ("lr", "weight_decay", "beta1", "beta2", "eps")
+    internal: tuple[str, ...] = ("maximize", "decoupled")
 
     def __init__(self, bias_correction: bool = True) -> None:
         self.bias_correction = bias_correction

@@ -771,8 +771,8 @@ class _Trainer:
         """Add a micro-batch gradient of weight ``key`` to its accumulator (or keep it,
         for a weight updated without one)."""
         if key not in self.accums:
-            acc = self.spec.accum_type
-            self.grads[key] = g if g.dtype == acc else ops.cast(g, acc)
+            dtype = self.spec.accum_type
+            self.grads[key] = g if g.dtype == dtype else ops.cast(g, dtype)
             return
         accum = self.accums[key]
         group = shard_group(accum)

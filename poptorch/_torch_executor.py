@@ -152,7 +152,7 @@ class TorchExecutor(PoplarExecutor):
                     "poptorch",
                 )
 
-    def compile(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def compile(self, *args: Any, **kwargs: Any) -> None:
         """Capture and compile the model for inputs like ``args`` (if not done yet)."""
         self._compile_call(self._binder.bind(args, kwargs))
 
@@ -168,7 +168,10 @@ class TorchExecutor(PoplarExecutor):
         micro = _args.CallArgs(
             [_args._map_tensors(a, lambda t: _micro(t, per_call)) for a in call.args],
             call.names,
-            {k: _args._map_tensors(v, lambda t: _micro(t, per_call)) for k, v in call.kwargs.items()},
+            {
+                k: _args._map_tensors(v, lambda t: _micro(t, per_call))
+                for k, v in call.kwargs.items()
+            },
         )
         with _unwrapped(self._user_model):
             captured = capture(self._torch_model, tuple(micro.args), dict(micro.kwargs))
@@ -286,12 +289,12 @@ class TorchExecutor(PoplarExecutor):
             return True
         return False
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         """The torch model's ``state_dict()`` (with the device's latest weights)."""
         self.copyWeightsToHostIfNeeded()
         return self._user_model.state_dict(*args, **kwargs)
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True) -> Any:  # type: ignore[override]
+    def load_state_dict(self, state_dict: Any, strict: bool = True) -> Any:
         """``load_state_dict`` on the torch model, then copy the weights to the device."""
         out = self._user_model.load_state_dict(state_dict, strict)
         if self.isAttachedToDevice():
@@ -382,7 +385,7 @@ def _copy_back(model: Any) -> None:
 _WRAPPER_CLASSES: dict[type, type] = {}
 
 
-def _instrumented_class(cls: type) -> type:
+def _instrumented_class(cls: type[torch.nn.Module]) -> type:
     if cls in _WRAPPER_CLASSES:
         return _WRAPPER_CLASSES[cls]
 
@@ -422,7 +425,7 @@ def _instrumented_class(cls: type) -> type:
     return wrapper
 
 
-def _rebuild_plain(cls: type, state: dict) -> Any:
+def _rebuild_plain(cls: type[torch.nn.Module], state: dict) -> Any:
     obj = cls.__new__(cls)
     obj.__dict__.update(state)
     return obj
@@ -485,6 +488,12 @@ def _instrument(model: torch.nn.Module, executor: TorchExecutor) -> None:
                 b.__class__ = PoptorchBuffer
 
 
+def _set_class(obj: Any, cls: type) -> None:
+    """Give ``obj`` class ``cls`` (``obj`` is narrowed to its current class where this is
+    called, which the assignment would contradict)."""
+    obj.__class__ = cls
+
+
 def _uninstrument(model: torch.nn.Module) -> None:
     _TRAINERS.pop(model, None)
     cls = type(model)
@@ -496,11 +505,11 @@ def _uninstrument(model: torch.nn.Module) -> None:
         for p in model.parameters():
             _OWNERS.pop(id(p), None)
             if type(p) is PoptorchParameter:
-                p.__class__ = torch.nn.Parameter
+                _set_class(p, torch.nn.Parameter)
         for b in model.buffers():
             _OWNERS.pop(id(b), None)
             if type(b) is PoptorchBuffer:
-                b.__class__ = torch.Tensor
+                _set_class(b, torch.Tensor)
 
 
 def is_wrapped(model: Any) -> bool:
@@ -519,7 +528,9 @@ def torch_models(model: Any) -> bool:
     return isinstance(model, torch.nn.Module)
 
 
-def new_executor(model: torch.nn.Module, options: Any, training: bool, optimizer: Any) -> TorchExecutor:
+def new_executor(
+    model: torch.nn.Module, options: Any, training: bool, optimizer: Any
+) -> TorchExecutor:
     """PopTorch's wrapping: a shallow copy of the model is captured; the user's model is the
     one whose weights are kept in sync (and, for training, instrumented)."""
     if training and is_wrapped(model):

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import atexit
 import weakref
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence, Sized
+from typing import Any, cast
 
 import torch
 import torch.utils.data
@@ -231,7 +231,8 @@ class DataLoader(torch.utils.data.DataLoader):
             dataset,
             batch_size=loader_batch_size,
             shuffle=shuffle,
-            batch_sampler=batch_sampler,
+            # torch types the batches as lists; any sequence of indices works.
+            batch_sampler=cast("Iterable[list[int]] | None", batch_sampler),
             num_workers=num_workers,
             drop_last=drop_last,
             persistent_workers=persistent_workers,
@@ -338,7 +339,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def __len__(self) -> int:
         accessor = self._accessor
         if accessor is not None and accessor.rebatched_size:
-            samples, size = len(self.dataset), accessor.rebatched_size
+            samples, size = len(cast(Sized, self.dataset)), accessor.rebatched_size
             return samples // size + int(not self.rebatched_drop_last and samples % size > 0)
         if self._is_user_batch_sampler_set and self._num_batches_to_combine != 1:
             # The sampler's micro-batches, combined.
@@ -350,8 +351,8 @@ class DataLoader(torch.utils.data.DataLoader):
     def __iter__(self) -> Any:
         if self._accessor is not None:
             return iter(self._accessor)
-        if self._global_shuffle:
-            self.dataset.next_epoch()
+        if self._global_shuffle:  # the dataset is our ProcessShare (_prepare_dataset)
+            cast(du.ProcessShare, self.dataset).next_epoch()
         batches = super().__iter__()
         if self._is_user_batch_sampler_set and self._num_batches_to_combine != 1:
             return du.combine_batches(

@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from .enums import CommGroupType, ConnectionType, VariableRetrievalMode
 from .errors import Error
 from .optim import OPTIMIZERS, Optimizer
 from .options import Options
+
+if TYPE_CHECKING:
+    import torch
 
 BATCH_MSG = (
     "Invalid batch dimension: in input {i}, the batch dimension ({n}) must be a multiple of "
@@ -120,7 +123,7 @@ class PoplarExecutor:
 
     def __init__(
         self,
-        model: addons.Module,
+        model: addons.Module | torch.nn.Module,  # torch's for a TorchExecutor
         options: Options | None,
         training: bool,
         optimizer: Optimizer | None = None,
@@ -144,7 +147,7 @@ class PoplarExecutor:
     # ---- properties ---------------------------------------------------------------------
 
     @property
-    def model(self) -> addons.Module:
+    def model(self) -> addons.Module | torch.nn.Module:
         """The wrapped module."""
         return self._model
 
@@ -559,7 +562,8 @@ class PoplarExecutor:
         """The program's main graph and every subgraph, as ``Graph.print_schedule`` text."""
         ir = self.ir
         graphs = [ir.main_graph, *[g for g in ir._graphs.values() if g is not ir.main_graph]]
-        weights = {v: name for name, v in self._require_built("print_schedule").weights.items()}
+        built_weights = self._require_built("print_schedule").weights
+        weights: dict[popxl.Tensor, str] = {v: name for name, v in built_weights.items()}
         text = "\n".join(
             format_schedule(g, {**weights, **{t: t.name for t in g.inputs}}) for g in graphs
         )

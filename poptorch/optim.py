@@ -166,7 +166,7 @@ def _torch_base(name: str, defaults: dict[str, Any]) -> type:
     return getattr(torch.optim, name)
 
 
-_TORCH_OPTIMIZER: type = torch.optim.Optimizer if torch is not None else _StandInOptimizer
+_TORCH_OPTIMIZER: type[Any] = torch.optim.Optimizer if torch is not None else _StandInOptimizer
 
 
 def _named(params: Any) -> tuple[bool, Any]:
@@ -179,8 +179,10 @@ def _named(params: Any) -> tuple[bool, Any]:
         return False, items
 
     def names(p: Any) -> bool:
-        return p is None or isinstance(p, str) or (
-            isinstance(p, (list, tuple)) and all(isinstance(x, str) for x in p)
+        return (
+            p is None
+            or isinstance(p, str)
+            or (isinstance(p, (list, tuple)) and all(isinstance(x, str) for x in p))
         )
 
     if all(isinstance(p, Mapping) for p in items):
@@ -228,6 +230,8 @@ class Optimizer:
     _child_vars: tuple[str, ...] = ("loss_scaling",)
     _child_only: tuple[str, ...] = ()
     _group_vars: tuple[str, ...] = ()
+    # Set by the torch (or stand-in) optimiser this class is mixed into.
+    defaults: dict[str, Any]
 
     def _poptorch_init(
         self, params: Any, given: dict[str, Any], torch_init: Callable[..., None]
@@ -259,9 +263,7 @@ class Optimizer:
         ]
 
     def _finish_init(self, given: dict[str, Any]) -> None:
-        self.variable_attrs = VariableAttributes(
-            list(given), [*self.defaults, *self._child_vars]
-        )
+        self.variable_attrs = VariableAttributes(list(given), [*self.defaults, *self._child_vars])
 
     def _set_group_default(self, key: str, value: Any) -> None:
         """A PopTorch attribute parameter groups may set (velocity scaling, LAMB's maximum
@@ -298,7 +300,7 @@ class Optimizer:
                 if not getattr(v, "_wrapped_by_lr_sched", False)  # an LR scheduler's wrapper
             }
         elif isinstance(self, _TORCH_OPTIMIZER) and torch is not None:
-            state = _TORCH_OPTIMIZER.__getstate__(self)  # type: ignore[arg-type]
+            state = _TORCH_OPTIMIZER.__getstate__(self)
             own = {k: v for k, v in self.__dict__.items() if k in _OWN_KEYS}
             state = {**state, **own}
         else:
@@ -346,7 +348,7 @@ class Optimizer:
         ipu, legacy = read_state(self)
         if self._named:
             return {**legacy, **ipu}
-        return {**ipu, **_TORCH_OPTIMIZER.state_dict(self)}  # type: ignore[arg-type]
+        return {**ipu, **_TORCH_OPTIMIZER.state_dict(self)}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a ``state_dict()``: hyper-parameters (torch's part, so LR schedulers
@@ -359,7 +361,7 @@ class Optimizer:
         if self._named:
             self._load_named(state_dict)
         else:
-            _TORCH_OPTIMIZER.load_state_dict(self, state_dict)  # type: ignore[arg-type]
+            _TORCH_OPTIMIZER.load_state_dict(self, state_dict)
             if not ("ipu_state" in state_dict and "ipu_param" in state_dict):
                 raise RuntimeError(NOT_IPU_STATE_MSG)
         write_state(self, state_dict)
@@ -411,9 +413,20 @@ def _max_grad_norm(value: float | None) -> float:
 
 
 _SGD_DEFAULTS = {"lr": 1e-3, "momentum": 0, "dampening": 0, "weight_decay": 0, "nesterov": False}
-_ADAM_DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0, "amsgrad": False}
+_ADAM_DEFAULTS = {
+    "lr": 1e-3,
+    "betas": (0.9, 0.999),
+    "eps": 1e-8,
+    "weight_decay": 0,
+    "amsgrad": False,
+}
 _RMSPROP_DEFAULTS = {
-    "lr": 1e-2, "alpha": 0.99, "eps": 1e-8, "weight_decay": 0, "momentum": 0, "centered": False
+    "lr": 1e-2,
+    "alpha": 0.99,
+    "eps": 1e-8,
+    "weight_decay": 0,
+    "momentum": 0,
+    "centered": False,
 }
 
 
@@ -515,7 +528,10 @@ class Adam(Optimizer, _torch_base("Adam", _ADAM_DEFAULTS)):  # type: ignore[misc
 def _adam_attributes(opt: Any, given: dict, loss_scaling: Any, max_grad_norm: Any) -> None:
     opt.loss_scaling = 1.0 if loss_scaling is None else loss_scaling
     _accum_types(
-        opt, given, "accum_type", "first_order_momentum_accum_type",
+        opt,
+        given,
+        "accum_type",
+        "first_order_momentum_accum_type",
         "second_order_momentum_accum_type",
     )
     opt.max_grad_norm = _max_grad_norm(max_grad_norm)
@@ -561,7 +577,6 @@ class AdamW(Optimizer, _torch_base("AdamW", {**_ADAM_DEFAULTS, "weight_decay": 1
         self._poptorch_init(params, given, _torch_init(AdamW))
         self.bias_correction = True if bias_correction is None else bool(bias_correction)
         _adam_attributes(self, given, loss_scaling, max_grad_norm)
-
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """torch's AdamW step on the host parameters (without the bias correction if
@@ -635,7 +650,7 @@ class RMSprop(Optimizer, _torch_base("RMSprop", _RMSPROP_DEFAULTS)):  # type: ig
 RMSProp = RMSprop
 
 
-class LAMB(Optimizer, _TORCH_OPTIMIZER):  # type: ignore[misc]
+class LAMB(Optimizer, _TORCH_OPTIMIZER):
     """LAMB (Layer-wise Adaptive Moments, https://arxiv.org/abs/1904.00962): Adam's ratio
     plus decoupled weight decay, scaled per weight by the trust ratio
     ``min(||w||, max_weight_norm) / ||ratio||``; ``bias_correction=False`` drops Adam's
@@ -717,7 +732,8 @@ class LAMB(Optimizer, _TORCH_OPTIMIZER):  # type: ignore[misc]
 
 def _torch_init(cls: type) -> Callable[..., None]:
     """The ``__init__`` of ``cls``'s torch base (its second base class)."""
-    return cls.__bases__[1].__init__
+    base: type[Any] = cls.__bases__[1]
+    return base.__init__
 
 
 class _Binding:

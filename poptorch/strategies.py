@@ -141,7 +141,7 @@ class _PhasedExecution(ExecutionStrategy):
 
     def __init__(self, *phases: Any, **data: Any) -> None:
         if phases:
-            data["phases"] = [p if isinstance(p, Phase) else Phase(*p) for p in phases]
+            data["phases"] = [_as_phase(p) for p in phases]
         super().__init__(**data)
 
     def phase(self, phase: int) -> Phase:
@@ -158,6 +158,13 @@ class _PhasedExecution(ExecutionStrategy):
     def useSeparateBackwardPhase(self, use: bool = True) -> _PhasedExecution:  # noqa: N802
         self.separate_backward_phase = use
         return self
+
+
+def _as_phase(p: Any) -> Phase:
+    """A phase from a ``Phase``, a list of stages / block ids, or one stage / block id."""
+    if isinstance(p, Phase):
+        return p
+    return Phase(*p) if isinstance(p, (list, tuple)) else Phase(p)
 
 
 class SerialPhasedExecution(_PhasedExecution):

@@ -188,9 +188,7 @@ def _tupled(result: Any) -> Any:
 @functools.lru_cache(maxsize=4096)
 def _eval_shape(op: CustomOp, specs: tuple, attrs: tuple) -> tuple[TensorSpec, ...]:
     """Shape inference by tracing ``impl`` abstractly (cached per input specs)."""
-    args = [
-        jax.ShapeDtypeStruct(shape, DType.from_name(dt).as_numpy()) for shape, dt in specs
-    ]
+    args = [jax.ShapeDtypeStruct(shape, DType.from_name(dt).as_numpy()) for shape, dt in specs]
     out = jax.eval_shape(lambda *a: op.impl(*a, **dict(attrs)), *args)
     leaves = out if isinstance(out, (tuple, list)) else (out,)
     return tuple(TensorSpec(tuple(o.shape), DType.as_dtype(o.dtype)) for o in leaves)
@@ -211,7 +209,9 @@ def _with_vjp(op: CustomOp, attrs_items: tuple) -> Callable[..., Any]:
 
     def bwd(res: tuple, cts: Any) -> tuple:
         xs, out = res
-        grads = op.vjp(xs, out, cts, **attrs)
+        vjp = op.vjp
+        assert vjp is not None, "lower() uses _with_vjp for ops with a gradient only"
+        grads = vjp(xs, out, cts, **attrs)
         if not isinstance(grads, (tuple, list)):
             grads = (grads,)
         if len(grads) != len(xs):
@@ -292,7 +292,9 @@ def register(
     if key in _REGISTRY:
         if not replace:
             owner = getattr(_REGISTRY[key].impl, "__qualname__", "?")
-            raise ValueError(TWICE_MSG.format(name=name, domain=domain, version=version, owner=owner))
+            raise ValueError(
+                TWICE_MSG.format(name=name, domain=domain, version=version, owner=owner)
+            )
         unregister(name, domain, version)
     op = CustomOp(name, impl, domain, int(version), attributes or {}, infer, vjp, nondiff_inputs)
     _REGISTRY[key] = op

@@ -9,8 +9,11 @@ from types import ModuleType
 
 
 def load_tutorial(folder: str, script: str = "mnist.py") -> ModuleType:
-    """Import a tutorial script (whose folder name is not a valid package name) as a module."""
+    """Import a tutorial script (whose folder name is not a valid package name) as a module,
+    once per process: a script that registers ops or models is executed only once."""
     name = f"tutorials._{folder}"
+    if script != "mnist.py":
+        name += "_" + Path(script).stem
     if name in sys.modules:
         return sys.modules[name]
     path = Path(__file__).resolve().parent / folder / script

@@ -38,6 +38,8 @@ from popxl import ops
 from popxl._op import OpDef, define
 from popxl.ops._base import record
 
+from .._fx import node_arg
+
 if TYPE_CHECKING:
     from torch.fx import Node
 
@@ -186,7 +188,7 @@ class NodeContext:
 
     def dtype_of(self, arg_index: int) -> popxl.dtype:
         """The (narrowed) dtype torch gave argument ``arg_index`` of the node."""
-        arg = self.node.args[arg_index]
+        arg = node_arg(self.node, arg_index)
         return popxl_dtype(arg.meta["val"].dtype)
 
     @property
@@ -201,8 +203,7 @@ class NodeContext:
     def output_used(self, i: int) -> bool:
         """Whether anything reads output ``i`` of a multi-output node (``node[i]``)."""
         return any(
-            u.target is operator.getitem and u.args[1] == i and u.users
-            for u in self.node.users
+            u.target is operator.getitem and u.args[1] == i and u.users for u in self.node.users
         )
 
     # -- building -------------------------------------------------------------------------
@@ -285,9 +286,9 @@ def describe_node(node: Node) -> str:
 def promoted_dtype(node: Node, *indices: int) -> popxl.dtype:
     """torch's result dtype of the node's arguments at ``indices`` (tensors and scalars),
     narrowed; what arithmetic and comparisons compute in."""
-    values = []
+    values: list[Any] = []
     for i in indices:
-        arg = node.args[i] if i < len(node.args) else None
+        arg: Any = node.args[i] if i < len(node.args) else None
         values.append(arg.meta["val"] if hasattr(arg, "meta") else arg)
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
     if len(values) == 1:

@@ -65,7 +65,11 @@ def _lower_elu(
     scale: float = 1.0,
     input_scale: float = 1.0,
 ) -> Any:
-    attrs = {"alpha": float(alpha), "scale": float(scale), "input_scale": float(input_scale)}
+    attrs: dict[str, Any] = {
+        "alpha": float(alpha),
+        "scale": float(scale),
+        "input_scale": float(input_scale),
+    }
     return ctx.jax("elu", _elu, x, **attrs)
 
 

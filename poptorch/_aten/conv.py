@@ -49,7 +49,7 @@ def _lower_convolution(
         raise ValueError(_SPATIAL_MSG.format(rank=x.rank))
     x, weight = ctx.tensor(x, dtype), ctx.tensor(weight, dtype)
     pads = _ints(padding, n) * 2  # ONNX: every begin, then every end
-    common = {
+    common: dict[str, Any] = {
         "stride": _ints(stride, n),
         "padding": pads,
         "dilation": _ints(dilation, n),
@@ -68,7 +68,7 @@ def _lower_convolution(
 
 
 def _patch_slices(
-    out: tuple[int, int], kernel: Any, dilation: Any, stride: Any
+    out: tuple[int, ...], kernel: Any, dilation: Any, stride: Any
 ) -> list[tuple[slice, slice]]:
     """For each kernel offset (row-major), the strided window it reads of the padded plane."""
     found = []

@@ -63,6 +63,7 @@ def _lower_arange(
     arrive in this form)."""
     (n,) = ctx.out_shape
     dtype = ctx.out_dtype
+    values: np.ndarray
     if dtype.is_floating_point:
         values = float(start) + np.arange(n, dtype=np.float64) * float(step)
     else:

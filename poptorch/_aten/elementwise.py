@@ -417,6 +417,8 @@ def _lower_clamp(ctx: NodeContext, x: popxl.Tensor, min: Any = None, max: Any = 
     x = ctx.tensor(x, dtype)
     if min is None and max is None:
         raise ValueError(f"aten.clamp needs min or max (both are None), in {ctx.where()}.")
+    # (name, lowering) for a min bound, a max bound, and both
+    kinds: tuple[tuple[str, Callable[..., Any]], ...]
     if _ties_pass_through():
         kinds = ("clamp_min", _clamp_min), ("clamp_max", _clamp_max), ("clamp", _clamp)
     elif isinstance(min, popxl.Tensor) or isinstance(max, popxl.Tensor):

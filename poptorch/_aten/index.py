@@ -26,6 +26,7 @@ from torch.ops import aten
 import popxl
 from popxl import ops
 
+from .._fx import args_of
 from .._log import logger
 from ._registry import NodeContext, lowering
 
@@ -106,7 +107,7 @@ class MaskedIndexError(DynamicOutputShapeException):
 
 
 def _refuse_masks(ctx: NodeContext) -> None:
-    if any(a is not None and _is_mask(a) for a in ctx.node.args[1]):
+    if any(a is not None and _is_mask(a) for a in args_of(ctx.node)[1]):
         raise MaskedIndexError(ctx.where())
 
 
@@ -149,7 +150,7 @@ def _masked_put(x: Any, mask: Any, v: Any, first: int, accumulate: bool) -> Any:
 def _mask_position(ctx: NodeContext, indices: list) -> int | None:
     """Where a boolean mask sits in an index list, or None; only ``[None.., mask]`` is
     supported."""
-    node_indices = ctx.node.args[1]
+    node_indices = args_of(ctx.node)[1]
     masks = [k for k, a in enumerate(node_indices) if a is not None and _is_mask(a)]
     if not masks:
         return None

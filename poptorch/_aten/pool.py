@@ -16,7 +16,7 @@ index arithmetic) and are ``jnp.pad``'s ``reflect``, ``edge`` and ``wrap``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
@@ -115,7 +115,7 @@ def _window_argmax(x: Any, windows: tuple[_Taps, ...]) -> Any:
     return _window_max(x, windows)[1]
 
 
-def _taps(rows: Sequence[Sequence[int]], ok: Sequence[Sequence[float]]) -> _Taps:
+def _taps(rows: Iterable[Iterable[int]], ok: Iterable[Iterable[float]]) -> _Taps:
     return tuple(tuple(int(v) for v in r) for r in rows), tuple(
         tuple(float(v) for v in r) for r in ok
     )
@@ -430,7 +430,7 @@ def _linear_taps(size: int, out: int, scale: float | None, align_corners: bool) 
     return _taps(np.stack([i0, i1], 1), np.stack([_f32(1) - frac, frac], 1))
 
 
-def _cubic_weights(t: Any, a: float = -0.75) -> Any:
+def _cubic_weights(t: Any, a: float | np.float32 = -0.75) -> Any:
     """Keys' cubic convolution weights of the 4 neighbours at offsets -1, 0, 1, 2."""
     a = _f32(a)
 

@@ -370,7 +370,8 @@ def register_torch_op(torch_op: Any, op: custom_ops.CustomOp) -> None:
         del TABLE[overload]
 
     def _lower_torch_custom_op(ctx: NodeContext, *args: Any, **kwargs: Any) -> Any:
-        inputs, attrs = [], {}
+        inputs: list[Any] = []
+        attrs: dict[str, Any] = {}
         for arg, value in _bind(schema, args, kwargs):
             if _is_tensor_type(arg.type):
                 inputs.extend(value if isinstance(value, (list, tuple)) else [value])
@@ -404,7 +405,8 @@ def _bind(schema: Any, args: tuple, kwargs: dict) -> list[tuple[Any, Any]]:
 
 
 def _multi_conv_infer(*specs: Any, convs: tuple, **_: Any) -> list[popxl.TensorSpec]:
-    out, k = [], 0
+    out: list[popxl.TensorSpec] = []
+    k = 0
     for attrs in convs:
         x, w = specs[k], specs[k + 1]
         k += 3 if dict(attrs)["bias"] else 2
@@ -415,10 +417,13 @@ def _multi_conv_infer(*specs: Any, convs: tuple, **_: Any) -> list[popxl.TensorS
 
 def _lower_multi_conv(*arrays: Any, convs: tuple, **_: Any) -> tuple:
     """Each convolution as popxl's ``Conv`` computes it, plus its bias."""
-    out, k = [], 0
+    conv = CONV.lower
+    assert conv is not None, "popxl's Conv has a JAX lowering"
+    out: list[Any] = []
+    k = 0
     for attrs in convs:
         conv_attrs = {n: v for n, v in attrs if n != "bias"}
-        y = CONV.lower(arrays[k], arrays[k + 1], **conv_attrs)
+        y = conv(arrays[k], arrays[k + 1], **conv_attrs)
         if dict(attrs)["bias"]:
             bias = arrays[k + 2]
             y = y + bias.reshape((1, -1) + (1,) * (y.ndim - 2)).astype(y.dtype)
@@ -459,7 +464,9 @@ def multi_conv(args: list[list[Any]], dtypes: list[popxl.dtype], options: dict) 
         )
     named = {f"in{i}": t for i, t in enumerate(inputs)}
     outs = record(MULTI_CONV, named, {"convs": tuple(convs)}, ["multi_conv_out"] * len(convs))
-    outs[0]._producer.hints.update({k: v for k, v in options.items() if v is not None})
+    producer = outs[0]._producer
+    assert producer is not None, "record() made the outputs"
+    producer.hints.update({k: v for k, v in options.items() if v is not None})
     return outs
 
 

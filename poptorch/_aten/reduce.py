@@ -216,12 +216,13 @@ def _lower_mode(ctx: NodeContext, x: popxl.Tensor, dim: int = -1, keepdim: bool 
 
 def _var(x: Any, *, axis: tuple[int, ...], ddof: float, keepdims: bool) -> Any:
     wide = jnp.float32 if x.dtype == jnp.float16 else x.dtype
-    return jnp.var(x.astype(wide), axis=axis, ddof=ddof, keepdims=keepdims).astype(x.dtype)
+    # ``correction`` is jnp.var's float-typed name for ``ddof`` (torch's is a float too).
+    return jnp.var(x.astype(wide), axis=axis, correction=ddof, keepdims=keepdims).astype(x.dtype)
 
 
 def _var_mean(x: Any, *, axis: tuple[int, ...], ddof: float, keepdims: bool) -> Any:
     wide = x.astype(jnp.float32 if x.dtype == jnp.float16 else x.dtype)
-    var = jnp.var(wide, axis=axis, ddof=ddof, keepdims=keepdims)
+    var = jnp.var(wide, axis=axis, correction=ddof, keepdims=keepdims)
     return var.astype(x.dtype), jnp.mean(wide, axis=axis, keepdims=keepdims).astype(x.dtype)
 
 

@@ -75,7 +75,7 @@ def _direction(
     w_ih, w_hh, b_ih, b_hh, w_hr = weights
     projected = _linear(seq, w_ih, b_ih)  # every time step at once
 
-    def step(carry: tuple, xp: Any) -> tuple:
+    def step(carry: tuple, xp: Any) -> tuple[tuple, Any]:
         new = cell(xp, carry, w_hh, b_hh, w_hr)
         return new, new[0]
 
@@ -110,8 +110,8 @@ def _recurrent(mode: str) -> Callable[..., tuple]:
     ) -> tuple:
         dtype = x.dtype
         wide = jnp.float32 if dtype == jnp.float16 else dtype
-        rest = [r if r.dtype == jnp.uint32 else r.astype(wide) for r in rest]
-        hx, params = rest[:n_state], rest[n_state:]
+        arrays = [r if r.dtype == jnp.uint32 else r.astype(wide) for r in rest]
+        hx, params = arrays[:n_state], arrays[n_state:]
         seed = params.pop() if dropout else None
         weights = _split_weights(params, biases, proj)
         seq = jnp.swapaxes(x, 0, 1) if batch_first else x

@@ -17,6 +17,7 @@ from torch.ops import aten
 import popxl
 from popxl import ops
 
+from .._fx import node_arg
 from ._registry import NodeContext, lowering
 
 
@@ -85,7 +86,7 @@ def _lower_as_strided(
     """A strided view of a contiguous tensor: element ``i`` reads flat position
     ``storage_offset + sum(i_k * stride_k)`` of the input. Only a contiguous input's storage
     is known (its elements in order), so other inputs are refused."""
-    val = ctx.node.args[0].meta["val"]
+    val = node_arg(ctx.node, 0).meta["val"]
     contiguous = val.is_contiguous() and val.storage_offset() == 0
     if not contiguous:
         raise NotImplementedError(

@@ -31,6 +31,7 @@ import popxl
 from popxl import ops
 
 from .. import _torch_ops  # noqa: F401 (registers torch.ops.poptorch)
+from .._fx import args_of, node_arg
 from ..errors import Error
 from ..ops import MULTICONV_KEY
 
@@ -144,7 +145,7 @@ def _region(start: Node, stop_targets: tuple) -> tuple[list[Node], Node]:
     """The call_function nodes after ``start`` up to the first node of ``stop_targets`` at
     the same nesting depth, and that node."""
     depth = 0
-    body = []
+    body: list[Node] = []
     for node in _walk(start):
         if node.op != "call_function":
             continue
@@ -286,9 +287,9 @@ def _spec(t: popxl.Tensor) -> str:
 def _lower_for_loop(translator: Translator, start: Node) -> tuple:
     _inference_only(translator, "for_loop", "loop")
     nodes, end = _region(start, (END_FOR,))
-    outer_inputs = [translator.env[n] for n in start.args[0]]
-    outputs = list(end.args[0])
-    count = int(end.args[2])
+    outer_inputs = [translator.env[n] for n in args_of(start)[0]]
+    outputs = list(args_of(end)[0])
+    count = int(args_of(end)[2])
     body = _lower_body(
         translator, "for_loop", nodes, outputs, outer_inputs, start)
     if body.seed is not None:
@@ -315,10 +316,10 @@ def _lower_cond(translator: Translator, start: Node) -> popxl.Tensor:
     then_nodes, middle = _region(start, (START_ELSE,))
     else_nodes, end = _region(middle, (END_IF,))
     else_nodes = [n for n in else_nodes if not _reads(n, middle)]
-    condition = _as_condition(translator.env[start.args[0]])
+    condition = _as_condition(translator.env[node_arg(start, 0)])
     translator.env[start] = condition
-    then_body = _lower_body(translator, "then_body", then_nodes, list(middle.args[0]))
-    else_body = _lower_body(translator, "else_body", else_nodes, list(end.args[1]))
+    then_body = _lower_body(translator, "then_body", then_nodes, list(args_of(middle)[0]))
+    else_body = _lower_body(translator, "else_body", else_nodes, list(args_of(end)[1]))
     for i, (a, b) in enumerate(zip(then_body.graph.outputs, else_body.graph.outputs)):
         if _spec(a) != _spec(b):
             raise Error(BRANCH_OUTPUTS_MSG.format(index=i, a=_spec(a), b=_spec(b)), "poptorch_py_error")
@@ -329,7 +330,7 @@ def _lower_cond(translator: Translator, start: Node) -> popxl.Tensor:
         then_inputs=_with_seed(translator, then_body),
         else_inputs=_with_seed(translator, else_body),
     )
-    translator.env[middle] = [None] * len(middle.args[0])
+    translator.env[middle] = [None] * len(args_of(middle)[0])
     translator.env[end] = tuple(results)
     _mark_done(translator, middle, end, *(u for u in middle.users if _reads(u, middle)))
     return condition
@@ -357,7 +358,9 @@ def _with_seed(translator: Translator, body: _Body) -> list[popxl.Tensor]:
 def _lower_multiconv(translator: Translator, first: Node) -> Any:
     from .._aten.poptorch_ops import multi_conv  # noqa: PLC0415
 
-    key, options = _multiconv_of(first)
+    multiconv = _multiconv_of(first)
+    assert multiconv is not None, "lower() sends only MultiConv nodes here"
+    key, options = multiconv
     group = [n for n in first.graph.nodes if (_multiconv_of(n) or (None,))[0] == key]
     for node in group:
         if node.args[6]:

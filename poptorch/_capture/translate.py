@@ -28,8 +28,9 @@ from popxl_addons import NamedTensors
 from popxl_addons.variable_factory import NamedVariableFactories, VariableFactory
 
 from .._aten import TABLE
-from ..blocks import BLOCK_KEY, current_recorder, mark_node_block
 from .._aten._registry import NodeContext, describe_node, popxl_dtype
+from .._fx import args_of, node_arg
+from ..blocks import BLOCK_KEY, current_recorder, mark_node_block
 from . import control
 from .blocks import is_block_node
 from .export import Capture, signature
@@ -184,7 +185,7 @@ class Translator:
     def _lower(self, node: torch.fx.Node) -> Any:
         target = node.target
         if target is operator.getitem:
-            return self.env[node.args[0]][node.args[1]]
+            return self.env[node_arg(node, 0)][node.args[1]]
         if control.claims(self, node):  # loops, branches, MultiConv: whole regions
             return control.lower(self, node)
         if is_block_node(target):
@@ -204,7 +205,7 @@ class Translator:
         except (NotImplementedError, TypeError, ValueError) as error:
             if getattr(error, "_poptorch_located", False):
                 raise
-            located = type(error)(
+            located: Exception = type(error)(
                 OP_FAILED_MSG.format(op=_op_name(target), where=describe_node(node), error=error)
             )
             located._poptorch_located = True  # type: ignore[attr-defined]
@@ -228,7 +229,7 @@ class Translator:
     # ---- blocks -----------------------------------------------------------------------
 
     def _call_block(self, node: torch.fx.Node) -> tuple:
-        tensors_arg, key = node.args
+        tensors_arg, key = args_of(node)
         blk = self.capture.blocks[key]
         metas = [n.meta["val"] for n in tensors_arg[: blk.n_inputs]]
         sig = signature(blk, metas)
@@ -317,8 +318,10 @@ def _without_token(node: torch.fx.Node) -> Any:
     """The op a ``with_effects(token, op, *args)`` node runs, as a node-like record (its
     results are the node's results after the token)."""
     val = node.meta.get("val")
-    inner = val[1] if isinstance(val, (tuple, list)) and len(val) == 2 else (
-        tuple(val[1:]) if isinstance(val, (tuple, list)) else val
+    inner = (
+        val[1]
+        if isinstance(val, (tuple, list)) and len(val) == 2
+        else (tuple(val[1:]) if isinstance(val, (tuple, list)) else val)
     )
     return types.SimpleNamespace(
         op="call_function",
@@ -390,9 +393,7 @@ def translate(capture: Capture, training: bool, name: str, options: Any = None) 
         marked = t.outputs()
         if t._seed_input is not None:
             named[SEED_NAME] = t._seed_input
-    trainable = [
-        n for n, p in capture.module.named_parameters() if p.requires_grad and n in named
-    ]
+    trainable = [n for n, p in capture.module.named_parameters() if p.requires_grad and n in named]
     return Forward(
         graph=graph,
         factories=NamedVariableFactories.from_dict(factories),

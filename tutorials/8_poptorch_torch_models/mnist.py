@@ -31,7 +31,9 @@ class Network(torch.nn.Module):
             torch.nn.Conv2d(16, 32, kernel_size=5), torch.nn.MaxPool2d(2), torch.nn.ReLU()
         )
         self.classifier = torch.nn.Sequential(
-            torch.nn.Flatten(), torch.nn.Linear(32 * 4 * 4, 64), torch.nn.ReLU(),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32 * 4 * 4, 64),
+            torch.nn.ReLU(),
             torch.nn.Linear(64, 10),
         )
 
