@@ -26,6 +26,7 @@ import popxl
 import popxl_addons as addons
 from popxl._printing import format_schedule
 
+from ._popart_ir import popart_ir_json
 from ._program import Built, build
 from .enums import CommGroupType, ConnectionType, VariableRetrievalMode
 from .errors import Error
@@ -574,6 +575,12 @@ class PoplarExecutor:
         """The compiled program's ``Session.memory_report()``: bytes of on-chip variables
         and of remote buffers (streaming memory) per IPU, and XLA's peak."""
         return self._require_session("memory_report").memory_report()
+
+    def _debugGetPopartIR(self) -> str:  # noqa: N802 (PopTorch's name)
+        """The step's ops as PopART's serialized IR (JSON with one ``"maingraph"`` list of
+        ``{type, name, attributes, inputs, outputs}`` records): see ``poptorch._popart_ir``."""
+        self._require_built("_debugGetPopartIR")
+        return popart_ir_json(self.ir)
 
     def getTensorNames(self) -> list[str]:  # noqa: N802
         """Every tensor name of the program."""

@@ -1,0 +1,118 @@
+"""The program's ops as PopART's serialized IR (``PoplarExecutor._debugGetPopartIR``).
+
+PopART wrote its IR as JSON: ``{"maingraph": [{"type", "name", "attributes", "inputs",
+"outputs"}, ...]}``, one record per op in schedule order, attribute values as strings. The
+same shape is built here from the popxl IR, so code that inspects PopTorch programs that way
+(counting ``MultiConv`` ops, reading ``group_size`` attributes) keeps working.
+
+PopART had no device-iteration loop and no calls for the model's forward: the program's loops
+and every ``Call`` are inlined, so the step's ops all appear in ``"maingraph"``. Loops and
+branches of the model itself (``poptorch.for_loop``, ``poptorch.cond``) stay single ops, as
+PopART's ``Loop`` and ``If`` did. Op names are the op's name scope (torch module paths written
+``layer1/0``) and its type, with PopART's ``:InPlace`` suffix for in-place variants.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import popxl
+from popxl._op import REGISTRY
+
+if TYPE_CHECKING:
+    from popxl._op import Op
+
+_LOOP = "Loop"
+_CALL = "Call"
+
+
+def popart_ir_json(ir: popxl.Ir) -> str:
+    """``ir`` as PopART's serialized IR, compact JSON (``"name":"layer1/0/Conv"``)."""
+    records = [op_record(op) for op in step_ops(ir.main_graph)]
+    return json.dumps({"maingraph": records}, separators=(",", ":"))
+
+
+def step_ops(graph: popxl.Graph, program_level: bool = True) -> list[Op]:
+    """The ops ``graph`` runs, with calls inlined (and, at the program level, its loops)."""
+    found: list[Op] = []
+    for op in graph._ops:
+        if op.type == _CALL:
+            for called in op.called_graphs:
+                found.extend(step_ops(called, program_level=False))
+        elif op.type == _LOOP and program_level:
+            for called in op.called_graphs:
+                found.extend(step_ops(called, program_level=True))
+        else:
+            found.append(op)
+    return found
+
+
+def op_record(op: Op) -> dict[str, Any]:
+    """One op as PopART serialized it."""
+    attributes: dict[str, str] = {}
+    for key, value in [*op.attrs.items(), *op.hints.items()]:
+        if _is_records(value):  # one record per part (MultiConv's convolutions): per field
+            for field in dict(value[0]):
+                attributes[field] = _text([dict(r).get(field) for r in value])
+        elif _serializable(value):
+            attributes[key] = _text(value)
+    return {
+        "type": op.type,
+        "name": op_name(op),
+        "attributes": attributes,
+        "inputs": [_tensor_record(t) for t in op.inputs],
+        "outputs": [_tensor_record(t) for t in op.outputs],
+    }
+
+
+def op_name(op: Op) -> str:
+    """``scope/Type``: the name scope with torch's dotted module paths split on ``/``; an
+    in-place variant is named after its out-of-place type with ``:InPlace``."""
+    base, suffix = op.type, ""
+    key = op.opdef.key
+    if op.opdef.is_inplace and key.endswith("_") and key[:-1] in REGISTRY:
+        base, suffix = REGISTRY[key[:-1]].type, ":InPlace"
+    scope = "/".join(part.replace(".", "/") for part in op.scope if part)
+    return f"{scope}/{base}{suffix}" if scope else f"{base}{suffix}"
+
+
+def _tensor_record(t: popxl.Tensor) -> dict[str, str]:
+    return {"name": t.name, "type": t.dtype.name, "shape": _text(tuple(t.shape))}
+
+
+def _is_records(value: Any) -> bool:
+    """A tuple of records, each a tuple of ``(field, value)`` pairs."""
+    return (
+        isinstance(value, tuple)
+        and bool(value)
+        and all(
+            isinstance(r, tuple)
+            and bool(r)
+            and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in r)
+            for r in value
+        )
+    )
+
+
+def _serializable(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str, popxl.dtype, popxl.Graph)):
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(_serializable(v) for v in value)
+    if isinstance(value, dict):
+        return all(_serializable(v) for v in value.values())
+    return False
+
+
+def _text(value: Any) -> str:
+    """An attribute value as PopART wrote it: a string; sequences as ``[a, b]``."""
+    if isinstance(value, popxl.dtype):
+        return value.name
+    if isinstance(value, popxl.Graph):
+        return value.id
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_text(v)}" for k, v in value.items()) + "}"
+    return str(value)
