@@ -21,6 +21,8 @@ from ._args import ICustomArgParser as ICustomArgParser
 from ._args import registerCustomArgParser as registerCustomArgParser
 from ._log import setLogLevel as setLogLevel
 from ._program import identity_loss as identity_loss
+from ._scopes import Attribute as Attribute
+from ._scopes import NameScope as NameScope
 from .blocks import BeginBlock as BeginBlock
 from .blocks import Block as Block
 from .blocks import BlockFunction as BlockFunction
@@ -92,6 +94,7 @@ def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:  # noqa: N802 (PopTorch's
 
 __all__ = [
     "AsynchronousDataAccessor",
+    "Attribute",
     "AutoStage",
     "BeginBlock",
     "Block",
@@ -123,6 +126,7 @@ __all__ = [
     "MeanReductionStrategy",
     "MultiConv",
     "MultiConvPlanType",
+    "NameScope",
     "nop",
     "optim",
     "Options",

@@ -71,10 +71,13 @@ def setLogLevel(level: str | int) -> None:  # noqa: N802 (PopTorch's name)
 
 
 def setPopartLogLevel(level: str) -> None:  # noqa: N802 (PopTorch's name)
-    """PopART's log level (accepted; the runtime here has no PopART log of its own)."""
+    """The level of PopART's log (the runtime's, ``popxl._log``: the ``"popart"`` logger)."""
     if not isinstance(level, str) or level not in LEVELS:
         raise ValueError("Level must be one of " + ", ".join(LEVELS))
     popart_level["value"] = LEVELS[level][0]
+    from popxl import _log as popart_log  # noqa: PLC0415
+
+    logging.getLogger(popart_log.LOGGER_NAME).setLevel(popart_log.LEVELS[level.split("_")[0]])
 
 
 _install_handler()

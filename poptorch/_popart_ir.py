@@ -15,15 +15,20 @@ PopART's ``Loop`` and ``If`` did. Op names are the op's name scope (torch module
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 import popxl
+from popxl import _log as popart_log
 from popxl._op import REGISTRY
+
+from ._log import logger
 
 if TYPE_CHECKING:
     from popxl._op import Op
 
 _LOOP = "Loop"
+_OUTLINE = "__outline"
 _CALL = "Call"
 
 
@@ -31,6 +36,43 @@ def popart_ir_json(ir: popxl.Ir) -> str:
     """``ir`` as PopART's serialized IR, compact JSON (``"name":"layer1/0/Conv"``)."""
     records = [op_record(op) for op in step_ops(ir.main_graph)]
     return json.dumps({"maingraph": records}, separators=(",", ":"))
+
+
+def log_lowered(ir: popxl.Ir) -> None:
+    """Log the step's ops: PopTorch's ``Graph lowered to PopART {...}`` (its DEBUG level),
+    and one ``Op "name", id of type ...`` entry per op in PopART's log (its DEBUG level)."""
+    debug_poptorch = logger.isEnabledFor(logging.DEBUG)
+    debug_popart = popart_log.enabled(popart_log.DEBUG)
+    if not (debug_poptorch or debug_popart):
+        return
+    step = step_ops(ir.main_graph)
+    if debug_poptorch:
+        logger.debug("Graph lowered to PopART {")
+        for op in step:
+            outs = ", ".join(_tensor_text(t) for t in op.outputs)
+            logger.debug("  %s (%s) -> (%s)", op_name(op), op.type, outs)
+        logger.debug("}")
+    for op in step if debug_popart else ():
+        popart_log.debug(_op_entry(op), "ir")
+
+
+def _op_entry(op: Op) -> str:
+    """An op as PopART's log listed it: name, id and type, tensors, attributes; outline
+    attributes (``poptorch.Attribute(__outline=...)``) as ``key: key:value``. A blank line
+    ends the entry."""
+    lines = [f'Op "{op_name(op)}", {op.id} of type ai.graphcore.{op.type}:1']
+    lines.append("  inputs: " + ", ".join(_tensor_text(t) for t in op.inputs))
+    lines.append("  outputs: " + ", ".join(_tensor_text(t) for t in op.outputs))
+    for key, value in op_record(op)["attributes"].items():
+        if key != _OUTLINE:
+            lines.append(f"  {key}: {value}")
+    for key, value in (op.hints.get(_OUTLINE) or {}).items():
+        lines.append(f"  outline attribute {key}: {key}:{value}")
+    return "\n".join(lines) + "\n"
+
+
+def _tensor_text(t: popxl.Tensor) -> str:
+    return f"{t.name} {t.dtype.name}{list(t.shape)}"
 
 
 def step_ops(graph: popxl.Graph, program_level: bool = True) -> list[Op]:

@@ -47,6 +47,10 @@ ALREADY_WRAPPED_MSG = (
     "model to unwrap before wrapping again."
 )
 NO_EXECUTABLE_ERR = "Model has not been compiled or has been destroyed."
+ZERO_SIZE_MSG = (
+    "Zero-sized tensors are unsupported (Got shape {shape}): input {index} has no elements. "
+    "Give every input at least one element in each dimension."
+)
 BATCH_MSG = (
     "Invalid batch dimension: In the input {shape}, the batch dimension ({n}) must be a "
     "multiple of Options.deviceIterations({di}) * Options.replicationFactor({r}) / "
@@ -136,7 +140,9 @@ class TorchExecutor(PoplarExecutor):
     def _check_batch(self, tensors: list[torch.Tensor]) -> None:
         per_call = self._per_call()
         o = self._options
-        for t in tensors:
+        for i, t in enumerate(tensors):
+            if t.numel() == 0:
+                raise Error(ZERO_SIZE_MSG.format(shape=list(t.shape), index=i), "poptorch")
             n = t.shape[0] if t.dim() else 1
             if (t.dim() == 0 and per_call > 1) or n % per_call:
                 raise Error(

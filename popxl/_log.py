@@ -4,8 +4,10 @@ PopXL programs and tests turn PopART's log on with the ``POPART_LOG_LEVEL`` envi
 variable (``TRACE``, ``DEBUG``, ``INFO``, ``WARN``, ``ERR``, ``CRITICAL``, ``OFF``) or with
 ``popart.getLogger().setLevel("DEBUG")``, i.e. the standard ``logging`` logger named
 ``"popart"``. Either makes messages at that level or above go to standard error in PopART's
-format, ``[time] [popart:<module>] [<level>] <message>``, and the messages keep PopART's
-wording, so code that watches the log keeps working. Both settings are read at each message.
+default format, ``<UTC time> popart:<module> <pid>.<thread> <level letter>: <message>``
+(``2024-01-31T12:00:00.000000Z popart:devicex 4242.4242 T: ...``), and the messages keep
+PopART's wording, so code that watches the log keeps working. Both settings are read at each
+message.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import datetime
 import logging
 import os
 import sys
+import threading
 
 TRACE = 5
 DEBUG = logging.DEBUG
@@ -32,7 +35,7 @@ LEVELS = {
     "CRITICAL": CRITICAL,
     "OFF": OFF,
 }
-_NAMES = {TRACE: "trace", DEBUG: "debug", INFO: "info", WARN: "warn", ERR: "error"}
+_LETTERS = {TRACE: "T", DEBUG: "D", INFO: "I", WARN: "W", ERR: "E"}
 LOGGER_NAME = "popart"
 
 
@@ -55,9 +58,10 @@ def log(level: int, message: str, module: str = "session") -> None:
     """Write ``message`` to standard error if ``level`` is enabled."""
     if not enabled(level):
         return
-    now = datetime.datetime.now().isoformat(sep=" ", timespec="milliseconds")
-    name = _NAMES.get(level, "critical")
-    print(f"[{now}] [popart:{module}] [{name}] {message}", file=sys.stderr, flush=True)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    letter = _LETTERS.get(level, "C")
+    where = f"{os.getpid()}.{threading.get_native_id()}"
+    print(f"{now} popart:{module} {where} {letter}: {message}", file=sys.stderr, flush=True)
 
 
 def trace(message: str, module: str = "session") -> None:

@@ -124,7 +124,9 @@ class Session(SessionCompat):
         self._device = select_device(device_desc)
         self.weights_to_host_on_exit = weights_to_host_on_exit and not _has_read_only_memmap(ir)
         ir._attach_session(self)
+        _log.trace(f"Session::Session: Ir {ir.id} on a {device_desc} device", "session")
         self._program: Program = build_program(ir)
+        _log_prepared(ir)
         self._sharding = state_sharding(self._program, self._device)
         self._batched = self._program.variable_batched()
         # Replicas whose stream data this process handles (all, unless instances share them).
@@ -178,6 +180,7 @@ class Session(SessionCompat):
         return jax.enable_x64(True) if self._program.uses_x64 else contextlib.nullcontext()
 
     def _compile(self) -> None:
+        _log.trace(f"Preparing the executable of Ir {self.ir_.id}", "popart")
         cache = executable_cache.directory(self.ir_._session_options)
         if cache is not None:
             engine_options = self.ir_._session_options.engineOptions
@@ -197,6 +200,7 @@ class Session(SessionCompat):
             return
         key = (self._program.key, str(self._device))
         if key in _COMPILED:
+            _log.trace("Reusing the executable compiled for an identical program", "popart")
             return
         _log.debug("Starting compilation")
         self._compiled()
@@ -498,6 +502,7 @@ class Session(SessionCompat):
         self._require_attached()
         assert self._state is not None
         program = self._program
+        _log.trace(f"Session::run: one step of Ir {self.ir_.id}", "session")
         arrays = stream_io.prepare_inputs(
             inputs, program.h2d, self._nht, self._local_replicas, downcast
         )
@@ -511,6 +516,7 @@ class Session(SessionCompat):
             new, (buffers, counts) = step(*program.split(self._state), arrays)
         self._state = program.merge(self._state, new)
         self._host_stale = True
+        _log.trace(f"Devicex::run: step done, {len(buffers)} device-to-host streams", "devicex")
         if placement is None:
             return buffers, program.store_counts(counts)
         local = [placement.local(b, axis=1) for b in buffers]
@@ -689,6 +695,14 @@ class Session(SessionCompat):
         copy = np.array(arr)
         copy.flags.writeable = False
         return copy
+
+
+def _log_prepared(ir: Ir) -> None:
+    """PopART's log once the IR is prepared: a summary (INFO), every graph (DEBUG)."""
+    if _log.enabled(_log.INFO):
+        n_ops = sum(len(g._ops) for g in ir._graphs.values())
+        _log.info(f"Ir {ir.id} prepared: {n_ops} ops in {len(ir._graphs)} graphs", "ir")
+    ir._pb_ir.logIr()
 
 
 def _ipus_per_replica(ir: Ir) -> int:

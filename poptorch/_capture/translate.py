@@ -24,12 +24,14 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 import popxl
 from popxl import ops
+from popxl._op import Op
 from popxl_addons import NamedTensors
 from popxl_addons.variable_factory import NamedVariableFactories, VariableFactory
 
 from .._aten import TABLE
 from .._aten._registry import NodeContext, describe_node, popxl_dtype
 from .._fx import args_of, node_arg
+from .._scopes import ATTRIBUTE_KEY, NAME_SCOPE_KEY
 from ..blocks import BLOCK_KEY, current_recorder, mark_node_block
 from . import control
 from .blocks import is_block_node
@@ -223,8 +225,11 @@ class Translator:
                 # A block call is built outside the block's scope: its subgraph is shared
                 # by every child of the group, whatever their paths.
                 scope = "" if is_block_node(node.target) else _scope_of(node)
+                graph_ops = popxl.gcg()._ops
+                first = len(graph_ops)
                 with popxl.name_scope(scope) if scope else _null():
                     self.env[node] = self._lower(node)
+                _attach_attributes(node, graph_ops[first:])
 
     # ---- blocks -----------------------------------------------------------------------
 
@@ -350,10 +355,19 @@ class _null:
 
 
 def _scope_of(node: torch.fx.Node) -> str:
+    """The node's torch module path, then the ``poptorch.NameScope`` names around it."""
     stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return ""
-    return list(stack.values())[-1][0]
+    parts = [list(stack.values())[-1][0]] if stack else []
+    parts += (node.meta.get("custom") or {}).get(NAME_SCOPE_KEY, ())
+    return "/".join(p for p in parts if p)
+
+
+def _attach_attributes(node: torch.fx.Node, created: list[Op]) -> None:
+    """Record the ``poptorch.Attribute`` scopes around ``node`` on the ops made for it."""
+    attributes = (node.meta.get("custom") or {}).get(ATTRIBUTE_KEY)
+    for op in created if attributes else ():
+        for name, values in attributes.items():
+            op.hints.setdefault(name, {}).update(values)
 
 
 def _op_name(target: Any) -> str:
