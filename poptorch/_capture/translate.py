@@ -364,7 +364,7 @@ def _scope_of(node: torch.fx.Node) -> str:
 
 def _attach_attributes(node: torch.fx.Node, created: list[Op]) -> None:
     """Record the ``poptorch.Attribute`` scopes around ``node`` on the ops made for it."""
-    attributes = (node.meta.get("custom") or {}).get(ATTRIBUTE_KEY)
+    attributes: dict[str, dict[str, str]] = (node.meta.get("custom") or {}).get(ATTRIBUTE_KEY) or {}
     for op in created if attributes else ():
         for name, values in attributes.items():
             op.hints.setdefault(name, {}).update(values)

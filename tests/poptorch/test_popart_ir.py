@@ -1,0 +1,196 @@
+"""The program as PopART's serialized IR (``_debugGetPopartIR``), name scopes, attributes,
+PopART's log, and the input checks PopTorch made before compiling."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+import poptorch
+
+
+def _ops(model: poptorch.PoplarExecutor) -> list[dict]:
+    ir = json.loads(model._debugGetPopartIR())
+    assert list(ir) == ["maingraph"]
+    return ir["maingraph"]
+
+
+class TwoConvs(torch.nn.Module):
+    def __init__(self, multiconv: poptorch.MultiConv | None = None) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 4, 3)
+        self.conv2 = torch.nn.Conv2d(1, 4, 3, stride=2, bias=False)
+        self.multiconv = multiconv or poptorch.MultiConv()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.multiconv:
+            a = self.conv1(x)
+            b = self.conv2(torch.abs(x))
+        return a, b
+
+
+def test_multiconv_is_one_op_with_each_convolution_s_attributes_and_the_options():
+    torch.manual_seed(0)
+    options = (
+        poptorch.MultiConv()
+        .availableMemoryProportions((0.5, 0.25))
+        .planType(poptorch.MultiConvPlanType.Parallel)
+        .perConvReservedTiles(10)
+    )
+    model = TwoConvs(options)
+    x = torch.randn(2, 1, 9, 9)
+    pm = poptorch.inferenceModel(model)
+    a, b = pm(x)
+    ref_a, ref_b = model(x)
+    torch.testing.assert_close(a, ref_a, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(b, ref_b, rtol=1e-5, atol=1e-5)
+
+    ops = _ops(pm)
+    multiconvs = [op for op in ops if op["type"] == "MultiConv"]
+    assert len(multiconvs) == 1
+    assert not [op for op in ops if op["type"] == "Conv"]
+    attributes = multiconvs[0]["attributes"]
+    assert attributes["stride"] == "[[1, 1], [2, 2]]"
+    assert attributes["bias"] == "[True, False]"
+    assert attributes["available_memory_proportions"] == "[0.5, 0.25]"
+    assert attributes["plan_type"] == "Parallel"
+    assert attributes["per_conv_reserved_tiles"] == "10"
+    assert multiconvs[0]["outputs"][0]["shape"] == "[2, 4, 7, 7]"
+    assert multiconvs[0]["outputs"][1]["shape"] == "[2, 4, 4, 4]"
+
+
+class Network(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer1 = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 4, 3), torch.nn.MaxPool2d(2), torch.nn.ReLU()
+        )
+        self.layer2 = torch.nn.Linear(36, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer1(x).flatten(1)
+        with poptorch.NameScope("head"), poptorch.NameScope("logits"):
+            return self.layer2(x) * 2.0
+
+
+def test_op_names_follow_torch_module_paths_and_name_scopes():
+    torch.manual_seed(0)
+    model = Network()
+    x = torch.randn(3, 1, 8, 8)
+    pm = poptorch.inferenceModel(model)
+    torch.testing.assert_close(pm(x), model(x), rtol=1e-5, atol=1e-5)
+    names = [op["name"] for op in _ops(pm)]
+    assert "layer1/0/Conv" in names
+    assert "layer1/1/MaxPool" in names
+    assert "layer1/2/Relu" in names
+    assert "layer2/head/logits/MatMul" in names
+    assert "head/logits/Mul" in names
+    compact = pm._debugGetPopartIR()
+    assert '"name":"layer1/0/Conv"' in compact  # PopART's compact JSON
+
+
+def test_name_scope_and_attribute_do_nothing_outside_a_capture():
+    x = torch.ones(2)
+    with poptorch.NameScope("outer"), poptorch.Attribute(__outline={"layer": "x"}):
+        assert torch.equal(x + 1, torch.full((2,), 2.0))
+    with pytest.raises(ValueError, match="non-empty name"):
+        poptorch.NameScope("")
+    with pytest.raises(ValueError, match="takes a dict"):
+        poptorch.Attribute(__outline="embedding")
+
+
+class Outlined(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gn1 = torch.nn.GroupNorm(2, 8)
+        self.gn2 = torch.nn.GroupNorm(2, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with poptorch.Attribute(__outline={"layer": "embedding"}):
+            x = self.gn1(x)
+            with poptorch.Attribute(__outline={"part": "inner"}):
+                x = x * 3.0
+        return self.gn2(x)
+
+
+def test_attributes_are_recorded_on_the_ops_made_inside_their_scope_only():
+    torch.manual_seed(0)
+    model = Outlined()
+    x = torch.randn(3, 8)
+    pm = poptorch.inferenceModel(model)
+    torch.testing.assert_close(pm(x), model(x), rtol=1e-4, atol=1e-4)
+    by_name = {op["name"]: op["attributes"] for op in _ops(pm)}
+    assert by_name["gn1/GroupNormalization"]["__outline"] == "{layer: embedding}"
+    assert by_name["Mul"]["__outline"] == "{layer: embedding, part: inner}"
+    assert "__outline" not in by_name["gn2/GroupNormalization"]
+
+
+def test_the_device_iteration_loop_and_calls_are_inlined_but_the_model_s_branches_are_not():
+    class Branchy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 3)
+
+        def forward(self, condition: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            return poptorch.cond(condition, lambda a: [a + 1.0], [y], lambda a: [a - 1.0], [y])[0]
+
+    torch.manual_seed(0)
+    model = Branchy()
+    opts = poptorch.Options().deviceIterations(2)
+    pm = poptorch.inferenceModel(model, opts)
+    condition = torch.tensor([True, False])
+    x = torch.randn(2, 3)
+    out = pm(condition, x)
+    torch.testing.assert_close(out[0], model.fc(x[:1])[0] + 1.0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[1], model.fc(x[1:])[0] - 1.0, rtol=1e-5, atol=1e-5)
+    types = [op["type"] for op in _ops(pm)]
+    assert "Loop" not in types and "Call" not in types
+    assert types.count("If") == 1
+    assert types.count("MatMul") == 1
+
+
+def test_the_ir_needs_a_compiled_model():
+    pm = poptorch.inferenceModel(torch.nn.Linear(2, 2))
+    with pytest.raises(poptorch.Error, match="_debugGetPopartIR"):
+        pm._debugGetPopartIR()
+
+
+def test_popart_log_level_shows_popart_s_messages_in_its_format(capfd):
+    model = torch.nn.Linear(2, 2)
+    line = r"^\d{{4}}-\d\d-\d\dT[\d:.]+Z popart:{} \d+\.\d+ {}: "
+    try:
+        poptorch._logging.setPopartLogLevel("WARN")
+        poptorch.inferenceModel(model)(torch.randn(2, 2))
+        quiet = capfd.readouterr().err
+        assert not re.search(line.format("session", "T"), quiet, re.M)
+        poptorch._logging.setPopartLogLevel("TRACE")
+        poptorch.inferenceModel(model)(torch.randn(2, 2))
+        log = capfd.readouterr().err
+    finally:
+        poptorch._logging.setPopartLogLevel("WARN")
+    for module, level in [("session", "T"), ("devicex", "T"), ("ir", "I"), ("ir", "D")]:
+        assert re.search(line.format(module, level), log, re.M), (module, level)
+    assert re.search(r'Op "MatMul", \d+ of type ai\.graphcore\.MatMul:1', log)
+    with pytest.raises(ValueError, match="Level must be one of"):
+        poptorch._logging.setPopartLogLevel("LOUD")
+
+
+def test_zero_sized_inputs_are_refused_with_their_shape():
+    pm = poptorch.inferenceModel(torch.nn.ReLU())
+    with pytest.raises(poptorch.Error, match=r"Zero-sized tensors .*\[0, 3\]"):
+        pm(torch.zeros(0, 3))
+
+
+def test_phases_accept_stage_objects_and_block_ids():
+    phased = poptorch.SerialPhasedExecution(poptorch.Stage("0"), ["1", "2"], "3")
+    assert [[s.blocks for s in p.stages] for p in phased.phases] == [
+        [["0"]],
+        [["1"], ["2"]],
+        [["3"]],
+    ]
+    parallel = poptorch.ParallelPhasedExecution(*[poptorch.Stage(f"{k}") for k in range(2)])
+    assert [p.parity for p in parallel.phases] == [0, 1]
