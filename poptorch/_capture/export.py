@@ -21,7 +21,9 @@ from torch.utils import _pytree as pytree
 from .. import _state
 from .. import blocks as blocks_api
 from .._aten import PRESERVED
+from ..errors import Error
 from .blocks import Block, NotABlock, as_blocks, find_groups
+from .cpu_tensors import refuse_legacy_constructors
 
 EXPORT_FAILED_MSG = (
     "poptorch could not capture {cls}.forward with torch.export:\n  {reason}\n"
@@ -107,13 +109,14 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
         warnings.catch_warnings(),
         fx_traceback.preserve_node_meta(),
         blocks_api.capturing(),
+        refuse_legacy_constructors(model),
     ):
         # torch's own deprecation notices while tracing are not the user's concern.
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
             return torch.export.export(model, args, kwargs, strict=False)
-        except NotABlock:
+        except (NotABlock, Error):
             raise
         except Exception as first:  # torch raises many types; strict export may still work
             if _not_a_block(first):

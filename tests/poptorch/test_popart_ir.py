@@ -194,3 +194,24 @@ def test_phases_accept_stage_objects_and_block_ids():
     ]
     parallel = poptorch.ParallelPhasedExecution(*[poptorch.Stage(f"{k}") for k in range(2)])
     assert [p.parity for p in parallel.phases] == [0, 1]
+
+
+def test_legacy_constructors_in_forward_are_refused_but_factories_work():
+    class Legacy(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.index_select(x, 0, torch.LongTensor([1, 0]))
+
+    class Factories(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.offset = torch.Tensor([1.0, 2.0])  # made outside forward: a constant
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            picked = torch.index_select(x, 0, torch.tensor([1, 0]))
+            return picked + torch.as_tensor([10.0, 20.0]) + self.offset
+
+    expected = "Expected an IPU tensor but got tensor(device=cpu, shape=[2], dtype=Long)"
+    with pytest.raises(poptorch.Error, match=re.escape(expected)):
+        poptorch.inferenceModel(Legacy()).compile(torch.rand(4))
+    x = torch.arange(4.0)
+    assert torch.equal(poptorch.inferenceModel(Factories())(x), torch.tensor([12.0, 22.0]))
