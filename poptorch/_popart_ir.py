@@ -29,12 +29,14 @@ if TYPE_CHECKING:
 
 _LOOP = "Loop"
 _OUTLINE = "__outline"
+# ``Op.hints`` key of a call running a ``torch.nn`` block: the block's module path.
+MODULE_PATH = "module_path"
 _CALL = "Call"
 
 
 def popart_ir_json(ir: popxl.Ir) -> str:
     """``ir`` as PopART's serialized IR, compact JSON (``"name":"layer1/0/Conv"``)."""
-    records = [op_record(op) for op in step_ops(ir.main_graph)]
+    records = [op_record(op, scope) for scope, op in placed_ops(ir.main_graph)]
     return json.dumps({"maingraph": records}, separators=(",", ":"))
 
 
@@ -45,25 +47,25 @@ def log_lowered(ir: popxl.Ir) -> None:
     debug_popart = popart_log.enabled(popart_log.DEBUG)
     if not (debug_poptorch or debug_popart):
         return
-    step = step_ops(ir.main_graph)
+    step = placed_ops(ir.main_graph)
     if debug_poptorch:
         logger.debug("Graph lowered to PopART {")
-        for op in step:
+        for scope, op in step:
             outs = ", ".join(_tensor_text(t) for t in op.outputs)
-            logger.debug("  %s (%s) -> (%s)", op_name(op), op.type, outs)
+            logger.debug("  %s (%s) -> (%s)", op_name(op, scope), op.type, outs)
         logger.debug("}")
-    for op in step if debug_popart else ():
-        popart_log.debug(_op_entry(op), "ir")
+    for scope, op in step if debug_popart else ():
+        popart_log.debug(_op_entry(op, scope), "ir")
 
 
-def _op_entry(op: Op) -> str:
+def _op_entry(op: Op, scope: tuple[str, ...]) -> str:
     """An op as PopART's log listed it: name, id and type, tensors, attributes; outline
     attributes (``poptorch.Attribute(__outline=...)``) as ``key: key:value``. A blank line
     ends the entry."""
-    lines = [f'Op "{op_name(op)}", {op.id} of type ai.graphcore.{op.type}:1']
+    lines = [f'Op "{op_name(op, scope)}", {op.id} of type ai.graphcore.{op.type}:1']
     lines.append("  inputs: " + ", ".join(_tensor_text(t) for t in op.inputs))
     lines.append("  outputs: " + ", ".join(_tensor_text(t) for t in op.outputs))
-    for key, value in op_record(op)["attributes"].items():
+    for key, value in op_record(op, scope)["attributes"].items():
         if key != _OUTLINE:
             lines.append(f"  {key}: {value}")
     for key, value in (op.hints.get(_OUTLINE) or {}).items():
@@ -77,21 +79,41 @@ def _tensor_text(t: popxl.Tensor) -> str:
 
 def step_ops(graph: popxl.Graph, program_level: bool = True) -> list[Op]:
     """The ops ``graph`` runs, with calls inlined (and, at the program level, its loops)."""
-    found: list[Op] = []
+    return [op for _, op in placed_ops(graph, program_level)]
+
+
+Frame = tuple[tuple[str, ...], tuple[str, ...]]
+
+
+def placed_ops(
+    graph: popxl.Graph, program_level: bool = True, frame: Frame = ((), ())
+) -> list[tuple[tuple[str, ...], Op]]:
+    """``step_ops`` with each op's name scope where it runs: ``frame`` is the enclosing
+    call's scope (with the module path of a ``torch.nn`` block it runs, ``MODULE_PATH``)
+    and the scope its graph was built under."""
+    found: list[tuple[tuple[str, ...], Op]] = []
     for op in graph._ops:
-        if op.type == _CALL:
-            for called in op.called_graphs:
-                found.extend(step_ops(called, program_level=False))
-        elif op.type == _LOOP and program_level:
-            for called in op.called_graphs:
-                found.extend(step_ops(called, program_level=True))
-        else:
-            found.append(op)
+        scope = _placed(op.scope, frame)
+        inline = op.type == _CALL or (op.type == _LOOP and program_level)
+        if not inline:
+            found.append((scope, op))
+            continue
+        path = op.hints.get(MODULE_PATH)
+        inner = ((*scope, path) if path else scope, op.scope)
+        for called in op.called_graphs:
+            found.extend(placed_ops(called, program_level and op.type == _LOOP, inner))
     return found
 
 
-def op_record(op: Op) -> dict[str, Any]:
-    """One op as PopART serialized it."""
+def _placed(scope: tuple[str, ...], frame: Frame) -> tuple[str, ...]:
+    placed_at, built_under = frame
+    if scope[: len(built_under)] == built_under:
+        scope = scope[len(built_under) :]
+    return (*placed_at, *scope)
+
+
+def op_record(op: Op, scope: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """One op as PopART serialized it (named under ``scope``, by default its own)."""
     attributes: dict[str, str] = {}
     for key, value in [*op.attrs.items(), *op.hints.items()]:
         if _is_records(value):  # one record per part (MultiConv's convolutions): per field
@@ -101,22 +123,23 @@ def op_record(op: Op) -> dict[str, Any]:
             attributes[key] = _text(value)
     return {
         "type": op.type,
-        "name": op_name(op),
+        "name": op_name(op, scope),
         "attributes": attributes,
         "inputs": [_tensor_record(t) for t in op.inputs],
         "outputs": [_tensor_record(t) for t in op.outputs],
     }
 
 
-def op_name(op: Op) -> str:
+def op_name(op: Op, scope: tuple[str, ...] | None = None) -> str:
     """``scope/Type``: the name scope with torch's dotted module paths split on ``/``; an
     in-place variant is named after its out-of-place type with ``:InPlace``."""
     base, suffix = op.type, ""
     key = op.opdef.key
     if op.opdef.is_inplace and key.endswith("_") and key[:-1] in REGISTRY:
         base, suffix = REGISTRY[key[:-1]].type, ":InPlace"
-    scope = "/".join(part.replace(".", "/") for part in op.scope if part)
-    return f"{scope}/{base}{suffix}" if scope else f"{base}{suffix}"
+    parts = op.scope if scope is None else scope
+    prefix = "/".join(part.replace(".", "/") for part in parts if part)
+    return f"{prefix}/{base}{suffix}" if prefix else f"{base}{suffix}"
 
 
 def _tensor_record(t: popxl.Tensor) -> dict[str, str]:

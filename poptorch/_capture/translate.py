@@ -31,6 +31,7 @@ from popxl_addons.variable_factory import NamedVariableFactories, VariableFactor
 from .._aten import TABLE
 from .._aten._registry import NodeContext, describe_node, popxl_dtype
 from .._fx import args_of, node_arg
+from .._popart_ir import MODULE_PATH
 from .._scopes import ATTRIBUTE_KEY, NAME_SCOPE_KEY
 from ..blocks import BLOCK_KEY, current_recorder, mark_node_block
 from . import control
@@ -246,7 +247,12 @@ class Translator:
         inputs = [self.env[n] for n in tensors_arg]
         if sub.needs_seed:
             inputs.append(self.next_seed())
-        return tuple(ops.call(sub.graph, *inputs))
+        outputs = tuple(ops.call(sub.graph, *inputs))
+        call_op = popxl.gcg()._ops[-1]
+        path = _scope_of(node)
+        if path and call_op.type == "Call":  # for op names: the block this call runs
+            call_op.hints[MODULE_PATH] = path
+        return outputs
 
     # ---- outputs ----------------------------------------------------------------------
 

@@ -215,3 +215,23 @@ def test_legacy_constructors_in_forward_are_refused_but_factories_work():
         poptorch.inferenceModel(Legacy()).compile(torch.rand(4))
     x = torch.arange(4.0)
     assert torch.equal(poptorch.inferenceModel(Factories())(x), torch.tensor([12.0, 22.0]))
+
+
+def test_ops_of_a_repeated_block_are_named_after_each_block_s_path():
+    class Stack(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = torch.relu(layer(x))
+            return x
+
+    torch.manual_seed(0)
+    model = Stack()
+    x = torch.randn(2, 4)
+    pm = poptorch.inferenceModel(model, poptorch.Options().modelName("net"))
+    torch.testing.assert_close(pm(x), model(x), rtol=1e-5, atol=1e-5)
+    matmuls = [op["name"] for op in _ops(pm) if op["type"] == "MatMul"]
+    assert matmuls == [f"net/layers/{k}/MatMul" for k in range(3)]
