@@ -9,6 +9,7 @@ shown by ``_debugGetPopartIR`` and PopART's log). Outside a capture both do noth
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 NAME_SCOPE_KEY = "poptorch_name_scope"
@@ -55,8 +56,49 @@ class _Annotating(contextlib.AbstractContextManager):
             stack.close()
 
 
+# The modules whose ``forward`` is running while a model is captured, and that model: a
+# name scope's depth is its place among them (the model is depth 1), so it knows where it
+# sits among the module paths.
+_RUNNING: list[Any] = []
+_ROOT: list[Any] = []
+
+
+@contextlib.contextmanager
+def tracking_module_depth(model: Any) -> Iterator[None]:
+    """While active (a capture of ``model``), keep the stack of running modules."""
+    from torch.nn.modules import module as torch_module  # noqa: PLC0415
+
+    def enter(module: Any, *_: Any) -> None:
+        _RUNNING.append(module)
+
+    def leave(module: Any, *_: Any) -> None:
+        if _RUNNING and _RUNNING[-1] is module:
+            _RUNNING.pop()
+
+    saved = (list(_RUNNING), list(_ROOT))
+    _RUNNING.clear()
+    _ROOT[:] = [model]
+    pre = torch_module.register_module_forward_pre_hook(enter)
+    post = torch_module.register_module_forward_hook(leave, always_call=True)
+    try:
+        yield
+    finally:
+        pre.remove()
+        post.remove()
+        _RUNNING[:], _ROOT[:] = saved
+
+
+def _depth() -> int:
+    """How many modules, the captured model first, run the current ``forward``."""
+    for i, module in enumerate(_RUNNING):
+        if _ROOT and module is _ROOT[0]:
+            return len(_RUNNING) - i
+    return 1
+
+
 class NameScope(_Annotating):
-    """Name the ops created in this scope ``name/...`` (after the torch module path).
+    """Name the ops created in this scope ``name/...``, after the path of the module whose
+    ``forward`` opens it and before the paths of the modules called inside.
 
     >>> with poptorch.NameScope("attention"):  # doctest: +SKIP
     ...     y = x @ w
@@ -70,7 +112,7 @@ class NameScope(_Annotating):
 
     def _value(self) -> tuple[str, Any]:
         outer = _annotation(NAME_SCOPE_KEY) or ()
-        return NAME_SCOPE_KEY, (*outer, self.name)
+        return NAME_SCOPE_KEY, (*outer, (self.name, _depth()))
 
 
 class Attribute(_Annotating):
@@ -96,6 +138,31 @@ class Attribute(_Annotating):
                 {str(k): str(v) for k, v in values.items()}
             )
         return ATTRIBUTE_KEY, merged
+
+
+def scope_path(module_paths: list[str], name_scopes: tuple[tuple[str, int], ...]) -> str:
+    """The name scope of a captured node: the path of the innermost module it runs in
+    (torch's dotted path, the root's ``""`` first in ``module_paths``), with each
+    ``NameScope`` placed after the module whose ``forward`` opened it (its ``depth``):
+    ``layer1/attention/0`` for a scope ``attention`` opened in ``layer1`` around ``layer1.0``."""
+    parts: list[str] = []
+    start = ""  # where the current run of module path starts
+    for level, path in enumerate(module_paths or [""]):
+        opened = [name for name, depth in name_scopes if depth == level + 1]
+        if opened:
+            parts.append(_relative(path, start))
+            parts.extend(opened)
+            start = path
+    last = module_paths[-1] if module_paths else ""
+    parts.append(_relative(last, start))
+    parts.extend(name for name, depth in name_scopes if depth > max(len(module_paths), 1))
+    return "/".join(p for p in parts if p)
+
+
+def _relative(path: str, start: str) -> str:
+    if not start:
+        return path
+    return path[len(start) + 1 :] if path.startswith(start + ".") else ""
 
 
 def _unmangled(name: str) -> str:

@@ -145,7 +145,7 @@ class Options(_Base):
         False, description=_no_effect("optimizer attributes are checked as given.")
     )
     module_namescope_enabled: bool = Field(
-        True, description=_no_effect("captured ops carry no module name scopes.")
+        True, description="Name captured ops (and their tensors) after their torch module paths."
     )
     strategy: Strategy = Field(
         default_factory=PipelinedExecution,
@@ -458,7 +458,8 @@ class Options(_Base):
         return self
 
     def disableModuleNamescope(self) -> Options:  # noqa: N802
-        """Accepted without effect here: captured ops carry no module name scopes."""
+        """Do not name captured ops and tensors after their torch module paths
+        (``poptorch.NameScope`` names still apply)."""
         self.module_namescope_enabled = False
         return self
 

@@ -113,9 +113,7 @@ def _multiconv_of(node: Node) -> tuple | None:
 def claims(translator: Translator, node: Node) -> bool:
     """Whether this module lowers ``node`` (a region's start, or a node it lowered)."""
     return (
-        node.target in _STARTS
-        or node in _state(translator).done
-        or _multiconv_of(node) is not None
+        node.target in _STARTS or node in _state(translator).done or _multiconv_of(node) is not None
     )
 
 
@@ -198,7 +196,7 @@ def _lower_body(
     """Lower ``nodes`` into a new subgraph. Its inputs are first one per ``carried`` tensor
     (of its spec; together the value of the node ``carrier``), then one per outer tensor the
     nodes use."""
-    from .translate import _null, _scope_of  # noqa: PLC0415 (translate imports this module)
+    from .translate import _null  # noqa: PLC0415 (translate imports this module)
 
     members = set(nodes)
     used = [n for node in nodes for a in (*node.args, *node.kwargs.values()) for n in _nodes_in(a)]
@@ -221,7 +219,7 @@ def _lower_body(
                 env[node] = _capture(outer_env.get(node), closures)
             translator.env = env
             for node in nodes:
-                scope = _scope_of(node)
+                scope = translator.scope_of(node)
                 with popxl.name_scope(scope) if scope else _null():
                     env[node] = translator._lower(node)
             for i, node in enumerate(outputs):
@@ -290,8 +288,7 @@ def _lower_for_loop(translator: Translator, start: Node) -> tuple:
     outer_inputs = [translator.env[n] for n in args_of(start)[0]]
     outputs = list(args_of(end)[0])
     count = int(args_of(end)[2])
-    body = _lower_body(
-        translator, "for_loop", nodes, outputs, outer_inputs, start)
+    body = _lower_body(translator, "for_loop", nodes, outputs, outer_inputs, start)
     if body.seed is not None:
         raise NotImplementedError(RANDOM_LOOP_MSG)
     results = body.graph.outputs
@@ -322,7 +319,9 @@ def _lower_cond(translator: Translator, start: Node) -> popxl.Tensor:
     else_body = _lower_body(translator, "else_body", else_nodes, list(args_of(end)[1]))
     for i, (a, b) in enumerate(zip(then_body.graph.outputs, else_body.graph.outputs)):
         if _spec(a) != _spec(b):
-            raise Error(BRANCH_OUTPUTS_MSG.format(index=i, a=_spec(a), b=_spec(b)), "poptorch_py_error")
+            raise Error(
+                BRANCH_OUTPUTS_MSG.format(index=i, a=_spec(a), b=_spec(b)), "poptorch_py_error"
+            )
     results = ops.conditional(
         condition,
         then_body.graph,

@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 from .. import _state
 from .. import blocks as blocks_api
 from .._aten import PRESERVED
+from .._scopes import tracking_module_depth
 from ..errors import Error
 from .blocks import Block, NotABlock, as_blocks, find_groups
 from .cpu_tensors import refuse_legacy_constructors
@@ -110,6 +111,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
         fx_traceback.preserve_node_meta(),
         blocks_api.capturing(),
         refuse_legacy_constructors(model),
+        tracking_module_depth(model),
     ):
         # torch's own deprecation notices while tracing are not the user's concern.
         warnings.simplefilter("ignore", FutureWarning)

@@ -32,7 +32,7 @@ from .._aten import TABLE
 from .._aten._registry import NodeContext, describe_node, popxl_dtype
 from .._fx import args_of, node_arg
 from .._popart_ir import MODULE_PATH
-from .._scopes import ATTRIBUTE_KEY, NAME_SCOPE_KEY
+from .._scopes import ATTRIBUTE_KEY, NAME_SCOPE_KEY, scope_path
 from ..blocks import BLOCK_KEY, current_recorder, mark_node_block
 from . import control
 from .blocks import is_block_node
@@ -225,12 +225,18 @@ class Translator:
                     block = annotation
                 # A block call is built outside the block's scope: its subgraph is shared
                 # by every child of the group, whatever their paths.
-                scope = "" if is_block_node(node.target) else _scope_of(node)
+                scope = "" if is_block_node(node.target) else self.scope_of(node)
                 graph_ops = popxl.gcg()._ops
                 first = len(graph_ops)
                 with popxl.name_scope(scope) if scope else _null():
                     self.env[node] = self._lower(node)
                 _attach_attributes(node, graph_ops[first:])
+
+    def scope_of(self, node: torch.fx.Node) -> str:
+        """The name scope of ``node``'s ops: its module path (unless the options disable
+        module name scopes), then the ``poptorch.NameScope`` names around it."""
+        modules = getattr(self.options, "module_namescope_enabled", True)
+        return _scope_of(node, modules)
 
     # ---- blocks -----------------------------------------------------------------------
 
@@ -249,7 +255,7 @@ class Translator:
             inputs.append(self.next_seed())
         outputs = tuple(ops.call(sub.graph, *inputs))
         call_op = popxl.gcg()._ops[-1]
-        path = _scope_of(node)
+        path = self.scope_of(node)
         if path and call_op.type == "Call":  # for op names: the block this call runs
             call_op.hints[MODULE_PATH] = path
         return outputs
@@ -360,12 +366,14 @@ class _null:
         return None
 
 
-def _scope_of(node: torch.fx.Node) -> str:
-    """The node's torch module path, then the ``poptorch.NameScope`` names around it."""
+def _scope_of(node: torch.fx.Node, modules: bool = True) -> str:
+    """The node's torch module path (if ``modules``), then the ``poptorch.NameScope`` names
+    around it."""
     stack = node.meta.get("nn_module_stack") or {}
-    parts = [list(stack.values())[-1][0]] if stack else []
-    parts += (node.meta.get("custom") or {}).get(NAME_SCOPE_KEY, ())
-    return "/".join(p for p in parts if p)
+    scopes = (node.meta.get("custom") or {}).get(NAME_SCOPE_KEY, ())
+    if not modules:
+        return "/".join(name for name, _ in scopes)
+    return scope_path([path for path, _ in stack.values()], scopes)
 
 
 def _attach_attributes(node: torch.fx.Node, created: list[Op]) -> None:

@@ -86,7 +86,7 @@ def test_op_names_follow_torch_module_paths_and_name_scopes():
     assert "layer1/0/Conv" in names
     assert "layer1/1/MaxPool" in names
     assert "layer1/2/Relu" in names
-    assert "layer2/head/logits/MatMul" in names
+    assert "head/logits/layer2/MatMul" in names
     assert "head/logits/Mul" in names
     compact = pm._debugGetPopartIR()
     assert '"name":"layer1/0/Conv"' in compact  # PopART's compact JSON
@@ -235,3 +235,59 @@ def test_ops_of_a_repeated_block_are_named_after_each_block_s_path():
     torch.testing.assert_close(pm(x), model(x), rtol=1e-5, atol=1e-5)
     matmuls = [op["name"] for op in _ops(pm) if op["type"] == "MatMul"]
     assert matmuls == [f"net/layers/{k}/MatMul" for k in range(3)]
+
+
+def test_disabling_module_name_scopes_keeps_only_name_scopes():
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with poptorch.NameScope("scaled"):
+                return self.body(x) * 2.0
+
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(2, 3)
+    names = {}
+    for enabled in (True, False):
+        opts = poptorch.Options()
+        if not enabled:
+            opts.disableModuleNamescope()
+        pm = poptorch.inferenceModel(model, opts)
+        torch.testing.assert_close(pm(x), model(x), rtol=1e-5, atol=1e-5)
+        names[enabled] = {op["type"]: op["name"] for op in _ops(pm)}
+    assert names[True]["MatMul"] == "scaled/body/0/MatMul"
+    assert names[True]["Relu"] == "scaled/body/1/Relu"
+    assert names[False]["MatMul"] == "scaled/MatMul"
+    assert names[False]["Mul"] == "scaled/Mul"
+
+
+def test_a_name_scope_opened_in_a_submodule_sits_after_its_path():
+    class Inner(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with poptorch.NameScope("attention"):
+                return self.proj(x) - 1.0
+
+    class Outer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = Inner()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.block(x) + 1.0
+
+    torch.manual_seed(0)
+    model = Outer()
+    x = torch.randn(2, 3)
+    pm = poptorch.inferenceModel(model)
+    torch.testing.assert_close(pm(x), model(x), rtol=1e-5, atol=1e-5)
+    names = {op["type"]: op["name"] for op in _ops(pm)}
+    assert names["MatMul"] == "block/attention/proj/MatMul"
+    assert names["Sub"] == "block/attention/Sub"
+    assert names["Add"] == "Add"
