@@ -28,10 +28,10 @@ if TYPE_CHECKING:
     from popxl._op import Op
 
 _LOOP = "Loop"
+_CALL = "Call"
 _OUTLINE = "__outline"
 # ``Op.hints`` key of a call running a ``torch.nn`` block: the block's module path.
 MODULE_PATH = "module_path"
-_CALL = "Call"
 
 
 def popart_ir_json(ir: popxl.Ir) -> str:
@@ -77,20 +77,16 @@ def _tensor_text(t: popxl.Tensor) -> str:
     return f"{t.name} {t.dtype.name}{list(t.shape)}"
 
 
-def step_ops(graph: popxl.Graph, program_level: bool = True) -> list[Op]:
-    """The ops ``graph`` runs, with calls inlined (and, at the program level, its loops)."""
-    return [op for _, op in placed_ops(graph, program_level)]
-
-
 Frame = tuple[tuple[str, ...], tuple[str, ...]]
 
 
 def placed_ops(
     graph: popxl.Graph, program_level: bool = True, frame: Frame = ((), ())
 ) -> list[tuple[tuple[str, ...], Op]]:
-    """``step_ops`` with each op's name scope where it runs: ``frame`` is the enclosing
-    call's scope (with the module path of a ``torch.nn`` block it runs, ``MODULE_PATH``)
-    and the scope its graph was built under."""
+    """The ops ``graph`` runs, with calls inlined (and, at the program level, its loops),
+    each with its name scope where it runs. ``frame`` is the enclosing call's scope (with the
+    module path of the ``torch.nn`` block it runs, ``MODULE_PATH``) and the scope its graph
+    was built under."""
     found: list[tuple[tuple[str, ...], Op]] = []
     for op in graph._ops:
         scope = _placed(op.scope, frame)
