@@ -29,7 +29,7 @@ from torch.utils import _pytree as pytree
 
 import popxl
 
-from . import _args
+from . import _args, _log
 from ._aten._registry import popxl_dtype, torch_dtype
 from ._capture.export import capture
 from ._capture.model import CapturedModel
@@ -40,6 +40,11 @@ from .executor import NEVER_MSG, PoplarExecutor
 from .options import Options
 
 logger = logging.getLogger("poptorch")
+
+REQUIRES_GRAD_MSG = (
+    "Input tensor has requires_grad=True set. This tensor will be detached because backward "
+    "pass via inputs is not supported."
+)
 
 NOT_OPTIONS_MSG = "Invalid type: 'options' is of type {got} (Expected poptorch.Options)"
 ALREADY_WRAPPED_MSG = (
@@ -172,13 +177,15 @@ class TorchExecutor(PoplarExecutor):
         self._check_batch(tensors)
         per_call = self._per_call()
         micro = _args.CallArgs(
-            [_args._map_tensors(a, lambda t: _micro(t, per_call)) for a in call.args],
+            [_args._map_tensors(a, lambda t: _micro(t, per_call).detach()) for a in call.args],
             call.names,
             {
-                k: _args._map_tensors(v, lambda t: _micro(t, per_call))
+                k: _args._map_tensors(v, lambda t: _micro(t, per_call).detach())
                 for k, v in call.kwargs.items()
             },
         )
+        if any(t.requires_grad for t in tensors):
+            _log.logger.warning(REQUIRES_GRAD_MSG)
         with _unwrapped(self._user_model):
             captured = capture(self._torch_model, tuple(micro.args), dict(micro.kwargs))
             self._captured = CapturedModel(

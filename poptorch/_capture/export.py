@@ -9,6 +9,7 @@ Identical repeated children are captured once each (``blocks``).
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -211,11 +212,29 @@ def _capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Capture:
     except Error:
         raise
     except Exception as error:
+        if _raised_by_model_code(error):
+            raise  # the model's own error, as running it in torch raises it (as PopTorch did)
         reason = _first_line(error)
         message = EXPORT_FAILED_MSG.format(
             cls=type(model).__name__, reason=reason, hint=_hint(str(error))
         )
         raise Error(message, "poptorch", "capture") from error
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def _raised_by_model_code(error: BaseException) -> bool:
+    """Whether ``error`` is an ordinary exception raised in the model's own code (a frame
+    outside torch), rather than one of torch.export's limitations."""
+    if type(error).__module__.split(".")[0] == "torch":
+        return False
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_TORCH_DIR)
 
 
 def _capture_with_blocks(

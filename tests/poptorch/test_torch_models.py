@@ -35,7 +35,10 @@ class Stack(torch.nn.Module):
     def __init__(self, n: int) -> None:
         super().__init__()
         self.layers = torch.nn.ModuleList(
-            [torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True) for _ in range(n)]
+            [
+                torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+                for _ in range(n)
+            ]
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -216,6 +219,29 @@ def test_unexportable_model_gets_torchs_reason_and_a_hint():
         poptorch.inferenceModel(DataDependent())(torch.ones(2))
     assert "could not capture DataDependent.forward" in str(info.value)
     assert "What to change" in str(info.value)
+
+
+def test_errors_raised_by_the_model_itself_reach_the_caller_unchanged():
+    """As running the model in torch would raise them (PopTorch's op harness compares the two)."""
+
+    class Checks(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[0] != 3:
+                raise ValueError("Checks expects 3 rows")
+            return x
+
+    with pytest.raises(ValueError, match="^Checks expects 3 rows$"):
+        poptorch.inferenceModel(Checks())(torch.ones(2))
+
+
+def test_inputs_requiring_grad_are_detached_with_poptorchs_warning(capfd):
+    model = poptorch.inferenceModel(torch.nn.Linear(1, 1))
+    out = model(torch.tensor([0.5], requires_grad=True))
+    assert not out.requires_grad
+    printed = capfd.readouterr()
+    assert "Input tensor has requires_grad=True set. This tensor will be detached" in (
+        printed.out + printed.err
+    )
 
 
 def test_begin_block_places_layers_in_pipeline_stages():
