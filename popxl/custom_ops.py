@@ -216,13 +216,22 @@ def _with_vjp(op: CustomOp, attrs_items: tuple) -> Callable[..., Any]:
             grads = (grads,)
         if len(grads) != len(xs):
             raise ValueError(VJP_COUNT_MSG.format(op=op.qualname, got=len(grads), want=len(xs)))
-        return tuple(_grad_or_zero(g, x) for g, x in zip(grads, xs))
+        return tuple(_grad_or_zero(g, x, op.qualname, i) for i, (g, x) in enumerate(zip(grads, xs)))
 
     fn.defvjp(fwd, bwd)
     return fn
 
 
-def _grad_or_zero(g: Any, x: Any) -> Any:
+GRAD_SHAPE_MSG = (
+    "custom op {op}: the vjp's gradient for input {index} has shape {got}, which is neither "
+    "the input's shape {want} nor a shape the input broadcasts to. Return a gradient of the "
+    "input's shape."
+)
+
+
+def _grad_or_zero(g: Any, x: Any, op: str, index: int) -> Any:
+    """The gradient the vjp returned for input ``x``: zeros for None (and float0 for integer
+    inputs); a gradient of a broadcast shape is summed back to the input's shape."""
     jnp = jax.numpy
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         import numpy as np  # noqa: PLC0415
@@ -230,7 +239,17 @@ def _grad_or_zero(g: Any, x: Any) -> Any:
         return np.zeros(x.shape, jax.dtypes.float0)
     if g is None:
         return jnp.zeros_like(x)
-    return jnp.asarray(g, x.dtype).reshape(x.shape)
+    g = jnp.asarray(g, x.dtype)
+    if g.shape == x.shape:
+        return g
+    if g.size == x.size:
+        return g.reshape(x.shape)
+    lead = g.ndim - x.ndim
+    padded = (1,) * lead + tuple(x.shape)
+    if lead < 0 or any(p not in (1, d) for p, d in zip(padded, g.shape)):
+        raise ValueError(GRAD_SHAPE_MSG.format(op=op, index=index, got=g.shape, want=x.shape))
+    axes = tuple(i for i, (p, d) in enumerate(zip(padded, g.shape)) if p == 1 and d != 1)
+    return g.sum(axis=axes, keepdims=True).reshape(x.shape) if axes else g.reshape(x.shape)
 
 
 # The registry -------------------------------------------------------------------------------

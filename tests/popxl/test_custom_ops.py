@@ -226,3 +226,30 @@ def test_registry_errors(leaky):
         custom_ops.register("G", _leaky, domain=DOMAIN, attributes={"body": "Graph"})
     replaced = custom_ops.register("LeakyRelu", _leaky, domain=DOMAIN, replace=True)
     assert custom_ops.get("LeakyRelu", DOMAIN) is replaced
+
+
+def test_vjp_gradient_of_a_broadcast_input_is_summed_to_its_shape():
+    def add_bias(x, b):
+        return x + b
+
+    def add_bias_vjp(inputs, output, grad):  # the output-shaped gradient for the bias too
+        return grad, grad
+
+    op = custom_ops.register("AddBias", add_bias, domain=DOMAIN, vjp=add_bias_vjp)
+    try:
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        b = np.array([1.0, 2.0, 3.0], np.float32)
+        ir = popxl.Ir()
+        with ir.main_graph:
+            xv, bv = popxl.variable(x, name="x"), popxl.variable(b, name="b")
+            graph = ir.create_graph(lambda a, c: op(a, c), xv, bv)
+            info = ops.call_with_info(graph, xv, bv)
+            grad = transforms.autodiff(graph)
+            seed = popxl.constant(np.full((2, 3), 2.0, np.float32))
+            dx, db = ops.call(grad.graph, seed, inputs_dict=grad.inputs_dict(info))
+        y, gx, gb = _run(ir, *info.outputs, dx, db)
+        np.testing.assert_allclose(y, x + b)
+        np.testing.assert_allclose(gx, np.full((2, 3), 2.0))
+        np.testing.assert_allclose(gb, np.full(3, 4.0))  # summed over the broadcast rows
+    finally:
+        custom_ops.unregister("AddBias", DOMAIN)
