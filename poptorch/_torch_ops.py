@@ -406,3 +406,27 @@ def _ctc_fake(
         torch.empty((batch, top_paths), dtype=torch.int32),
         torch.empty((batch, top_paths, steps), dtype=torch.int32),
     )
+
+
+# bincount: on the IPU the output length is fixed when compiling. PopTorch required
+# ``minlength`` and made it the maximum length too (values >= minlength are not counted).
+
+
+def _bincount_dtype(weights: torch.Tensor | None) -> torch.dtype:
+    """torch.bincount's result dtype: int64 counts, float32 sums of float32 weights, else
+    float64 sums."""
+    if weights is None:
+        return torch.int64
+    return torch.float32 if weights.dtype == torch.float32 else torch.float64
+
+
+@torch.library.custom_op("poptorch::bincount", mutates_args=())
+def bincount(x: torch.Tensor, weights: torch.Tensor | None, minlength: int) -> torch.Tensor:
+    kept = x < minlength
+    w = None if weights is None else weights[kept]
+    return torch.bincount(x[kept], w, minlength).to(_bincount_dtype(weights))
+
+
+@bincount.register_fake
+def _(x: torch.Tensor, weights: torch.Tensor | None, minlength: int) -> torch.Tensor:
+    return x.new_empty((minlength,), dtype=_bincount_dtype(weights))

@@ -177,7 +177,9 @@ def _edges(n: int, fmt: dict[str, Any], summarise: bool) -> list[int | None]:
     return [*range(k), None, *range(n - k, n)]
 
 
-def _render(a: np.ndarray, texts: dict, index: tuple, depth: int, fmt: dict, summarise: bool) -> str:
+def _render(
+    a: np.ndarray, texts: dict, index: tuple, depth: int, fmt: dict, summarise: bool
+) -> str:
     open_, close, sep = fmt["open_bracket"], fmt["close_bracket"], fmt["separator"]
     axis = len(index)
     picks = _edges(a.shape[axis], fmt, summarise)
@@ -273,7 +275,9 @@ def _host_call(*arrays: Any, cpu_id: str, token: int, _out: tuple) -> tuple:
         outs = _torch_ops.CPU_CALLBACKS[token](*(torch.from_numpy(np.array(v)) for v in values))
         outs = outs if isinstance(outs, (tuple, list)) else [outs]
         if len(outs) != len(dtypes):
-            raise ValueError(f"poptorch.CPU({cpu_id!r}) returned {len(outs)} tensors, not {len(dtypes)}.")
+            raise ValueError(
+                f"poptorch.CPU({cpu_id!r}) returned {len(outs)} tensors, not {len(dtypes)}."
+            )
         return tuple(
             np.asarray(o.detach().cpu().numpy(), dt).reshape(r.shape)
             for o, dt, r in zip(outs, dtypes, results)
@@ -295,8 +299,7 @@ CPU_INFERENCE_MSG = (
     "host function outside the model, or use an inferenceModel."
 )
 CPU_ID_MSG = (
-    "Two different poptorch.CPU callables share the ID {id!r} in one model; give each its "
-    "own ID."
+    "Two different poptorch.CPU callables share the ID {id!r} in one model; give each its own ID."
 )
 _CPU_IDS: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
 
@@ -345,7 +348,9 @@ def _lower_custom_operation(
     given = [f"{d}{tuple(s)}" for s, d in _popxl_specs(out_specs)]
     inferred = [f"{t.dtype.name}{t.shape}" for t in outs]
     if given != inferred:
-        raise ValueError(EXAMPLE_MISMATCH_MSG.format(op=op.qualname, given=given, inferred=inferred))
+        raise ValueError(
+            EXAMPLE_MISMATCH_MSG.format(op=op.qualname, given=given, inferred=inferred)
+        )
     return tuple(outs)
 
 
@@ -442,7 +447,9 @@ def _ints(values: Any, n: int) -> tuple[int, ...]:
     return tuple(values * n if len(values) == 1 and n > 1 else values)
 
 
-def multi_conv(args: list[list[Any]], dtypes: list[popxl.dtype], options: dict) -> list[popxl.Tensor]:
+def multi_conv(
+    args: list[list[Any]], dtypes: list[popxl.dtype], options: dict
+) -> list[popxl.Tensor]:
     """One ``MultiConv`` op for the ``aten.convolution`` calls ``args`` (their arguments, with
     popxl tensors), with output dtypes ``dtypes``; ``options`` go to ``Op.hints``."""
     inputs: list[popxl.Tensor] = []
@@ -451,7 +458,9 @@ def multi_conv(args: list[list[Any]], dtypes: list[popxl.dtype], options: dict) 
         n = x.rank - 2
         x = x if x.dtype == dtype else ops.cast(x, dtype)
         w = w if w.dtype == dtype else ops.cast(w, dtype)
-        inputs += [x, w] + ([b if b.dtype == dtype else ops.cast(b, dtype)] if b is not None else [])
+        inputs += [x, w] + (
+            [b if b.dtype == dtype else ops.cast(b, dtype)] if b is not None else []
+        )
         convs.append(
             (
                 ("stride", _ints(stride, n)),
@@ -526,7 +535,11 @@ def _ctc_item(lp: Any, length: Any, *, blank: int, beam_width: int, top_paths: i
             jnp.where(is_ext, label, last[beam]),
             jnp.where(is_ext, neg, stay_pb[beam]),
             jnp.where(is_ext, ext.reshape(-1)[jnp.maximum(pick - width, 0)], stay_pnb[beam]),
-            jnp.where(is_ext[None], ext_hash.reshape(2, -1)[:, jnp.maximum(pick - width, 0)], hashes[:, beam]),
+            jnp.where(
+                is_ext[None],
+                ext_hash.reshape(2, -1)[:, jnp.maximum(pick - width, 0)],
+                hashes[:, beam],
+            ),
         )
         return jax.tree_util.tree_map(lambda a, b: jnp.where(t < length, a, b), new, s)
 
@@ -606,3 +619,21 @@ def _op_json(op: Any) -> dict:
         "outputs": [tensor(t) for t in op.outputs],
         "attributes": {k: str(v) for k, v in op.attrs.items() if k not in ("graphs", "recipe")},
     }
+
+
+def _bincount(x: Any, *weights: Any, length: int) -> Any:
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    w = weights[0] if weights else None
+    return jnp.bincount(x, w, length=length)  # values >= length are dropped, as on the IPU
+
+
+@lowering(torch.ops.poptorch.bincount.default)
+def _lower_bincount(
+    ctx: NodeContext, x: popxl.Tensor, weights: popxl.Tensor | None, minlength: int
+) -> popxl.Tensor:
+    x = ctx.tensor(x, popxl.int32)
+    if weights is None:
+        return ctx.jax("poptorch::bincount", _bincount, x, nondiff=(0,), length=minlength)
+    w = ctx.tensor(weights, ctx.out_dtype)
+    return ctx.jax("poptorch::bincount", _bincount, x, w, nondiff=(0,), length=minlength)

@@ -26,6 +26,7 @@ from .._scopes import tracking_module_depth
 from ..errors import Error
 from .blocks import Block, NotABlock, as_blocks, find_groups
 from .cpu_tensors import refuse_legacy_constructors
+from .redirects import Redirects
 
 EXPORT_FAILED_MSG = (
     "poptorch could not capture {cls}.forward with torch.export:\n  {reason}\n"
@@ -112,6 +113,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
         fx_traceback.preserve_node_meta(),
         blocks_api.capturing(),
         refuse_legacy_constructors(model),
+        Redirects(),
         tracking_module_depth(model),
     ):
         # torch's own deprecation notices while tracing are not the user's concern.

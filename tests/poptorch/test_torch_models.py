@@ -261,3 +261,21 @@ def test_begin_block_places_layers_in_pipeline_stages():
     (sum(losses) / len(losses)).backward()
     opt.step()
     torch.testing.assert_close(model.net.fc2.weight, reference.net.fc2.weight, rtol=1e-4, atol=1e-5)
+
+
+def test_bincount_needs_minlength_and_drops_larger_values():
+    class Count(torch.nn.Module):
+        def __init__(self, minlength: int | None) -> None:
+            super().__init__()
+            self.minlength = minlength
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.minlength is None:
+                return torch.bincount(x)
+            return torch.bincount(x, minlength=self.minlength)
+
+    x = torch.tensor([0, 2, 2, 7, 4])
+    out = poptorch.inferenceModel(Count(5))(x)
+    assert out.tolist() == [1, 0, 2, 0, 1]  # 7 >= minlength is not counted (the IPU's rule)
+    with pytest.raises(poptorch.Error, match="Bincount `minlength` must be specified"):
+        poptorch.inferenceModel(Count(None))(x)

@@ -18,6 +18,23 @@ def _randn(*shape: int) -> torch.Tensor:
 
 
 CASES = [
+    # torch.bincount with minlength: a fixed-length count (redirected while capturing).
+    Case(
+        "bincount_minlength",
+        lambda x: torch.bincount(x, minlength=9),
+        lambda: (torch.tensor([0, 3, 3, 8, 1, 0, 3]),),
+        [_OPS.bincount.default],
+        grad=False,
+        half=False,
+    ),
+    Case(
+        "bincount_weights",
+        lambda x, w: x.bincount(w, minlength=6),
+        lambda: (torch.tensor([5, 1, 1, 2, 0]), torch.rand(5)),
+        [_OPS.bincount.default],
+        grad=False,
+        half=False,
+    ),
     Case(
         "identity_loss_sum",
         lambda x: poptorch.identity_loss(x * x, reduction="sum"),
@@ -135,10 +152,12 @@ CASES += [
     ),
     Case(
         "custom_operation_attribute",
-        lambda x: poptorch.custom_op(
-            [x], "LeakyRelu", _CASE_DOMAIN, 1, example_outputs=[x], attributes={"alpha": 0.2}
-        )[0]
-        * 2,
+        lambda x: (
+            poptorch.custom_op(
+                [x], "LeakyRelu", _CASE_DOMAIN, 1, example_outputs=[x], attributes={"alpha": 0.2}
+            )[0]
+            * 2
+        ),
         lambda: (_randn(3, 4),),
         [_OPS.custom_operation.default],
     ),
