@@ -125,6 +125,22 @@ def _lower_softmax(ctx: NodeContext, x: popxl.Tensor, dim: int, half_to_float: b
     return ops.softmax(x, dim) if x.rank else ops.identity(ctx.tensor(1.0))
 
 
+def _safe_softmax(x: Any, *, axis: int) -> Any:
+    masked = jnp.all(x == -jnp.inf, axis=axis, keepdims=True)
+    out = jax.nn.softmax(jnp.where(masked, 0.0, x), axis=axis)
+    return jnp.where(masked, 0.0, out)
+
+
+@lowering(aten._safe_softmax.default, preserve=True)
+def _lower_safe_softmax(ctx: NodeContext, x: popxl.Tensor, dim: int, dtype: Any = None) -> Any:
+    """Softmax with rows that are all ``-inf`` (fully masked attention) giving zeros, as one
+    op (attention's decomposition otherwise spends four extra passes on the mask)."""
+    x = ctx.tensor(x, ctx.out_dtype)
+    if not x.rank:
+        return ops.identity(ctx.tensor(1.0))
+    return ctx.jax("_safe_softmax", _safe_softmax, x, axis=dim % x.rank)
+
+
 @lowering(aten._log_softmax.default)
 def _lower_log_softmax(ctx: NodeContext, x: popxl.Tensor, dim: int, half_to_float: bool) -> Any:
     x = ctx.tensor(x, ctx.out_dtype)

@@ -50,6 +50,10 @@ CASES = [
     _act("mish_large", F.mish, [aten.mish.default], make=_large, half=False),
     _act("softmax", lambda a: F.softmax(a, dim=1), [aten._softmax.default]),
     _act("softmax_dim0", lambda a: F.softmax(a, dim=0), [aten._softmax.default]),
+    # attention: scaled_dot_product_attention's math path uses _safe_softmax (a fully masked
+    # row gives zeros, not NaN)
+    _act("safe_softmax_attention", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), [aten._safe_softmax.default], make=lambda: (_randn(2, 3, 4, 8), _randn(2, 3, 5, 8), _randn(2, 3, 5, 8))),
+    _act("safe_softmax_masked_row", lambda a: torch.ops.aten._safe_softmax(a.masked_fill(torch.arange(5) < 5 * (torch.arange(3)[:, None] == 1), float("-inf")), 1), [aten._safe_softmax.default]),
     _act("softmax_large", lambda a: F.softmax(a, dim=1), [aten._softmax.default], make=_large, half=False),
     _act("softmin", lambda a: F.softmin(a, dim=-1), [aten._softmax.default]),
     _act("softmax_to_float", lambda a: F.softmax(a.half(), dim=1, dtype=torch.float32), [aten._softmax.default], atol=1e-3, rtol=1e-2),
