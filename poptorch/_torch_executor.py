@@ -184,6 +184,10 @@ class TorchExecutor(PoplarExecutor):
                 for k, v in call.kwargs.items()
             },
         )
+        self._example_call = (
+            [_args._map_tensors(a, torch.zeros_like) for a in call.args],
+            {k: _args._map_tensors(v, torch.zeros_like) for k, v in call.kwargs.items()},
+        )
         if any(t.requires_grad for t in tensors):
             _log.logger.warning(REQUIRES_GRAD_MSG)
         with _unwrapped(self._user_model):
@@ -196,6 +200,24 @@ class TorchExecutor(PoplarExecutor):
         self._compiled_call = _args.metadata(call)
         self.copyWeightsToDevice()
         return tensors
+
+    # ---- saving ----------------------------------------------------------------------------
+
+    def _checkpoint(self, export_model: bool) -> dict[str, Any]:
+        """The base checkpoint, plus zero inputs shaped like the compiled call (to capture the
+        model again in ``poptorch.load``) and the torch model and optimiser as the user
+        passed them."""
+        data = super()._checkpoint(export_model)
+        data["torch_call"] = getattr(self, "_example_call", None)
+        data["model"] = self._user_model if export_model else None
+        data["optimizer_object"] = self._optimizer_in if export_model else None
+        data["weights"] = None  # the pickled torch model carries its (host-synchronised) weights
+        return data
+
+    def _compile_from_checkpoint(self, data: dict[str, Any]) -> None:
+        if data.get("torch_call") is not None:
+            args, kwargs = data["torch_call"]
+            self.compile(*args, **kwargs)
 
     # ---- running -------------------------------------------------------------------------
 

@@ -545,8 +545,11 @@ class PoplarExecutor:
         with open(filename, "rb") as f:
             data = pickle.load(f)  # noqa: S301 (files this module wrote)
         if self._built is None:
-            self._compile_from_specs(data["specs"])
+            self._compile_from_checkpoint(data)
         _import_step(self._require_session("loadExecutable"), data["executable"], filename)
+
+    def _compile_from_checkpoint(self, data: dict[str, Any]) -> None:
+        self._compile_from_specs(data["specs"])
 
     def _compile_from_specs(self, specs: Any) -> None:
         per_call = _per_call(self)
@@ -702,9 +705,17 @@ def load(filename: str, edit_opts_fn: Callable[[Options], None] | None = None) -
     if edit_opts_fn is not None:
         edit_opts_fn(options)
     optimizer = data["optimizer_object"]
-    ex = PoplarExecutor(data["model"], options, data["training"], optimizer)
+    if "torch_call" in data:  # a torch.nn model: captured again from the saved module
+        make = trainingModel if data["training"] else inferenceModel
+        ex = (
+            make(data["model"], options, optimizer)
+            if data["training"]
+            else make(data["model"], options)
+        )
+    else:
+        ex = PoplarExecutor(data["model"], options, data["training"], optimizer)
     if data["specs"] is not None:
-        ex._compile_from_specs(data["specs"])
+        ex._compile_from_checkpoint(data)
         if data["weights"] is not None:
             ex.load_state_dict(data["weights"])
         if data["optimizer"] is not None:
