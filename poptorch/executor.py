@@ -706,12 +706,10 @@ def load(filename: str, edit_opts_fn: Callable[[Options], None] | None = None) -
         edit_opts_fn(options)
     optimizer = data["optimizer_object"]
     if "torch_call" in data:  # a torch.nn model: captured again from the saved module
-        make = trainingModel if data["training"] else inferenceModel
-        ex = (
-            make(data["model"], options, optimizer)
-            if data["training"]
-            else make(data["model"], options)
-        )
+        if data["training"]:
+            ex = trainingModel(data["model"], options, optimizer)
+        else:
+            ex = inferenceModel(data["model"], options)
     else:
         ex = PoplarExecutor(data["model"], options, data["training"], optimizer)
     if data["specs"] is not None:
