@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from torch.ops import aten
 
 import popxl
@@ -198,6 +199,12 @@ def _lower_layer_norm(
     return out, _saved_mean(ctx, mean), _rstd(ctx, var, eps, 2)
 
 
+def _strided_groups(ctx: NodeContext) -> bool:
+    options = ctx.options
+    popart = options._Popart.options if options is not None else {}
+    return bool(popart.get("groupNormStridedChannelGrouping", False))
+
+
 @lowering(aten.native_group_norm.default)
 def _lower_group_norm(
     ctx: NodeContext,
@@ -212,13 +219,20 @@ def _lower_group_norm(
 ) -> tuple:
     dtype = _compute_dtype(x, weight, bias)
     c = x.shape[1]
-    out = ops.group_norm(
-        ctx.tensor(x, dtype),
-        _param(ctx, weight, c, 1.0, dtype),
-        _param(ctx, bias, c, 0.0, dtype),
-        int(group),
-        eps=float(eps),
-    )
+    w, b = _param(ctx, weight, c, 1.0, dtype), _param(ctx, bias, c, 0.0, dtype)
+    if _strided_groups(ctx) and int(group) > 1:
+        # PopART's groupNormStridedChannelGrouping: group g holds channels g, g + G, g + 2G...
+        # Normalise the channels reordered group by group, then put them back.
+        per = c // int(group)
+        order = [g + int(group) * k for g in range(int(group)) for k in range(per)]
+        back = ctx.constant(np.argsort(order), popxl.int32)
+        forward = ctx.constant(np.asarray(order), popxl.int32)
+        x = ops.gather(x, forward, axis=1)
+        w, b = ops.gather(w, forward), ops.gather(b, forward)
+        out = ops.group_norm(ctx.tensor(x, dtype), w, b, int(group), eps=float(eps))
+        out = ops.gather(out, back, axis=1)
+    else:
+        out = ops.group_norm(ctx.tensor(x, dtype), w, b, int(group), eps=float(eps))
     out = ctx.tensor(out, ctx.out_dtype)
     if not (ctx.output_used(1) or ctx.output_used(2)):
         return out, None, None

@@ -279,3 +279,24 @@ def test_bincount_needs_minlength_and_drops_larger_values():
     assert out.tolist() == [1, 0, 2, 0, 1]  # 7 >= minlength is not counted (the IPU's rule)
     with pytest.raises(poptorch.Error, match="Bincount `minlength` must be specified"):
         poptorch.inferenceModel(Count(None))(x)
+
+
+def test_group_norm_with_popart_strided_channel_grouping():
+    """``groupNormStridedChannelGrouping``: group g normalises channels g, g + G, ..."""
+    torch.manual_seed(0)
+    norm = torch.nn.GroupNorm(2, 6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, 6))
+        norm.bias.copy_(torch.linspace(-1.0, 1.0, 6))
+    x = torch.randn(3, 6, 4)
+    opts = poptorch.Options()
+    opts._Popart.set("groupNormStridedChannelGrouping", True)
+    out = poptorch.inferenceModel(norm, opts)(x)
+    order = [0, 2, 4, 1, 3, 5]  # channels of group 0, then of group 1
+    back = [order.index(i) for i in range(6)]
+    expected = torch.nn.functional.group_norm(
+        x[:, order], 2, norm.weight[order], norm.bias[order], norm.eps
+    )[:, back]
+    torch.testing.assert_close(out, expected.detach(), rtol=1e-5, atol=1e-5)
+    plain = poptorch.inferenceModel(norm)(x)
+    torch.testing.assert_close(plain, norm(x).detach(), rtol=1e-5, atol=1e-5)
