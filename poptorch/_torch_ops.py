@@ -123,7 +123,8 @@ def dynamic_slice(
     x: torch.Tensor, dim: int, start: torch.Tensor, size: int, step: int
 ) -> torch.Tensor:
     begin = int(start.reshape(-1)[0])
-    return x.narrow(dim, begin, size)[
+    # Sizes the device program refuses (see the record) still run here, as empty slices.
+    return x.narrow(dim, begin, max(size, 0))[
         (slice(None),) * (dim % x.dim()) + (slice(None, None, step),)
     ].clone()
 
@@ -133,7 +134,7 @@ def _dynamic_slice_fake(
     x: torch.Tensor, dim: int, start: torch.Tensor, size: int, step: int
 ) -> torch.Tensor:
     shape = list(x.shape)
-    shape[dim % x.dim()] = (size + step - 1) // step
+    shape[dim % x.dim()] = max(size + step - 1, 0) // step
     return x.new_empty(shape)
 
 
@@ -143,7 +144,7 @@ def dynamic_update(
 ) -> torch.Tensor:
     out = x.clone()
     begin = int(start.reshape(-1)[0])
-    out.narrow(dim, begin, size).copy_(src.narrow(dim, 0, size))
+    out.narrow(dim, begin, max(size, 0)).copy_(src.narrow(dim, 0, max(size, 0)))
     return out
 
 

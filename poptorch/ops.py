@@ -16,6 +16,18 @@ from .errors import Error
 _FLOAT_FORMATS = {"auto": 0, "fixed": 1, "scientific": 2, "none": 3}
 
 
+def _device_dtype(dtype: Any) -> Any:
+    """The dtype a tensor has on the device while the model is captured (64-bit types run
+    as 32-bit ones, as PopTorch converted them); in plain PyTorch, ``dtype`` itself."""
+    import torch  # noqa: PLC0415
+
+    from . import _state  # noqa: PLC0415
+
+    if not _state.TRACING.get():
+        return dtype
+    return {torch.int64: torch.int32, torch.float64: torch.float32}.get(dtype, dtype)
+
+
 def _torch_ops() -> Any:
     from . import _torch_ops  # noqa: PLC0415 (torch only for torch models)
 
@@ -48,8 +60,7 @@ def ipu_print_tensor(
     """
     if not _is_tensor(tensor):
         raise Error(
-            "ipu print tensor must take a torch.tensor argument. "
-            f"{type(tensor)} is not supported.",
+            f"ipu print tensor must take a torch.tensor argument. {type(tensor)} is not supported.",
             "poptorch_py_error",
         )
     if float_format not in _FLOAT_FORMATS:
@@ -180,8 +191,7 @@ def dynamic_update(input: Any, src: Any, dim: int, start: Any, size: int) -> Any
         )
     if not _is_tensor(src):
         raise Error(
-            f"Src argument to dynamic_update must be a torch.tensor. {type(src)} is not "
-            "supported.",
+            f"Src argument to dynamic_update must be a torch.tensor. {type(src)} is not supported.",
             "poptorch_py_error",
         )
     if not isinstance(size, int):
@@ -193,10 +203,8 @@ def dynamic_update(input: Any, src: Any, dim: int, start: Any, size: int) -> Any
             "poptorch_py_error",
         )
     if input.dtype != src.dtype:
-        raise Error(
-            f"input and src tensor must have same dtype. ({input.dtype} vs {src.dtype})",
-            "poptorch_py_error",
-        )
+        a, b = _device_dtype(input.dtype), _device_dtype(src.dtype)
+        raise Error(f"input and src tensor must have same dtype. ({a} vs {b})", "poptorch_py_error")
     return _torch_ops().dynamic_update(input, src, dim, start, size)
 
 
@@ -222,8 +230,7 @@ def _as_list(result: Any) -> list:
 # Device-side control flow ---------------------------------------------------------------------
 
 FOR_LOOP_LIST_MSG = (
-    "poptorch.for_loop expects input tensors (inputs) to be a list of tensors. "
-    "(Object is not list)"
+    "poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object is not list)"
 )
 FOR_LOOP_ITEM_MSG = (
     "poptorch.for_loop expects input tensors (inputs) to be a list of tensors. "
@@ -403,9 +410,7 @@ def _check_attribute_dict(attributes: Any) -> dict:
             raise ValueError(ATTR_KEY_MSG)
         if isinstance(value, bool) or not isinstance(value, (float, int, str, list, tuple)):
             raise ValueError(ATTR_VALUE_MSG)
-        if isinstance(value, (list, tuple)) and any(
-            type(v) is not type(value[0]) for v in value
-        ):
+        if isinstance(value, (list, tuple)) and any(type(v) is not type(value[0]) for v in value):
             raise ValueError(ATTR_MIXED_MSG)
         for text in [key, *(value if isinstance(value, (list, tuple)) else [value])]:
             if isinstance(text, str) and not text.isascii():
@@ -713,7 +718,9 @@ def _ConvCounter() -> Any:  # noqa: N802 (a class made on first use: torch is op
             super().__init__()
             self.count = 0
 
-        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
             if getattr(func, "__name__", "") in _CONV_NAMES:
                 self.count += 1
             return func(*args, **(kwargs or {}))

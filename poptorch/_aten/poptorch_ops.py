@@ -111,11 +111,28 @@ def _lower_set_matmul_serialization(
     return x
 
 
+def _check_slice_size(size: int) -> None:
+    if size == 0:
+        raise Error("The start and end of a slice must be different.", "poptorch")
+    if size < 0:
+        raise Error(
+            "Taking a slice of a tensor with the end less than the start is not supported.",
+            "poptorch",
+        )
+
+
 @lowering(torch.ops.poptorch.dynamic_slice.default)
 def _lower_dynamic_slice(
     ctx: NodeContext, x: popxl.Tensor, dim: int, start: popxl.Tensor, size: int, step: int
 ) -> popxl.Tensor:
     d = dim % x.rank
+    _check_slice_size(size)
+    if x.shape[d] % size:
+        raise Error(
+            f"The size of the slice ({size}) must be a factor of the slicing dimension "
+            f"({x.shape[d]}).",
+            "poptorch",
+        )
     index = ops.reshape(ctx.tensor(start, popxl.uint32), (1,))
     sliced = ops.dynamic_slice(x, index, [d], [size], no_overlap=False)
     if step == 1:
@@ -128,6 +145,7 @@ def _lower_dynamic_update(
     ctx: NodeContext, x: popxl.Tensor, src: popxl.Tensor, dim: int, start: popxl.Tensor, size: int
 ) -> popxl.Tensor:
     d = dim % x.rank
+    _check_slice_size(size)
     index = ops.reshape(ctx.tensor(start, popxl.uint32), (1,))
     if src.shape[d] != size:
         src = ops.slice(src, [0], [size], [1], [d])

@@ -300,3 +300,31 @@ def test_group_norm_with_popart_strided_channel_grouping():
     torch.testing.assert_close(out, expected.detach(), rtol=1e-5, atol=1e-5)
     plain = poptorch.inferenceModel(norm)(x)
     torch.testing.assert_close(plain, norm(x).detach(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("size", "message"),
+    [
+        (0, "The start and end of a slice must be different"),
+        (-2, "Taking a slice of a tensor with the end less than the start is not supported"),
+        (3, r"The size of the slice \(3\) must be a factor of the slicing dimension \(8\)"),
+    ],
+)
+def test_dynamic_slice_sizes_the_device_refuses(size, message):
+    class Slicer(torch.nn.Module):
+        def forward(self, t: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+            return poptorch.dynamic_slice(t, 0, start, size, 1)
+
+    t, start = torch.arange(8.0), torch.tensor([1])
+    Slicer()(t, start)  # plain PyTorch runs it (an empty or short slice)
+    with pytest.raises(poptorch.Error, match=message):
+        poptorch.inferenceModel(Slicer())(t, start)
+
+
+def test_dynamic_update_dtype_error_names_the_device_dtypes():
+    class Updater(torch.nn.Module):
+        def forward(self, t: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+            return poptorch.dynamic_update(t, src, 0, torch.tensor([1]), 1)
+
+    with pytest.raises(poptorch.Error, match=r"same dtype\. \(torch\.float32 vs torch\.int32\)"):
+        poptorch.inferenceModel(Updater())(torch.zeros(8), torch.tensor([-1]))
