@@ -431,3 +431,70 @@ def bincount(x: torch.Tensor, weights: torch.Tensor | None, minlength: int) -> t
 @bincount.register_fake
 def _(x: torch.Tensor, weights: torch.Tensor | None, minlength: int) -> torch.Tensor:
     return x.new_empty((minlength,), dtype=_bincount_dtype(weights))
+
+
+# ctc_loss: torch's op has a data-dependent meta (it reads the lengths); this one takes the
+# lengths as tensors and has a fixed output shape, so it can be captured whole.
+
+
+@torch.library.custom_op("poptorch::ctc_loss", mutates_args=())
+def ctc_loss(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    reduction: str,
+    zero_infinity: bool,
+) -> torch.Tensor:
+    """``torch.nn.functional.ctc_loss`` of batched ``(T, N, C)`` log-probabilities."""
+    return torch.nn.functional.ctc_loss(
+        log_probs,
+        targets,
+        input_lengths,
+        target_lengths,
+        blank=blank,
+        reduction=reduction,
+        zero_infinity=zero_infinity,
+    )
+
+
+@ctc_loss.register_fake
+def _ctc_loss_fake(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    reduction: str,
+    zero_infinity: bool,
+) -> torch.Tensor:
+    if reduction == "none":
+        return log_probs.new_empty((log_probs.shape[1],))
+    return log_probs.new_empty(())
+
+
+def _ctc_loss_setup(ctx: object, inputs: tuple, output: torch.Tensor) -> None:
+    ctx.inputs = inputs  # type: ignore[attr-defined]
+
+
+def _ctc_loss_backward(ctx: object, grad: torch.Tensor) -> tuple:
+    """Eagerly: torch's own gradient (w.r.t. ``log_probs`` only)."""
+    inputs = ctx.inputs  # type: ignore[attr-defined]
+    log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_inf = inputs
+    with torch.enable_grad():
+        x = log_probs.detach().requires_grad_()
+        loss = torch.nn.functional.ctc_loss(
+            x,
+            targets,
+            input_lengths,
+            target_lengths,
+            blank=blank,
+            reduction=reduction,
+            zero_infinity=zero_inf,
+        )
+        (g,) = torch.autograd.grad(loss, x, grad)
+    return g, None, None, None, None, None, None
+
+
+ctc_loss.register_autograd(_ctc_loss_backward, setup_context=_ctc_loss_setup)

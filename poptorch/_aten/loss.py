@@ -17,10 +17,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import torch
 from torch.ops import aten
 
 import popxl
 
+from .. import _torch_ops  # noqa: F401  (registers torch.ops.poptorch.ctc_loss)
 from ._registry import NodeContext, lowering
 
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
@@ -485,4 +487,138 @@ def _lower_cross_entropy_loss(
         reduction=reduction,
         ignore_index=int(ignore_index),
         label_smoothing=float(label_smoothing),
+    )
+
+
+# Connectionist temporal classification ------------------------------------------------------
+
+_NEG_INF = -jnp.inf
+
+
+def _logsumexp(*xs: Any) -> Any:
+    """``log(sum(exp(x)))`` elementwise; -inf where all are -inf, with zero gradients there
+    (``jax.nn.logsumexp``'s would be 0/0)."""
+    m = jax.lax.stop_gradient(xs[0])
+    for x in xs[1:]:
+        m = jnp.maximum(m, jax.lax.stop_gradient(x))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    total = sum(jnp.exp(x - m) for x in xs)
+    reached = total > 0
+    return jnp.where(reached, jnp.log(jnp.where(reached, total, 1.0)) + m, _NEG_INF)
+
+
+@jax.custom_vjp
+def _ctc_softmax_term(lp: Any, live: Any, poison: Any) -> Any:
+    """Zero per sample; its gradient is ``exp(lp)`` at live steps (plus ``poison``).
+
+    torch's CTC gradient is ``exp(lp) - posterior`` rather than ``-posterior``: the
+    gradient w.r.t. the logits when ``lp`` is their log-softmax (whose backward then passes
+    it on unchanged). Added to the loss, this term gives torch's gradient."""
+    return jnp.zeros(lp.shape[1], lp.dtype)
+
+
+def _ctc_softmax_term_fwd(lp: Any, live: Any, poison: Any) -> tuple[Any, Any]:
+    return _ctc_softmax_term(lp, live, poison), (lp, live, poison)
+
+
+def _ctc_softmax_term_bwd(res: Any, g: Any) -> tuple[Any, Any, Any]:
+    lp, live, poison = res
+    grad = jnp.where(live > 0, jnp.exp(lp) + poison[None, :, None], 0.0) * g[None, :, None]
+    return grad, jnp.zeros_like(live), jnp.zeros_like(poison)
+
+
+_ctc_softmax_term.defvjp(_ctc_softmax_term_fwd, _ctc_softmax_term_bwd)
+
+
+def _ctc(
+    lp: Any,
+    targets: Any,
+    input_lengths: Any,
+    target_lengths: Any,
+    blank: int,
+    reduction: int,
+    zero_infinity: bool,
+) -> Any:
+    """The CTC forward algorithm in log space over ``(T, N, C)`` log-probabilities.
+
+    Targets are padded ``(N, S)`` or the batch's concatenated ``(sum(target_lengths),)``.
+    ``alpha[s]`` is the log-probability of the first ``t + 1`` steps ending in state ``s``
+    of the target with blanks around each label; a sample's steps past its input length
+    leave it unchanged. As torch: ``mean`` divides each loss by its target length (at
+    least 1) before averaging, ``zero_infinity`` gives impossible alignments a zero loss and
+    gradient, and without it their gradient is NaN."""
+    (lp,) = _f32(lp)
+    steps, batch, classes = lp.shape
+    in_len = input_lengths.astype(jnp.int32)
+    tgt_len = target_lengths.astype(jnp.int32)
+    targets = targets.astype(jnp.int32)
+    if targets.ndim == 1:  # concatenated: each sample's labels start after the previous ones
+        total = max(targets.shape[0], 1)
+        starts = jnp.cumsum(tgt_len) - tgt_len
+        index = starts[:, None] + jnp.arange(total)[None, :]
+        targets = jnp.pad(targets, (0, 1))[jnp.clip(index, 0, total - 1)]
+    width = targets.shape[1]
+    in_target = jnp.arange(width)[None, :] < tgt_len[:, None]
+    labels = jnp.where(in_target, jnp.clip(targets, 0, classes - 1), blank)
+    states = 2 * width + 1
+    ext = jnp.full((batch, states), blank, jnp.int32).at[:, 1::2].set(labels)
+    skip = jnp.zeros((batch, states), bool).at[:, 3::2].set(labels[:, 1:] != labels[:, :-1])
+    emit = jnp.take_along_axis(lp, jnp.broadcast_to(ext[None], (steps, batch, states)), axis=2)
+
+    first = jnp.arange(states)[None, :] < jnp.where(tgt_len > 0, 2, 1)[:, None]
+    alpha = jnp.where(first, emit[0], _NEG_INF)
+    empty = jnp.where(jnp.arange(states) == 0, 0.0, _NEG_INF)[None, :]
+    alpha = jnp.where((in_len > 0)[:, None], alpha, empty)
+
+    def shift(a: Any, k: int) -> Any:  # state s gets state s - k's value
+        return jnp.pad(a, ((0, 0), (k, 0)), constant_values=_NEG_INF)[:, :states]
+
+    def step(alpha: Any, x: tuple[Any, Any]) -> tuple[Any, None]:
+        e, t = x
+        skipped = jnp.where(skip, shift(alpha, 2), _NEG_INF)
+        new = _logsumexp(alpha, shift(alpha, 1), skipped) + e
+        return jnp.where((t < in_len)[:, None], new, alpha), None
+
+    if steps > 1:
+        alpha, _ = jax.lax.scan(step, alpha, (emit[1:], jnp.arange(1, steps)))
+    last = jnp.take_along_axis(alpha, (2 * tgt_len)[:, None], axis=1)[:, 0]
+    before = jnp.take_along_axis(alpha, jnp.maximum(2 * tgt_len - 1, 0)[:, None], axis=1)[:, 0]
+    before = jnp.where(tgt_len > 0, before, _NEG_INF)
+    nll = -_logsumexp(last, before)
+
+    impossible = jax.lax.stop_gradient(nll) == jnp.inf
+    live = (jnp.arange(steps)[:, None] < in_len[None, :])[:, :, None]
+    poison = jnp.where(impossible & (not zero_infinity), jnp.nan, 0.0)
+    loss = nll + _ctc_softmax_term(lp, live.astype(jnp.float32), poison)
+    if zero_infinity:
+        loss = jnp.where(impossible, 0.0, loss)
+    if reduction == 1:
+        return (loss / jnp.maximum(tgt_len, 1).astype(jnp.float32)).mean()
+    return _reduce(loss, reduction)
+
+
+_CTC_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+@lowering(torch.ops.poptorch.ctc_loss.default)
+def _lower_ctc_loss(
+    ctx: NodeContext,
+    log_probs: Any,
+    targets: Any,
+    input_lengths: Any,
+    target_lengths: Any,
+    blank: int,
+    reduction: str,
+    zero_infinity: bool,
+) -> Any:
+    ints = [ctx.tensor(t, popxl.int32) for t in (targets, input_lengths, target_lengths)]
+    return _record(
+        ctx,
+        "ctc_loss",
+        _ctc,
+        log_probs,
+        *ints,
+        blank=int(blank),
+        reduction=_CTC_REDUCTIONS[reduction],
+        zero_infinity=bool(zero_infinity),
     )

@@ -214,3 +214,83 @@ CASES = [
         for r in ("mean", "none")
     ],
 ]
+
+
+# CTC (``F.ctc_loss`` is redirected to ``poptorch::ctc_loss`` while capturing) ----------------
+
+_CTC = torch.ops.poptorch.ctc_loss.default
+
+
+def _ctc_inputs(
+    steps: int, batch: int, classes: int, width: int, blank: int, input_lengths: list[int]
+) -> tuple:
+    """Log-probabilities, padded targets without the blank, and the two length tensors."""
+    log_probs = _randn(steps, batch, classes).log_softmax(-1)
+    targets = torch.randint(0, classes - 1, (batch, width))
+    targets[targets >= blank] += 1
+    target_lengths = torch.randint(1, width + 1, (batch,))
+    return log_probs, targets, torch.tensor(input_lengths), target_lengths
+
+
+def _concatenated(targets: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    return torch.cat([t[:n] for t, n in zip(targets, lengths)])
+
+
+CASES += [
+    *[
+        Case(
+            f"ctc_loss_padded_{r}",
+            lambda lp, t, il, tl, r=r: F.ctc_loss(lp, t, il, tl, reduction=r),
+            lambda: _ctc_inputs(8, 3, 5, 4, 0, [8, 6, 7]),
+            [_CTC],
+            half=False,  # torch's CPU kernel has no float16
+            grad_inputs=[0],
+        )
+        for r in _REDUCTIONS
+    ],
+    Case(
+        "ctc_loss_concatenated_list_lengths",
+        lambda lp, t: F.ctc_loss(lp, _concatenated(t, [2, 4, 1]), [8, 5, 7], [2, 4, 1]),
+        lambda: _ctc_inputs(8, 3, 5, 4, 0, [8, 5, 7])[:2],
+        [_CTC],
+        half=False,
+        grad_inputs=[0],
+    ),
+    Case(
+        "ctc_loss_module_blank3_repeats",
+        lambda lp, t, il, tl: torch.nn.CTCLoss(blank=3, reduction="sum")(lp, t, il, tl),
+        lambda: (
+            _randn(7, 2, 5).log_softmax(-1),
+            torch.tensor([[1, 1, 2, 2], [4, 4, 4, 0]]),
+            torch.tensor([7, 6]),
+            torch.tensor([4, 3]),
+        ),
+        [_CTC],
+        half=False,
+        grad_inputs=[0],
+    ),
+    Case(
+        "ctc_loss_zero_infinity",  # sample 1 cannot fit 3 repeated labels in 4 steps
+        lambda lp, t: F.ctc_loss(lp, t, [6, 4], [3, 3], reduction="none", zero_infinity=True),
+        lambda: (_randn(6, 2, 4).log_softmax(-1), torch.tensor([[1, 2, 3], [2, 2, 2]])),
+        [_CTC],
+        half=False,
+        grad_inputs=[0],
+    ),
+    Case(
+        "ctc_loss_impossible",  # an infinite loss (and, as torch's, a NaN gradient)
+        lambda lp, t: F.ctc_loss(lp, t, [6, 4], [3, 3], reduction="none"),
+        lambda: (_randn(6, 2, 4).log_softmax(-1), torch.tensor([[1, 2, 3], [2, 2, 2]])),
+        [_CTC],
+        half=False,
+        grad=False,
+    ),
+    Case(
+        "ctc_loss_unbatched",
+        lambda lp, t: F.ctc_loss(lp, t, torch.tensor(6), torch.tensor(2), reduction="none"),
+        lambda: (_randn(6, 4).log_softmax(-1), torch.tensor([3, 1])),
+        [_CTC],
+        half=False,
+        grad_inputs=[0],
+    ),
+]
