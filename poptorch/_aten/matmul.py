@@ -98,3 +98,39 @@ def _lower_addbmm(
         return ops.sum(ops.matmul(ctx.tensor(b1, dtype), ctx.tensor(b2, dtype)), [0])
 
     return _scaled_add(ctx, bias, product, beta, alpha)
+
+
+def _trilinear(a: Any, b: Any, c: Any, *, expand: tuple, sumdim: tuple) -> Any:
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    def widen(x: Any, dims: tuple) -> Any:
+        return jnp.expand_dims(x, dims) if dims else x
+
+    product = widen(a, expand[0]) * widen(b, expand[1]) * widen(c, expand[2])
+    return jnp.sum(product, axis=sumdim) if sumdim else product
+
+
+@lowering(aten._trilinear.default)
+def _lower_trilinear(
+    ctx: NodeContext,
+    i1: popxl.Tensor,
+    i2: popxl.Tensor,
+    i3: popxl.Tensor,
+    expand1: Any,
+    expand2: Any,
+    expand3: Any,
+    sumdim: Any,
+    unroll_dim: int = 1,
+) -> popxl.Tensor:
+    """``nn.Bilinear``'s contraction: each input widened at its ``expand`` dims, the three
+    multiplied (broadcasting) and summed over ``sumdim`` (``unroll_dim`` only chooses how
+    torch loops on the CPU)."""
+    dtype = ctx.out_dtype
+    expand = tuple(tuple(sorted(int(d) for d in e)) for e in (expand1, expand2, expand3))
+    return ctx.jax(
+        "_trilinear",
+        _trilinear,
+        *(ctx.tensor(t, dtype) for t in (i1, i2, i3)),
+        expand=expand,
+        sumdim=tuple(sorted(int(d) for d in sumdim)),
+    )

@@ -31,6 +31,9 @@ _ADDMV = [aten.addmv.default]
 # (float32 ones do not), so the alpha=0 cases compare in float32 only.
 CASES = [
     Case("mm", torch.mm, _randn((3, 5), (5, 4)), _MM),
+    # nn.Bilinear: x1 A x2 + b through aten._trilinear
+    Case("bilinear", torch.nn.functional.bilinear, _randn((4, 3), (4, 5), (2, 3, 5), (2,)), [aten._trilinear.default]),
+    Case("bilinear_no_bias", torch.nn.functional.bilinear, _randn((2, 6, 3), (2, 6, 5), (4, 3, 5)), [aten._trilinear.default]),
     Case("mm_int", torch.mm, lambda: (torch.randint(-3, 3, (3, 5)), torch.randint(-3, 3, (5, 2))), _MM, grad=False),
     Case("bmm", torch.bmm, _randn((2, 3, 5), (2, 5, 4)), [aten.bmm.default]),
     Case("matmul_2d", torch.matmul, _randn((3, 5), (5, 4)), _MATMUL),
