@@ -19,6 +19,8 @@ from . import enums as enums
 from . import optim as optim
 from ._args import ICustomArgParser as ICustomArgParser
 from ._args import registerCustomArgParser as registerCustomArgParser
+from ._hooks import registerPostCompileHook as registerPostCompileHook
+from ._hooks import registerPreCompileHook as registerPreCompileHook
 from ._log import setLogLevel as setLogLevel
 from ._program import identity_loss as identity_loss
 from ._scopes import Attribute as Attribute
@@ -140,6 +142,8 @@ __all__ = [
     "RecoverableError",
     "ReductionType",
     "registerCustomArgParser",
+    "registerPostCompileHook",
+    "registerPreCompileHook",
     "removeBlocks",
     "serializedMatMul",
     "SerialPhasedExecution",

@@ -34,6 +34,7 @@ from ._aten._registry import popxl_dtype, torch_dtype
 from ._capture.export import capture
 from ._capture.model import CapturedModel
 from ._capture.translate import Leaf
+from ._hooks import compiling
 from .enums import ConnectionType
 from .errors import Error
 from .executor import NEVER_MSG, PoplarExecutor
@@ -190,7 +191,7 @@ class TorchExecutor(PoplarExecutor):
         )
         if any(t.requires_grad for t in tensors):
             _log.logger.warning(REQUIRES_GRAD_MSG)
-        with _unwrapped(self._user_model):
+        with compiling(), _unwrapped(self._user_model):
             captured = capture(self._torch_model, tuple(micro.args), dict(micro.kwargs))
             self._captured = CapturedModel(
                 captured, self.training, self._options.random_seed, self._options

@@ -26,6 +26,7 @@ import popxl
 import popxl_addons as addons
 from popxl._printing import format_schedule
 
+from ._hooks import compiling
 from ._popart_ir import log_lowered, popart_ir_json
 from ._program import Built, build
 from .enums import CommGroupType, ConnectionType, VariableRetrievalMode
@@ -198,11 +199,12 @@ class PoplarExecutor:
                 raise ValueError(CHANGED_MSG.format(old=self._specs, new=key))
             return
         groupings = {n: (g[0], g[1]) for n, g in self._groupings.items()}
-        self._built = build(module, self._options, specs, self._optimizer, groupings)
-        self._specs = key
-        log_lowered(self._built.ir)
-        device = "ipu_model" if self._options.use_ipu_model else "ipu_hw"
-        self._session = popxl.Session(self._built.ir, device)
+        with compiling():
+            self._built = build(module, self._options, specs, self._optimizer, groupings)
+            self._specs = key
+            log_lowered(self._built.ir)
+            device = "ipu_model" if self._options.use_ipu_model else "ipu_hw"
+            self._session = popxl.Session(self._built.ir, device)
         self._adopt_weights()
         if self._optimizer is not None and self._optimizer._pending_state:
             self._load_optimizer_state(self._optimizer._pending_state)
