@@ -31,7 +31,8 @@ import popxl
 
 from . import _args, _log
 from ._aten._registry import popxl_dtype, torch_dtype
-from ._capture.export import capture
+from ._capture.buffer_guard import guard_buffers
+from ._capture.export import Capture, capture
 from ._capture.model import CapturedModel
 from ._capture.translate import Leaf
 from ._hooks import compiling
@@ -53,6 +54,20 @@ ALREADY_WRAPPED_MSG = (
     "model to unwrap before wrapping again."
 )
 NO_EXECUTABLE_ERR = "Model has not been compiled or has been destroyed."
+BROADCAST_BUFFERS_MSG = (
+    "PopTorch does not support broadcasting buffers. If your model is able to tolerate "
+    "buffers becoming out of sync between replicas, you can disable buffer broadcasting "
+    "using poptorch.Options.broadcastBuffers(False)."
+)
+NO_UPDATABLE_MSG = (
+    "copyNamedBuffersToDevice copies the buffers named in Options.updatableNamedBuffers, but "
+    "none were named. Name them (options.updatableNamedBuffers(['running_mean', ...])) or "
+    "use copyWeightsToDevice to copy all the weights."
+)
+UNKNOWN_BUFFER_MSG = (
+    "Options.updatableNamedBuffers names {names}, which the model does not register as "
+    "buffers; its buffers are {known}."
+)
 ZERO_SIZE_MSG = (
     "Zero-sized tensors are unsupported (Got shape {shape}): input {index} has no elements. "
     "Give every input at least one element in each dimension."
@@ -176,6 +191,7 @@ class TorchExecutor(PoplarExecutor):
             return call.tensors()
         tensors = call.tensors()
         self._check_batch(tensors)
+        self._check_updatable_buffers()
         per_call = self._per_call()
         micro = _args.CallArgs(
             [_args._map_tensors(a, lambda t: _micro(t, per_call).detach()) for a in call.args],
@@ -192,7 +208,9 @@ class TorchExecutor(PoplarExecutor):
         if any(t.requires_grad for t in tensors):
             _log.logger.warning(REQUIRES_GRAD_MSG)
         with compiling(), _unwrapped(self._user_model):
-            captured = capture(self._torch_model, tuple(micro.args), dict(micro.kwargs))
+            with guard_buffers(self._torch_model):
+                captured = capture(self._torch_model, tuple(micro.args), dict(micro.kwargs))
+            self._check_buffer_broadcast(captured)
             self._captured = CapturedModel(
                 captured, self.training, self._options.random_seed, self._options
             )
@@ -298,6 +316,45 @@ class TorchExecutor(PoplarExecutor):
 
     def _grouped(self, name: str, value: np.ndarray) -> np.ndarray:
         return value
+
+    def _check_buffer_broadcast(self, captured: Capture) -> None:
+        """PopTorch kept replicas' buffers equal by refusing forwards that update them."""
+        o = self._options
+        if o.replication_factor > 1 and o.broadcast_buffers:
+            sig = captured.program.graph_signature
+            if set(sig.buffers_to_mutate.values()) - captured.frozen:
+                raise Error(BROADCAST_BUFFERS_MSG, "poptorch")
+
+    def _updatable_buffers(self) -> list[str]:
+        return list(self._options.popart.options.get("updatableNamedBuffers", []))
+
+    def _check_updatable_buffers(self) -> None:
+        with _unwrapped(self._user_model):
+            known = {n for n, _ in self._torch_model.named_buffers()}
+        unknown = [n for n in self._updatable_buffers() if n not in known]
+        if unknown:
+            raise Error(UNKNOWN_BUFFER_MSG.format(names=unknown, known=sorted(known)), "poptorch")
+
+    def copyNamedBuffersToDevice(self) -> None:  # noqa: N802
+        """Copy the buffers named in ``Options.updatableNamedBuffers`` (only those) from the
+        torch model to the device.
+
+        Raises:
+            poptorch.Error: the model is not compiled, or no buffer was named updatable.
+        """
+        if self._session is None or self._built is None:
+            raise Error(NO_EXECUTABLE_ERR, "poptorch")
+        names = self._updatable_buffers()
+        if not names:
+            raise Error(NO_UPDATABLE_MSG, "poptorch")
+        state = self._named_state()
+        weights = self._built.weights
+        writes = {
+            weights[n]: self._grouped(n, _host_array(state[n], f"Buffer {n}"))
+            for n in names
+            if n in weights
+        }
+        self._session.write_variables_data(writes)
 
     def copyWeightsToHost(self) -> None:  # noqa: N802
         """Copy the device's weights into the torch model's parameters and buffers."""

@@ -121,7 +121,9 @@ class Options(_Base):
         default_factory=dict, description=_no_effect("no tile memory planner.")
     )
     broadcast_buffers: bool = Field(
-        True, description=_no_effect("buffers are not broadcast between replicas.")
+        True,
+        description="Refuse replicated models whose forward updates buffers (as PopTorch, "
+        "which broadcast them); False lets each replica keep its own buffers.",
     )
     max_repeat_logs: int = Field(
         4, ge=0, description=_no_effect("the log does not suppress repeated lines.")
@@ -395,7 +397,8 @@ class Options(_Base):
         return self
 
     def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:  # noqa: N802
-        """Accepted without effect here: buffers are not broadcast between replicas."""
+        """With replicas, a forward that updates buffers is refused unless this is False
+        (then each replica updates its own copy and they drift apart)."""
         self.broadcast_buffers = _bool("broadcastBuffers", broadcast_buffers)
         return self
 
