@@ -301,9 +301,12 @@ class TorchExecutor(PoplarExecutor):
         """The torch model is the host copy; nothing to pull before a run."""
 
     def copyWeightsToDevice(self) -> None:  # noqa: N802
-        """Copy the torch model's parameters and buffers to the device."""
+        """Copy the torch model's parameters and buffers to the device. The host's values
+        win: weights trained since they were last read on the host are overwritten (as in
+        PopTorch), not copied back first."""
         if self._session is None or self._built is None:
             raise Error(NO_EXECUTABLE_ERR, "poptorch")
+        self._dirty_host_weights = False  # reading the host tensors must not copy back
         state = self._named_state()
         writes = {}
         for name, var in self._built.weights.items():
