@@ -50,6 +50,7 @@ from ._storage import (
 )
 from .blocks import recording
 from .enums import CommGroupType, OutputMode, ReductionType
+from .errors import Error
 from .optim import Optimizer, group_of_each, sharded_update
 from .options import Options, TensorLocationSettings, _TensorLocationOptions, resolved_output_mode
 
@@ -57,6 +58,11 @@ LOSS_MISSING_MSG = (
     "trainingModel needs a loss: {cls}.build must return it, marked with "
     "poptorch.identity_loss(x, reduction='mean') or as its last output (a scalar). It "
     "returned {n} output(s)."
+)
+NO_LOSS_MSG = (
+    "Couldn't find a loss in graph: {cls} marks no output with poptorch.identity_loss, and "
+    "its last output, taken as the loss, has shape {shape}. The loss must be a scalar: reduce "
+    "it with poptorch.identity_loss(x, reduction='mean') or 'sum' and return it."
 )
 LOSS_SHAPE_MSG = (
     "The loss must be a scalar, but {cls}.build's loss has shape {shape}. Reduce it with "
@@ -76,6 +82,12 @@ INPUT_GROUP_MSG = (
     "{k} replicas reads one slice of the batch."
 )
 NO_WEIGHTS_MSG = "trainingModel needs weights to train, but {cls} declares no variables."
+
+
+class NoLossError(Error, ValueError):
+    """trainingModel found no loss (PopTorch raised ``poptorch.Error``; a ``ValueError``
+    too, as for other malformed losses)."""
+
 
 _LOSSES: contextvars.ContextVar[list[popxl.Tensor] | None] = contextvars.ContextVar(
     "poptorch_losses", default=None
@@ -335,6 +347,8 @@ def _loss_index(module: Any, fwd: Any, losses: list, interface: Interface) -> in
         if not outs:
             raise ValueError(LOSS_MISSING_MSG.format(cls=cls, n=0))
         index = len(outs) - 1
+        if outs[index].shape != ():
+            raise NoLossError(NO_LOSS_MSG.format(cls=cls, shape=outs[index].shape), "poptorch")
     if outs[index].shape != ():
         raise ValueError(LOSS_SHAPE_MSG.format(cls=cls, shape=outs[index].shape))
     return index

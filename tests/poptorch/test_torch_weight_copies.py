@@ -1,9 +1,11 @@
-"""Explicit weight copies of torch models: the host's values win in copyWeightsToDevice."""
+"""Explicit weight copies of torch models (the host's values win in copyWeightsToDevice)
+and what trainingModel needs to find a loss."""
 
 from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 import poptorch
@@ -54,3 +56,17 @@ def test_copy_weights_to_device_after_reading_keeps_the_trained_weights():
     pm.setOptimizer(torch.optim.SGD(model.parameters(), lr=0.0))
     out, _ = pm(x, target)
     torch.testing.assert_close(out, reference(x, target)[0].detach())
+
+
+def test_training_model_without_a_loss_is_refused():
+    class NoLoss(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.linear(x) * 2
+
+    pm = poptorch.trainingModel(NoLoss())
+    with pytest.raises(poptorch.Error, match=r"Couldn't find a loss in graph.*shape \(2, 4\)"):
+        pm(torch.randn(2, 4))
