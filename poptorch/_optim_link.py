@@ -151,7 +151,8 @@ class Link:
             if spec.kind != compiled.kind:
                 raise ValueError(
                     optim.OTHER_OPTIMIZER_MSG.format(
-                        new=f"{spec.source} ({spec.kind})", old=f"{compiled.source} ({compiled.kind})"
+                        new=f"{spec.source} ({spec.kind})",
+                        old=f"{compiled.source} ({compiled.kind})",
                     )
                 )
             if len(spec.groups) != len(compiled.groups):
@@ -300,7 +301,9 @@ def device_state(executor: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     data = session.get_tensors_data(_device_tensors(built))
     ipu_state = {k: np.array(data[v]) for k, v in _state_keys(built, spec).items()}
     ipu_param = {k: np.array(data[v]) for k, v in _param_keys(built, spec).items()}
-    ipu_param.update({k: np.array(np.float32(v)) for k, v in _sgd0_params(built, spec, data).items()})
+    ipu_param.update(
+        {k: np.array(np.float32(v)) for k, v in _sgd0_params(built, spec, data).items()}
+    )
     legacy: dict[str, Any] = {
         "state": {
             name: {slot: np.array(data[v]) for slot, v in slots.items()}
@@ -334,7 +337,9 @@ def write_device_state(executor: Any, state: Mapping[str, Any]) -> None:
             writes[built.step] = np.float32(state.get("step", 0))
         factor = built.hyper.get((0, "loss_scale_update_factor"))
         if factor is not None and "loss_scaling" in state:
-            base = _value(built, session.get_tensors_data(list(built.hyper.values())), (0, "loss_scaling"))
+            base = _value(
+                built, session.get_tensors_data(list(built.hyper.values())), (0, "loss_scaling")
+            )
             writes[factor] = np.float32(float(state["loss_scaling"]) / base)
             writes[built.good_steps] = np.float32(state.get("good_steps", 0))
     session.write_variables_data(writes)
@@ -370,14 +375,23 @@ def _write_params(built: Any, spec: Spec, params: Mapping[str, Any], writes: dic
         slr = compound.get(f"scaledLearningRate0___specific___{name}")
         wdsf = compound.get(f"weightDecayScaleFactor0___specific___{name}")
         ls_var = built.hyper.get((0, "loss_scaling"))
-        ls = float(writes[ls_var]) if ls_var in writes else _value(built, current, (0, "loss_scaling"))
+        ls = (
+            float(writes[ls_var])
+            if ls_var in writes
+            else _value(built, current, (0, "loss_scaling"))
+        )
         lr = _value(built, current, (name, "lr"))
         if slr is not None:
             lr = slr * ls
             _put(writes, built.hyper.get((name, "lr")), lr, f"scaledLearningRate0 of {name}")
         if wdsf is not None and lr != 0.0:
             wd = (1.0 - wdsf) / lr
-            _put(writes, built.hyper.get((name, "weight_decay")), wd, f"weightDecayScaleFactor0 of {name}")
+            _put(
+                writes,
+                built.hyper.get((name, "weight_decay")),
+                wd,
+                f"weightDecayScaleFactor0 of {name}",
+            )
 
 
 def _numpy(value: Any) -> np.ndarray:
@@ -428,6 +442,15 @@ def read_state(opt: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return dict(opt._ipu), _legacy(opt, legacy)
 
 
+def read_before_detach(executor: Any) -> None:
+    """A ``poptorch.optim`` optimiser keeps the device's state on the host (later
+    ``state_dict()`` calls use it while the model is detached)."""
+    user = user_of(executor._optimizer)
+    if isinstance(user, optim.Optimizer):
+        read_state(user)
+        user._cache_of = (None,)  # the detached session's state: fresh until re-attached
+
+
 def _legacy(opt: Any, device: dict[str, Any] | None) -> dict[str, Any]:
     """The previous layout of named-weight optimisers (hyper-parameters, then the state)."""
     if not opt._named:
@@ -442,7 +465,10 @@ def write_state(opt: Any, state_dict: Mapping[str, Any]) -> None:
     device now if a compiled model uses the optimiser."""
     opt._loaded = dict(state_dict)
     if state_dict.get("ipu_state") is not None or not opt._named:
-        opt._ipu = {"ipu_state": state_dict.get("ipu_state"), "ipu_param": state_dict.get("ipu_param")}
+        opt._ipu = {
+            "ipu_state": state_dict.get("ipu_state"),
+            "ipu_param": state_dict.get("ipu_param"),
+        }
     opt._legacy = None
     opt._cache_of = None
     opt._ipu_dirty = True

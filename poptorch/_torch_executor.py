@@ -402,6 +402,13 @@ class TorchExecutor(PoplarExecutor):
         super().attachToDevice()
         self.copyWeightsToDevice()
 
+    def detachFromDevice(self) -> None:  # noqa: N802
+        """Detach, bringing trained weights to the torch model first (``attachToDevice``
+        writes the model's weights back)."""
+        if self._session is not None and self._session.is_attached:
+            self.copyWeightsToHostIfNeeded()
+        super().detachFromDevice()
+
     def destroy(self) -> None:
         """Release the device and the program; the trained weights are copied to the model
         first, and the model is no longer instrumented."""

@@ -351,10 +351,15 @@ class PoplarExecutor:
         session.__enter__()
 
     def detachFromDevice(self) -> None:  # noqa: N802
-        """Detach; the device's weights are kept in the session's host copy."""
+        """Detach; the device's weights are kept in the session's host copy, and a
+        ``poptorch.optim`` optimiser reads its state first (as PopTorch did)."""
         session = self._require_session("detachFromDevice")
         if not session.is_attached:
             raise Error("detachFromDevice: the model is not attached.", "poptorch")
+        if self.training and self._optimizer is not None:
+            from ._optim_link import read_before_detach  # noqa: PLC0415
+
+            read_before_detach(self)
         session.__exit__(None, None, None)
 
     def isAttachedToDevice(self) -> bool:  # noqa: N802
