@@ -83,14 +83,14 @@ CASES = [
     Case(
         "dynamic_slice",
         lambda x, i: poptorch.dynamic_slice(x, 1, i, 2, 1) * 3,
-        lambda: (_randn(3, 5), torch.tensor([2])),
+        lambda: (_randn(3, 6), torch.tensor([2])),
         [_OPS.dynamic_slice.default],
         grad_inputs=[0],
     ),
     Case(
         "dynamic_slice_step",
         lambda x, i: poptorch.dynamic_slice(x, 0, i, 4, 2),
-        lambda: (_randn(6, 2), torch.tensor([1])),
+        lambda: (_randn(8, 2), torch.tensor([1])),
         [_OPS.dynamic_slice.default],
         grad_inputs=[0],
     ),
