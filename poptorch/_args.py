@@ -216,8 +216,6 @@ class Binder:
         if check:
             self._check_dict(value)
             _check_not_numpy(name, value)
-        if isinstance(value, list):
-            value = tuple(value)  # PopTorch passed lists as tuples
         call.args.append(value)
         call.names.append(name)
 

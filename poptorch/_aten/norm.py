@@ -8,7 +8,9 @@ statistics outputs (mean, 1/std) are computed only when something reads them.
 
 Training batch norm (``_native_batch_norm_legit_functional``) also returns the new running
 statistics (``(1 - momentum) * running + momentum * batch``, the variance unbiased), which
-the capture writes back to the module's buffers. Instance norm reaches the table as a batch
+the capture writes back to the module's buffers. In an inference model (a module left in
+training mode, wrapped by ``inferenceModel``) the batch still normalises itself but the
+running statistics stay as they are: as in PopTorch, only training updates them. Instance norm reaches the table as a batch
 norm of the input viewed as ``(1, N * C, ...)`` (``_native_batch_norm_legit.no_stats``).
 """
 
@@ -155,6 +157,9 @@ def _lower_batch_norm_train(
         return out, None, None, ops.identity(running_mean), ops.identity(running_var)
     mean, var = _batch_statistics(ctx, x)
     out = _batch_norm(ctx, x, weight, bias, mean, var, eps)
+    saved = (_saved_mean(ctx, mean), _rstd(ctx, var, eps, 2))
+    if not ctx.training:
+        return out, *saved, ops.identity(running_mean), ops.identity(running_var)
     n = math.prod(x.shape) // x.shape[1]
     unbiased = var * (n / (n - 1)) if n > 1 else var
     new_stats = []
@@ -162,12 +167,7 @@ def _lower_batch_norm_train(
         batch = ctx.tensor(ops.detach(batch), running.dtype)
         keep = running * ctx.constant(1.0 - momentum, running.dtype)
         new_stats.append(keep + batch * ctx.constant(momentum, running.dtype))
-    return (
-        out,
-        _saved_mean(ctx, mean),
-        _rstd(ctx, var, eps, 2),
-        *new_stats,
-    )
+    return (out, *saved, *new_stats)
 
 
 # Layer and group norm -----------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """torch functions whose PopTorch meaning differs from torch's, redirected while capturing.
 
 ``torch.bincount``'s output length depends on the data, which a compiled program cannot
-have; PopTorch required ``minlength`` and used it as the output length. ``ctc_loss``'s
-output shape is fixed but torch's meta reads the lengths (given as lists or tensors). While
+have; PopTorch required ``minlength`` and used it as the output length. ``one_hot`` needs
+its class count for the same reason. ``ctc_loss``'s output shape is fixed but torch's meta reads the lengths (given as lists or tensors). While
 a model is exported, a ``TorchFunctionMode`` sends such calls to ``poptorch::`` ops with a
 fixed shape (lowered by records in ``poptorch/_aten/``), or refuses them with PopTorch's
 message.
@@ -32,6 +32,18 @@ def _bincount(
     if not isinstance(minlength, int) or minlength <= 0:
         raise Error(BINCOUNT_MSG, "poptorch", "capture")
     return _torch_ops.bincount(x, weights, minlength)
+
+
+ONE_HOT_MSG = "OneHot num classes must be specified and must be constant."
+
+_ONE_HOT = (torch.nn.functional.one_hot,)
+
+
+def _one_hot(x: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
+    """``one_hot`` with its class count given: without one, the output size is data-dependent."""
+    if not isinstance(num_classes, int) or num_classes <= 0:
+        raise Error(ONE_HOT_MSG, "poptorch", "capture")
+    return torch.nn.functional.one_hot(x, num_classes)
 
 
 _CTC_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}  # torch.ctc_loss's integer codes
@@ -75,13 +87,59 @@ def _ctc_loss(
 _CTC = (torch.nn.functional.ctc_loss, torch.ctc_loss)
 
 
+def _is_ipu(device: Any) -> bool:
+    return (isinstance(device, str) and device.split(":")[0] == "ipu") or (
+        isinstance(device, torch.device) and device.type == "ipu"
+    )
+
+
+def _on_capture_device(args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``device="ipu"`` (or ``.to("ipu")``) as the capture's own device."""
+    if _is_ipu(kwargs.get("device")):
+        kwargs = {**kwargs, "device": "cpu"}
+    if any(_is_ipu(a) for a in args):
+        args = tuple("cpu" if _is_ipu(a) else a for a in args)
+    return args, kwargs
+
+
+_F = torch.nn.functional
+_WEIGHTED = (
+    _F.linear,
+    _F.bilinear,
+    _F.conv1d,
+    _F.conv2d,
+    _F.conv3d,
+    _F.conv_transpose1d,
+    _F.conv_transpose2d,
+    _F.conv_transpose3d,
+)
+
+
+def _in_activation_type(args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """A weighted layer's floating-point tensors cast to its input's floating-point type."""
+    x = args[0] if args else None
+    if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+        return args, kwargs
+
+    def cast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(x.dtype) if value.dtype != x.dtype else value
+        return value
+
+    return (x, *map(cast, args[1:])), {k: cast(v) for k, v in kwargs.items()}
+
+
 class Redirects(TorchFunctionMode):
     """Active while torch.export traces the model (see the module's docstring)."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
+        args, kwargs = _on_capture_device(args, kwargs or {})
+        if func in _WEIGHTED:
+            args, kwargs = _in_activation_type(args, kwargs)
         if func in _BINCOUNT:
             return _bincount(*args, **kwargs)
+        if func in _ONE_HOT:
+            return _one_hot(*args, **kwargs)
         if func in _CTC:
             return _ctc_loss(*args, **kwargs)
         return func(*args, **kwargs)

@@ -150,6 +150,74 @@ def test_inputs_modified_in_place_are_updated_on_the_host():
     torch.testing.assert_close(x, torch.tensor([2.0, 3.0]))
 
 
+def test_list_inputs_stay_lists_and_their_tensors_are_updated_in_place():
+    class AddToFirst(torch.nn.Module):
+        def forward(self, xs: list) -> None:
+            assert isinstance(xs, list)
+            xs[0] += 4
+
+    pm = poptorch.inferenceModel(AddToFirst())
+    xs = [torch.tensor([1.0]), torch.tensor([5.0])]
+    assert pm(xs) is None
+    assert xs[0].item() == 5.0 and xs[1].item() == 5.0
+
+
+def test_tensors_created_on_the_ipu_device_are_part_of_the_program():
+    class Ones(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ones((2, 3), dtype=x.dtype, device="ipu") + x.to("ipu")
+
+    out = poptorch.inferenceModel(Ones())(torch.tensor([2.0, 3.0, 4.0], dtype=torch.float16))
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out, torch.tensor([[3.0, 4.0, 5.0]] * 2, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("layer", ["linear", "conv"])
+def test_layers_run_in_their_activations_float_type(layer):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3) if layer == "linear" else torch.nn.Conv1d(4, 3, 2)
+    x = torch.randn(2, 4) if layer == "linear" else torch.randn(1, 4, 5)
+    expected = model(x)
+    out = poptorch.inferenceModel(model)(x.half())  # float16 activations, float32 weights
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)
+    model.half()
+    out = poptorch.inferenceModel(model)(x)  # float32 activations, float16 weights
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=1e-2, atol=1e-2)
+
+
+def test_inference_batch_norm_in_training_mode_leaves_running_statistics():
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm1d(3)  # left in training mode
+    bn.running_mean += torch.tensor([1.0, 2.0, 3.0])
+    before = bn.running_mean.clone()
+    x = torch.randn(8, 3) * 2 + 5
+    expected = torch.nn.functional.batch_norm(x, None, None, bn.weight, bn.bias, True)
+    out = poptorch.inferenceModel(bn)(x)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)  # the batch's statistics
+    torch.testing.assert_close(bn.running_mean, before)
+
+
+def test_one_hot_needs_its_number_of_classes():
+    class OneHot(torch.nn.Module):
+        def __init__(self, num_classes: int) -> None:
+            super().__init__()
+            self.num_classes = num_classes
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.one_hot(x, num_classes=self.num_classes)
+
+    x = torch.tensor([0, 3, 1])
+    assert poptorch.inferenceModel(OneHot(4))(x).tolist() == [
+        [1, 0, 0, 0],
+        [0, 0, 0, 1],
+        [0, 1, 0, 0],
+    ]
+    with pytest.raises(poptorch.Error, match="OneHot num classes must be specified"):
+        poptorch.inferenceModel(OneHot(-1))(x)
+
+
 def test_output_structure_is_kept():
     class Structured(torch.nn.Module):
         def forward(self, x: torch.Tensor):
