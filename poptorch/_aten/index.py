@@ -26,6 +26,7 @@ from torch.ops import aten
 import popxl
 from popxl import ops
 
+from .._capture.index_expansion import EXPANDED
 from .._fx import args_of
 from .._log import logger
 from ._registry import NodeContext, lowering
@@ -218,11 +219,21 @@ def _region(shape: tuple[int, ...], index_shape: tuple[int, ...], axis: int) -> 
     return tuple(slice(None) if a == axis else slice(0, n) for a, n in enumerate(index_shape))
 
 
-def _gather(x: Any, index: Any, axis: int) -> Any:
+def _gather(x: Any, index: Any, axis: int, expanded: tuple | None = None) -> Any:
+    """``expanded``: the shape ``index`` stands for, repeated along its other dimension
+    (whole rows are taken: ``poptorch/_capture/index_expansion.py``)."""
+    if expanded is not None:
+        part = x[_region(x.shape, expanded, axis)]
+        return jnp.take(part, index.reshape(-1), axis=axis)
     if x.ndim == 0:
         return x.reshape(index.shape)
     part = x[_region(x.shape, index.shape, axis)]
     return jnp.take_along_axis(part, index, axis=axis)
+
+
+def _expanded(ctx: NodeContext) -> tuple | None:
+    """The shape of the index a gather/scatter reads unexpanded, if the capture rewrote it."""
+    return ctx.node.meta.get(EXPANDED)
 
 
 @lowering(aten.gather.default)
@@ -231,7 +242,9 @@ def _lower_gather(
 ) -> Any:
     """torch.gather: ``out[i][j] = x[index[i][j]][j]`` (dim 0); ``index`` may be smaller
     than ``x`` in the other dimensions."""
-    return ctx.jax("gather", _gather, x, index, nondiff=(1,), axis=_dim(dim, x.rank))
+    expanded = _expanded(ctx)
+    attrs = {"expanded": expanded} if expanded is not None else {}
+    return ctx.jax("gather", _gather, x, index, nondiff=(1,), axis=_dim(dim, x.rank), **attrs)
 
 
 def _scatter_where(index: Any, axis: int) -> tuple:
@@ -285,7 +298,44 @@ def _divide(total: Any, count: Any) -> Any:
     return jnp.floor_divide(total, count)
 
 
-def _scatter(x: Any, index: Any, src: Any, axis: int, reduce: str, include_self: bool) -> Any:
+def _scatter_rows(
+    x: Any, rows: Any, src: Any, axis: int, reduce: str, include_self: bool, shape: tuple
+) -> Any:
+    """A sum or mean scatter of whole rows: ``src``'s row ``k`` (along ``axis``) into row
+    ``rows[k]`` of ``x``; ``shape`` is the region of ``src`` and ``x`` the rows span."""
+    region = _region(x.shape, shape, axis)
+    part = jnp.moveaxis(x[region], axis, 0)
+    rows = rows.reshape(-1)
+    moved = jnp.moveaxis(src, axis, 0)
+    total = jnp.zeros_like(part).at[rows].add(moved)
+    count = jnp.zeros(part.shape[:1], part.dtype).at[rows].add(1)
+    count = count.reshape(count.shape + (1,) * (part.ndim - 1))
+    if reduce == "sum":
+        done = part + total if include_self else jnp.where(count > 0, total, part)
+    elif include_self:
+        done = _divide(total + part, count + 1)
+    else:
+        done = jnp.where(count > 0, _divide(total, jnp.maximum(count, 1)), part)
+    return x.at[region].set(jnp.moveaxis(done, 0, axis))
+
+
+def _scatter(
+    x: Any,
+    index: Any,
+    src: Any,
+    axis: int,
+    reduce: str,
+    include_self: bool,
+    expanded: tuple | None = None,
+) -> Any:
+    """``expanded``: the shape ``index`` stands for (see ``_gather``); sums and means then
+    move whole rows, other reductions expand the index here."""
+    if expanded is not None:
+        src = jnp.broadcast_to(src.astype(x.dtype), src.shape if src.ndim else expanded)
+        src = src[tuple(slice(0, n) for n in expanded)]
+        if reduce in ("sum", "mean"):
+            return _scatter_rows(x, index, src, axis, reduce, include_self, expanded)
+        index = jnp.broadcast_to(index, expanded)
     src = jnp.broadcast_to(src.astype(x.dtype), src.shape if src.ndim else index.shape)
     src = src[tuple(slice(0, n) for n in index.shape)]
     if x.ndim == 0:
@@ -317,6 +367,8 @@ def _record_scatter(
     include_self: bool = True,
 ) -> Any:
     src = ctx.tensor(src, x.dtype)
+    expanded = _expanded(ctx)
+    attrs = {"expanded": expanded} if expanded is not None else {}
     return ctx.jax(
         "scatter",
         _scatter,
@@ -327,6 +379,7 @@ def _record_scatter(
         axis=_dim(dim, x.rank),
         reduce=reduce,
         include_self=bool(include_self),
+        **attrs,
     )
 
 

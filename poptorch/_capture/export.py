@@ -26,6 +26,7 @@ from .._scopes import tracking_module_depth
 from ..errors import Error
 from .blocks import Block, NotABlock, as_blocks, find_groups
 from .cpu_tensors import refuse_legacy_constructors
+from .index_expansion import log_graph, remove_index_expansions
 from .redirects import Redirects
 
 EXPORT_FAILED_MSG = (
@@ -147,7 +148,11 @@ def _decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram
         table = torch.export.default_decompositions()
         for op in PRESERVED:
             table.pop(op, None)
-        return ep.run_decompositions(table)
+        ep = ep.run_decompositions(table)
+    if remove_index_expansions(ep.graph):
+        ep.graph_module.recompile()
+    log_graph("Graph after capture (core ATen):", ep.graph)
+    return ep
 
 
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> Capture:
