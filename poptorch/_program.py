@@ -462,7 +462,7 @@ def _build_staged_body(
         _staged.check_pipeline_edges(blocks, data)
         n = 2 * len(stage_ids) - 1 if training else len(stage_ids)
         _staged.pipeline_steps_check(n, steps, training)
-        with addons.pipelined_execution(steps) as pipeline:
+        with addons.pipelined_execution(steps, min_steps=n) as pipeline:
             _staged_micro_batch(built, blocks, fwd, trainer, keep, layout, pipeline, weights_of)
         built.description += "\n" + pipeline.print_schedule()
     else:

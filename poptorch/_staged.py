@@ -13,9 +13,9 @@ its own device (``runtime.placement``).
 * ``PipelinedExecution``: the micro-batch loop is a ``popxl_addons.pipelined_execution``
   pipeline: forward stage ``s`` is pipeline stage ``s``, its backward is pipeline stage
   ``2(S-1) - s`` on the same IPU (the last stage's forward and backward share a stage),
-  activations are stashed between a stage's forward and backward. It needs at least
-  ``2 x`` (pipeline stages) micro-batches: gradient accumulation when training, device
-  iterations (per output) when not.
+  activations are stashed between a stage's forward and backward. It needs at least as
+  many micro-batches as pipeline stages (PopTorch's rule): gradient accumulation when
+  training, device iterations (per output) when not.
 * ``SerialPhasedExecution`` / ``ParallelPhasedExecution``: the phases run in order (the
   backward in reverse); weights, optimiser state and accumulators whose location is not
   set explicitly live in remote buffers, loaded when their phase runs and stored after
@@ -38,6 +38,7 @@ from popxl.transforms import autodiff
 
 from .blocks import Mark
 from .enums import AutoStage, Liveness
+from .errors import Error
 from .strategies import (
     ExecutionStrategy,
     ParallelPhasedExecution,
@@ -61,9 +62,15 @@ PIPELINE_EDGE_MSG = (
     "Place consecutive stages on different IPUs and read values only from the stage before "
     "(or put both blocks in one Stage), or use ShardedExecution."
 )
-PIPELINE_STEPS_MSG = (
-    "PipelinedExecution with {stages} pipeline stages needs at least {need} micro-batches per "
-    "pipeline ({what} is {got}). Raise {setter}, or use ShardedExecution."
+PIPELINE_TRAINING_STEPS_MSG = (
+    "poptorch.Options().Training.gradientAccumulation must be greater than or equal to the "
+    "number of pipeline stages ({stages}) when using poptorch.PipelinedExecution. Please note "
+    "that a model with {forward} pipeline stages in PopTorch will have an additional "
+    "{backward} stages when training."
+)
+PIPELINE_INFERENCE_STEPS_MSG = (
+    "poptorch.Options().deviceIterations must be greater than or equal to the number of "
+    "pipeline stages ({stages}) when using PopTorch.PipelinedExecution."
 )
 
 
@@ -374,13 +381,17 @@ def zeros_like(t: popxl.Tensor) -> popxl.Tensor:
 
 
 def pipeline_steps_check(stages: int, steps: int, training: bool) -> None:
-    need = 2 * stages
-    if steps < need:
-        what = "gradientAccumulation" if training else "deviceIterations (per returned output)"
-        setter = "options.Training.gradientAccumulation" if training else "options.deviceIterations"
-        raise ValueError(
-            PIPELINE_STEPS_MSG.format(stages=stages, need=need, what=what, got=steps, setter=setter)
+    """PopTorch's rule: at least as many micro-batches per pipeline as pipeline stages
+    (``stages`` counts the backward stages of a training pipeline)."""
+    if steps >= stages:
+        return
+    if training:
+        message = PIPELINE_TRAINING_STEPS_MSG.format(
+            stages=stages, forward=(stages + 1) // 2, backward=(stages - 1) // 2
         )
+    else:
+        message = PIPELINE_INFERENCE_STEPS_MSG.format(stages=stages)
+    raise Error(message, "poptorch_cpp_error")
 
 
 def is_pipelined(strategy: ExecutionStrategy) -> bool:

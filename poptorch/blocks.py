@@ -175,6 +175,12 @@ class Block(contextlib.ContextDecorator):
         """The block goes on until the next one starts."""
 
     @staticmethod
+    def start(user_id: str | None = None, ipu_id: int | None = None) -> None:
+        """Start block ``user_id`` (on IPU ``ipu_id``) here: the ops that follow belong to
+        it until the next block starts (``with Block(...)`` without the indentation)."""
+        Block(user_id, ipu_id).__enter__()
+
+    @staticmethod
     def useAutoId() -> None:  # noqa: N802 (PopTorch's name)
         """Name the following blocks ``block0``, ``block1``... (the default here)."""
 

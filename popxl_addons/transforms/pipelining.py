@@ -146,8 +146,12 @@ class PipelineContext:
 
 
 @contextmanager
-def pipelined_execution(steps: int) -> Iterator[PipelineContext]:
+def pipelined_execution(steps: int, *, min_steps: int | None = None) -> Iterator[PipelineContext]:
     """Run the ops created in this context as a pipeline over ``steps`` micro-batches.
+
+    ``min_steps``: the fewest steps accepted, by default twice the number of stages
+    (popxl-addons' rule). The schedule itself is correct from as many steps as stages
+    (PopTorch's rule, which its front end passes).
 
     Annotate every op with ``pipeline.stage(i)`` (and usually ``popxl.ipu(k)``); pass
     tensors between stages with ``copy_to_ipu`` or ``stash_and_restore_*``.
@@ -168,7 +172,7 @@ def pipelined_execution(steps: int) -> Iterator[PipelineContext]:
 
     Raises:
         RuntimeError: an op created outside a stage context.
-        ValueError: ``steps`` is smaller than twice the number of stages.
+        ValueError: ``steps`` is smaller than ``min_steps``.
     """
     graph = popxl.gcg()
     pipeline = PipelineContext(graph, steps)
@@ -177,7 +181,7 @@ def pipelined_execution(steps: int) -> Iterator[PipelineContext]:
         yield pipeline
     finally:
         graph.remove_op_created_hook(handle)
-    pipeline.pipeline = _Pipeline(graph, steps, dict(pipeline.ops))
+    pipeline.pipeline = _Pipeline(graph, steps, dict(pipeline.ops), min_steps)
     pipeline.pipeline.build()
 
 
@@ -252,7 +256,13 @@ class _Piece:
 class _Pipeline:
     """Moves the staged ops into subgraphs and writes the fill/main/flush schedule."""
 
-    def __init__(self, graph: popxl.Graph, steps: int, stage_ops: dict[int, list[Op]]) -> None:
+    def __init__(
+        self,
+        graph: popxl.Graph,
+        steps: int,
+        stage_ops: dict[int, list[Op]],
+        min_steps: int | None = None,
+    ) -> None:
         self.graph = graph
         self.ir = graph.ir
         self.steps = steps
@@ -260,7 +270,9 @@ class _Pipeline:
         missing = [s for s in range(self.num_stages) if not stage_ops.get(s)]
         if missing:
             raise ValueError(MISSING_STAGE_MSG.format(n=self.num_stages - 1, missing=missing))
-        if steps < 2 * self.num_stages:
+        if steps < max(
+            min_steps if min_steps is not None else 2 * self.num_stages, self.num_stages
+        ):
             raise ValueError(TOO_FEW_STEPS_MSG.format(steps=steps, stages=self.num_stages))
         self.pieces: dict[tuple[str, int | None], _Piece] = {}
         stage_of = {op: s for s, stage_list in stage_ops.items() for op in stage_list}

@@ -122,9 +122,34 @@ def test_pipelined_stages_group_blocks():
     assert "block 'two': stage 0, IPU 0" in text and "block 'three': stage 1, IPU 1" in text
 
 
-def test_pipeline_needs_enough_micro_batches():
-    with pytest.raises(ValueError, match="needs at least 10 micro-batches per pipeline"):
+def test_pipeline_needs_as_many_micro_batches_as_stages():
+    message = (
+        r"gradientAccumulation must be greater than or equal to the number of pipeline stages "
+        r"\(5\) .* a model with 3 pipeline stages in PopTorch will have an additional 2 stages"
+    )
+    with pytest.raises(poptorch.Error, match=message):
         _train(MLP("with"), poptorch.PipelinedExecution(), ga=4)
+    model, _ = _train(MLP("with"), poptorch.PipelinedExecution(), ga=5)  # fewest: one per stage
+    ref, _ = _train(MLP(style="none"), ga=5)
+    _same_weights(model, ref)
+    assert "Pipeline: 5 stages over 5 steps" in model.print_schedule()
+
+
+def test_pipelined_inference_needs_as_many_device_iterations_as_stages():
+    opts = poptorch.Options().deviceIterations(2)
+    model = poptorch.inferenceModel(MLP("with"), opts)
+    with pytest.raises(poptorch.Error, match=r"deviceIterations must be greater .* \(3\)"):
+        model(*_data(2 * B))
+
+
+def test_inference_refuses_gradient_accumulation():
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(2)
+    with pytest.raises(poptorch.Error, match="Use poptorch.Options\\(\\).deviceIterations"):
+        poptorch.inferenceModel(MLP("with"), opts)
+    opts.setExecutionStrategy(poptorch.ShardedExecution())
+    with pytest.raises(poptorch.Error, match=r"gradientAccumulation to 1 .*inferenceModel\(\)\.$"):
+        poptorch.inferenceModel(MLP("with"), opts)
 
 
 def test_pipelined_inference_returns_every_batch():
@@ -256,7 +281,9 @@ def test_begin_block_models_save_and_load(tmp_path):
 
 
 def test_begin_block_needs_a_module():
-    with pytest.raises(TypeError, match="BeginBlock expects a torch.nn.Module or a popxl_addons Module"):
+    with pytest.raises(
+        TypeError, match="BeginBlock expects a torch.nn.Module or a popxl_addons Module"
+    ):
         poptorch.BeginBlock(object(), "x")
 
 
