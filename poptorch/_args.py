@@ -67,6 +67,31 @@ def registerCustomArgParser(arg_data_type: type, arg_parser: ICustomArgParser | 
     _register_with_pytree(arg_data_type)
 
 
+class _Structure:
+    """A custom-parser object as a pytree context: the object (to rebuild from) and its
+    number of tensors. Two calls' structures match when their types and tensor counts do,
+    not only when they are the same object."""
+
+    def __init__(self, obj: Any, n: int) -> None:
+        self.obj, self.n = obj, n
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Structure)
+            and type(other.obj) is type(self.obj)
+            and other.n == self.n
+        )
+
+    def __hash__(self) -> int:
+        return hash((type(self.obj), self.n))
+
+    def __deepcopy__(self, memo: dict) -> _Structure:
+        return self  # read only, to rebuild from; its tensors may be torch.export's fakes
+
+    def __repr__(self) -> str:
+        return f"{type(self.obj).__qualname__}({self.n} tensors)"
+
+
 def _register_with_pytree(cls: type) -> None:
     if cls in _REGISTERED or cls in pytree.SUPPORTED_NODES:
         return
@@ -74,13 +99,14 @@ def _register_with_pytree(cls: type) -> None:
     def flatten(obj: Any) -> tuple[list[Any], Any]:
         parser = _PARSERS.get(cls)
         if parser is not None:
-            return list(parser.yieldTensors(obj)), copy.copy(obj)
+            tensors = list(parser.yieldTensors(obj))
+            return tensors, _Structure(copy.copy(obj), len(tensors))
         return list(obj.values()), list(obj.keys())
 
     def unflatten(values: Any, context: Any) -> Any:
         parser = _PARSERS.get(cls)
         if parser is not None:
-            return parser.reconstruct(context, iter(values))
+            return parser.reconstruct(context.obj, iter(values))
         return cls(zip(context, values))
 
     def flatten_with_keys(obj: Any) -> tuple[list[tuple[Any, Any]], Any]:
@@ -268,6 +294,9 @@ def _check_not_numpy(name: str, value: Any) -> None:
 def _map_tensors(value: Any, fn: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return fn(value)
+    parser = _PARSERS.get(type(value))
+    if parser is not None:
+        return parser.reconstruct(value, iter([fn(t) for t in parser.yieldTensors(value)]))
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return tuple(_map_tensors(v, fn) for v in value)
     if isinstance(value, list):
@@ -330,6 +359,24 @@ def _validate(name: str, compiled: Any, given: Any, named: bool = False) -> None
         _validate(name, tuple(parser.yieldTensors(compiled)), tuple(parser.yieldTensors(given)))
     elif compiled != given:
         raise _fail(f"Value mismatch for {name}: expected {compiled} but got {given}.")
+
+
+def in_compiled_order(compiled: CallArgs, given: CallArgs) -> CallArgs:
+    """``given`` (already validated against ``compiled``) with its dicts' keys in the order
+    the model was compiled with: a dict's tensors are matched by key, not by position."""
+
+    def order(c: Any, g: Any) -> Any:
+        if isinstance(c, dict) and type(c) in (dict, collections.OrderedDict):
+            return type(g)((k, order(c[k], g[k])) for k in c)
+        if isinstance(c, (tuple, list)) and type(c) in (tuple, list):
+            return type(g)(order(a, b) for a, b in zip(c, g))
+        return g
+
+    return CallArgs(
+        [order(c, g) for c, g in zip(compiled.args, given.args)],
+        list(given.names),
+        {k: order(c, given.kwargs[k]) for k, c in compiled.kwargs.items()},
+    )
 
 
 def metadata(call: CallArgs) -> CallArgs:

@@ -188,7 +188,7 @@ class TorchExecutor(PoplarExecutor):
         if self._built is not None:
             assert self._compiled_call is not None
             _args.validate(self._compiled_call, call)
-            return call.tensors()
+            return _args.in_compiled_order(self._compiled_call, call).tensors()
         tensors = call.tensors()
         self._check_batch(tensors)
         self._check_updatable_buffers()

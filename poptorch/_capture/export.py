@@ -20,6 +20,7 @@ from torch.fx import traceback as fx_traceback
 from torch.utils import _pytree as pytree
 
 from .. import _state
+from .._args import register_types
 from .. import blocks as blocks_api
 from .._aten import PRESERVED
 from .._scopes import tracking_module_depth
@@ -96,6 +97,17 @@ def _first_line(error: BaseException) -> str:
 
 
 @contextlib.contextmanager
+def _registering_output_types(model: torch.nn.Module) -> Iterator[None]:
+    """User containers the forward returns (a ``dict`` subclass, a type with a custom
+    argument parser) registered with pytree before ``torch.export`` flattens them."""
+    handle = model.register_forward_hook(lambda _module, _args, out: register_types(out))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextlib.contextmanager
 def _tracing() -> Iterator[None]:
     token = _state.TRACING.set(True)
     try:
@@ -116,6 +128,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
         refuse_legacy_constructors(model),
         Redirects(),
         tracking_module_depth(model),
+        _registering_output_types(model),
     ):
         # torch's own deprecation notices while tracing are not the user's concern.
         warnings.simplefilter("ignore", FutureWarning)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import re
 
@@ -162,6 +163,51 @@ def test_list_inputs_stay_lists_and_their_tensors_are_updated_in_place():
     assert xs[0].item() == 5.0 and xs[1].item() == 5.0
 
 
+def test_dict_inputs_are_matched_by_key_whatever_their_order():
+    class Divide(torch.nn.Module):
+        def forward(self, d: dict) -> torch.Tensor:
+            return d["x"] / d["y"]
+
+    pm = poptorch.inferenceModel(Divide())
+    assert pm({"x": torch.tensor([1.0]), "y": torch.tensor([2.0])}).item() == 0.5
+    assert pm({"y": torch.tensor([2.0]), "x": torch.tensor([1.0])}).item() == 0.5
+
+
+def test_custom_argument_types_are_split_into_micro_batches_and_returned():
+    class Pair:
+        def __init__(self, a: torch.Tensor, b: torch.Tensor) -> None:
+            self.a, self.b = a, b
+
+    class PairParser(poptorch.ICustomArgParser):
+        def yieldTensors(self, struct: Pair):  # noqa: N802 (PopTorch's name)
+            yield struct.a
+            yield struct.b
+
+        def reconstruct(self, original: Pair, tensors):
+            return Pair(next(tensors), next(tensors))
+
+    class Results(collections.OrderedDict):
+        pass
+
+    poptorch.registerCustomArgParser(Pair, PairParser())
+
+    class Model(torch.nn.Module):
+        def forward(self, p: Pair) -> Results:
+            assert p.a.shape[0] == 2  # one micro-batch
+            out = Results()
+            out["sum"] = p.a + p.b
+            out["a"] = p.a
+            return out
+
+    pm = poptorch.inferenceModel(Model(), poptorch.Options().deviceIterations(3))
+    for i in range(2):
+        a, b = torch.randn(6, 2), torch.randn(6, 2)
+        out = pm(Pair(a, b))
+        assert isinstance(out, Results) and list(out) == ["sum", "a"]
+        torch.testing.assert_close(out["sum"], a + b)
+        torch.testing.assert_close(out["a"], a)
+
+
 def test_tensors_created_on_the_ipu_device_are_part_of_the_program():
     class Ones(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -197,6 +243,31 @@ def test_inference_batch_norm_in_training_mode_leaves_running_statistics():
     out = poptorch.inferenceModel(bn)(x)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)  # the batch's statistics
     torch.testing.assert_close(bn.running_mean, before)
+
+
+def test_training_batch_norm_updates_running_statistics_as_torch():
+    torch.manual_seed(0)
+
+    class Normalised(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn = torch.nn.BatchNorm1d(3, momentum=0.3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return poptorch.identity_loss(self.bn(x).pow(2).mean(), "none")
+
+    model, reference = Normalised(), Normalised()
+    xs = [torch.randn(8, 3) * 2 + 5 for _ in range(2)]
+    pm = poptorch.trainingModel(model, optimizer=poptorch.optim.SGD(model.parameters(), lr=0.1))
+    sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for x in xs:
+        pm(x)
+        reference(x).backward()
+        sgd.step()
+        sgd.zero_grad()
+    pm.copyWeightsToHost()
+    torch.testing.assert_close(model.bn.running_mean, reference.bn.running_mean)
+    torch.testing.assert_close(model.bn.running_var, reference.bn.running_var)
 
 
 def test_one_hot_needs_its_number_of_classes():
