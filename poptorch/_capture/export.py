@@ -20,8 +20,8 @@ from torch.fx import traceback as fx_traceback
 from torch.utils import _pytree as pytree
 
 from .. import _state
-from .._args import register_types
 from .. import blocks as blocks_api
+from .._args import register_types
 from .._aten import PRESERVED
 from .._scopes import tracking_module_depth
 from ..errors import Error
