@@ -28,7 +28,7 @@ from ..errors import Error
 from .blocks import Block, NotABlock, as_blocks, find_groups
 from .cpu_tensors import refuse_legacy_constructors
 from .index_expansion import log_graph, remove_index_expansions
-from .redirects import Redirects
+from .redirects import Redirects, masks_as_given
 
 EXPORT_FAILED_MSG = (
     "poptorch could not capture {cls}.forward with torch.export:\n  {reason}\n"
@@ -127,6 +127,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
         blocks_api.capturing(),
         refuse_legacy_constructors(model),
         Redirects(),
+        masks_as_given(),
         tracking_module_depth(model),
         _registering_output_types(model),
     ):

@@ -10,6 +10,8 @@ message.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -127,6 +129,24 @@ def _in_activation_type(args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[st
         return value
 
     return (x, *map(cast, args[1:])), {k: cast(v) for k, v in kwargs.items()}
+
+
+@contextlib.contextmanager
+def masks_as_given() -> Iterator[None]:
+    """``torch.nn.Transformer*``'s causal-mask detection answering from ``is_causal`` only
+    (see the module's docstring)."""
+    from torch.nn.modules import transformer  # noqa: PLC0415
+
+    detect = transformer._detect_is_causal_mask
+
+    def from_flag(mask: Any, is_causal: bool | None = None, size: int | None = None) -> bool:
+        return is_causal is True
+
+    transformer._detect_is_causal_mask = from_flag  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        transformer._detect_is_causal_mask = detect
 
 
 class Redirects(TorchFunctionMode):

@@ -270,6 +270,24 @@ def test_training_batch_norm_updates_running_statistics_as_torch():
     torch.testing.assert_close(model.bn.running_var, reference.bn.running_var)
 
 
+def test_transformer_with_attention_masks():
+    torch.manual_seed(0)
+    model = torch.nn.Transformer(
+        d_model=8,
+        nhead=2,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        dim_feedforward=16,
+        batch_first=True,
+    ).eval()
+    src, tgt = torch.randn(2, 5, 8), torch.randn(2, 4, 8)
+    tgt_mask = torch.nn.Transformer.generate_square_subsequent_mask(4)
+    src_mask = torch.zeros(5, 5)
+    expected = model(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
+    out = poptorch.inferenceModel(model)(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_one_hot_needs_its_number_of_classes():
     class OneHot(torch.nn.Module):
         def __init__(self, num_classes: int) -> None:
