@@ -142,7 +142,7 @@ def masks_as_given() -> Iterator[None]:
     def from_flag(mask: Any, is_causal: bool | None = None, size: int | None = None) -> bool:
         return is_causal is True
 
-    transformer._detect_is_causal_mask = from_flag  # type: ignore[assignment]
+    transformer._detect_is_causal_mask = from_flag
     try:
         yield
     finally:

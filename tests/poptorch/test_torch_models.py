@@ -200,7 +200,7 @@ def test_custom_argument_types_are_split_into_micro_batches_and_returned():
             return out
 
     pm = poptorch.inferenceModel(Model(), poptorch.Options().deviceIterations(3))
-    for i in range(2):
+    for _ in range(2):
         a, b = torch.randn(6, 2), torch.randn(6, 2)
         out = pm(Pair(a, b))
         assert isinstance(out, Results) and list(out) == ["sum", "a"]
