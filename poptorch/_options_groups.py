@@ -545,8 +545,8 @@ class _DistributedOptions(_Base):
 
 
 class AnchoredTensor(_Base):
-    """One ``Options.anchorTensor``: a named intermediate tensor to return (accepted without
-    effect here: the executor returns only the model's outputs)."""
+    """One ``Options.anchorTensor``: a named tensor of the program to return (see
+    ``poptorch._anchors``)."""
 
     long_name: str
     use_default_mode: bool

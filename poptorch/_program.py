@@ -35,6 +35,7 @@ from popxl.context import get_current_context
 from popxl_addons.transforms.repeat_graph import repeat_graph
 
 from . import _staged
+from ._anchors import LOSS_SCALE, UPDATED, Anchors
 from ._staged import block_ranges
 from ._storage import (
     flush,
@@ -158,6 +159,8 @@ class Built:
     # The execution strategy's blocks, stages and IPUs (and pipeline schedule), if any.
     description: str = ""
     interface: Interface | None = None
+    # Options.anchorTensor's tensors and the variables holding them.
+    anchors: Anchors | None = None
 
 
 @dataclass(frozen=True)
@@ -292,6 +295,12 @@ def build(
             interface=interface,
         )
         built.locations = locations
+        built.anchors = Anchors.of(
+            options,
+            resolved_output_mode(options, training),
+            layout.accumulation * layout.device_iterations,
+            layout.device_iterations,
+        )
         if len(plans) > 1 or any(p.ipu for p in plans):
             # Ops not placed explicitly (loops, the optimiser's scalars) get no IPU, so
             # the variables they read are placed by the ops that use them.
@@ -299,6 +308,7 @@ def build(
                 _build_staged_body(built, fwd, optimizer, layout, options, plans)
         else:
             _build_body(built, fwd, optimizer, layout, options)
+    built.anchors.check()
     ir.num_host_transfers = layout.device_iterations * layout.accumulation
     return built
 
@@ -784,6 +794,8 @@ class _Trainer:
     def accumulate(self, key: str, g: popxl.Tensor) -> None:
         """Add a micro-batch gradient of weight ``key`` to its accumulator (or keep it,
         for a weight updated without one)."""
+        if self.built.anchors is not None:
+            self.built.anchors.gradient(key, g)
         if key not in self.accums:
             dtype = self.spec.accum_type
             self.grads[key] = g if g.dtype == dtype else ops.cast(g, dtype)
@@ -840,6 +852,12 @@ class _Trainer:
                     loaded[name] = read_stored(self.accums[name])
                 grads[name] = self._reduced_grad(name, loaded[name], layout)
             shards[name] = self._sharding(name)
+        anchors = built.anchors
+        if anchors is not None and anchors.wanted(LOSS_SCALE):
+            scale = self.loss_scale()
+            if not isinstance(scale, popxl.Tensor):
+                scale = popxl.constant(np.float32(scale))
+            anchors.step(LOSS_SCALE, _f32(scale))
         finite = None
         if built.good_steps is not None:
             bad = {n: self._bad_count(n, g) for n, g in grads.items()}
@@ -853,6 +871,10 @@ class _Trainer:
                 self._update(name, grads[name], shards[name], finite)
         if finite is not None:
             self._adapt_scale(finite)
+        for name in built.groups:
+            if anchors is not None and anchors.wanted(UPDATED + name):
+                with self._on(name):
+                    anchors.step(UPDATED + name, read_stored(built.weights[name]))
         for name, var in self.accums.items():
             with self._on(name):
                 zeroed = loaded[name] if name in loaded else read_stored(var)

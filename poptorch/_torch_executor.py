@@ -179,6 +179,9 @@ class TorchExecutor(PoplarExecutor):
                     "poptorch",
                 )
 
+    def _host_array(self, data: np.ndarray) -> torch.Tensor:
+        return _to_torch(data)
+
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Capture and compile the model for inputs like ``args`` (if not done yet)."""
         self._compile_call(self._binder.bind(args, kwargs))

@@ -596,6 +596,29 @@ class PoplarExecutor:
         self._require_built("_debugGetPopartIR")
         return popart_ir_json(self.ir)
 
+    def getAnchoredTensor(self, short_name: str) -> Any:  # noqa: N802 (PopTorch's name)
+        """The tensor ``Options.anchorTensor`` named ``short_name``, as the last run left it
+        (its output mode applied: the last value, every value, their sum, or every N-th)."""
+        built = self._require_built("getAnchoredTensor")
+        anchors = built.anchors.variables() if built.anchors is not None else {}
+        if short_name not in anchors:
+            raise Error(
+                f"No anchored tensor named {short_name!r}: anchor it with "
+                f"options.anchorTensor({short_name!r}, long_name) (anchored: "
+                f"{sorted(anchors)}).",
+                "poptorch_py_error",
+            )
+        session = self._require_session("getAnchoredTensor")
+        var = anchors[short_name]
+        data = np.asarray(session.get_tensors_data([var])[var])
+        assert built.anchors is not None
+        return self._host_array(built.anchors.value(short_name, data))
+
+    def _host_array(self, data: np.ndarray) -> Any:
+        """An array as this front end returns host data (numpy; torch tensors for torch
+        models)."""
+        return data
+
     def getTensorNames(self) -> list[str]:  # noqa: N802
         """Every tensor name of the program."""
         ir = self.ir

@@ -134,7 +134,7 @@ class Options(_Base):
     )
     anchored_tensors: dict[str, AnchoredTensor] = Field(
         default_factory=dict,
-        description=_no_effect("anchorTensor; the executor returns only the model's outputs."),
+        description="anchorTensor's tensors by short name (see poptorch._anchors).",
     )
     source_location_excludes: list[str] = Field(
         default_factory=lambda: list(DEFAULT_SOURCE_EXCLUDES),
@@ -309,8 +309,9 @@ class Options(_Base):
         output_mode: OutputMode | None = None,
         output_return_period: int | None = 1,
     ) -> Options:
-        """Record a named intermediate tensor to return under ``short_name`` (accepted
-        without effect here: the executor returns only the model's outputs)."""
+        """Return the program's tensor ``long_name`` (``Gradient___<weight>``,
+        ``UpdatedVar___<weight>``, ``finalLossScale``) under ``short_name``, read with
+        ``getAnchoredTensor``; ``output_mode`` defaults to the model's."""
         self.checkIsFrozen()
         mode = None if output_mode is None else _enum_member(OutputMode, output_mode, "output_mode")
         period = (
