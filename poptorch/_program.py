@@ -54,6 +54,7 @@ from .enums import CommGroupType, OutputMode, ReductionType
 from .errors import Error
 from .optim import Optimizer, group_of_each, sharded_update
 from .options import Options, TensorLocationSettings, _TensorLocationOptions, resolved_output_mode
+from .strategies import PipelinedExecution, ShardedExecution
 
 LOSS_MISSING_MSG = (
     "trainingModel needs a loss: {cls}.build must return it, marked with "
@@ -68,11 +69,6 @@ NO_LOSS_MSG = (
 LOSS_SHAPE_MSG = (
     "The loss must be a scalar, but {cls}.build's loss has shape {shape}. Reduce it with "
     "poptorch.identity_loss(x, reduction='mean') or 'sum'."
-)
-INFERENCE_GA_MSG = (
-    "Options.Training.gradientAccumulation is {ga}, but gradient accumulation only applies "
-    "to trainingModel. Use gradientAccumulation(1) for inferenceModel (or deviceIterations "
-    "to run several batches per call)."
 )
 EVERY_N_MSG = (
     "OutputMode.EveryN with output_return_period {n} needs deviceIterations to be a multiple "
@@ -207,6 +203,29 @@ class Interface:
         return names if self.trainable is None else [n for n in names if n in self.trainable]
 
 
+INFERENCE_ACCUMULATION_MSG = (
+    "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its "
+    "default value (1) when running a poptorch.inferenceModel()."
+)
+PIPELINED_INFERENCE_HINT = (
+    " Use poptorch.Options().deviceIterations to process a sufficient number of batches each "
+    "run for pipelined execution instead."
+)
+
+
+def check_inference_accumulation(options: Options) -> None:
+    """Inference accumulates nothing: PopTorch refused an inference model with gradient
+    accumulation when it was created."""
+    if options.Training.gradient_accumulation == 1:
+        return
+    strategy = options._execution_strategy
+    pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(
+        strategy, ShardedExecution
+    )
+    message = INFERENCE_ACCUMULATION_MSG + (PIPELINED_INFERENCE_HINT if pipelined else "")
+    raise Error(message, "poptorch_py_error")
+
+
 @dataclass(frozen=True)
 class Layout:
     """How many of everything one host call runs."""
@@ -221,8 +240,8 @@ class Layout:
     @classmethod
     def of(cls, options: Options, training: bool) -> Layout:
         ga = options.training.gradient_accumulation
-        if not training and ga > 1:
-            raise ValueError(INFERENCE_GA_MSG.format(ga=ga))
+        if not training:
+            check_inference_accumulation(options)
         mode = resolved_output_mode(options, training)
         di = options.device_iterations
         period = {OutputMode.Final: di, OutputMode.EveryN: options.output_return_period}.get(

@@ -28,12 +28,11 @@ from popxl._printing import format_schedule
 
 from ._hooks import compiling
 from ._popart_ir import log_lowered, popart_ir_json
-from ._program import Built, build
+from ._program import Built, build, check_inference_accumulation
 from .enums import CommGroupType, ConnectionType, VariableRetrievalMode
 from .errors import Error
 from .optim import OPTIMIZERS, Optimizer
 from .options import Options
-from .strategies import PipelinedExecution, ShardedExecution
 
 if TYPE_CHECKING:
     import torch
@@ -134,7 +133,7 @@ class PoplarExecutor:
         if training and not isinstance(optimizer, OPTIMIZERS):
             raise TypeError(OPTIMIZER_TYPE_MSG.format(got=type(optimizer).__name__))
         if not training and options is not None:
-            _check_inference_accumulation(options)
+            check_inference_accumulation(options)
         self._model = model
         self._options = (options or Options())._for_model(training)
         self.training = training
@@ -702,29 +701,6 @@ def trainingModel(  # noqa: N802
     return PoplarExecutor(
         model, options, True, optimizer if optimizer is not None else SGD(lr=0.01)
     )
-
-
-INFERENCE_ACCUMULATION_MSG = (
-    "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its "
-    "default value (1) when running a poptorch.inferenceModel()."
-)
-PIPELINED_INFERENCE_HINT = (
-    " Use poptorch.Options().deviceIterations to process a sufficient number of batches each "
-    "run for pipelined execution instead."
-)
-
-
-def _check_inference_accumulation(options: Options) -> None:
-    """Inference accumulates nothing: PopTorch refused an inference model with gradient
-    accumulation when it was created."""
-    if options.Training.gradient_accumulation == 1:
-        return
-    strategy = options._execution_strategy
-    pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(
-        strategy, ShardedExecution
-    )
-    message = INFERENCE_ACCUMULATION_MSG + (PIPELINED_INFERENCE_HINT if pipelined else "")
-    raise Error(message, "poptorch_py_error")
 
 
 def inferenceModel(model: Any, options: Options | None = None) -> PoplarExecutor:  # noqa: N802

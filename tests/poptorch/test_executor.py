@@ -115,7 +115,7 @@ def test_shapes_are_fixed_after_compiling():
 
 
 def test_inference_with_gradient_accumulation_is_refused():
-    with pytest.raises(ValueError, match="only applies to trainingModel"):
+    with pytest.raises(poptorch.Error, match="gradientAccumulation to 1 or leave it"):
         poptorch.inferenceModel(Linear(), options(ga=2))(*data(4))
 
 
