@@ -535,6 +535,73 @@ def _lower_sort_stable(
     return _lower_sort(ctx, x, dim, descending)
 
 
+# Bucketing --------------------------------------------------------------------------------
+
+
+def _search(boundaries: Any, x: Any, right: bool, dtype: Any) -> Any:
+    """For each ``x``, the index of its bucket in ``boundaries`` (sorted along the last
+    axis; leading axes pair rows of ``boundaries`` with rows of ``x``). A binary search, as
+    torch's: boundaries that are not sorted give torch's answers too."""
+    side = "right" if right else "left"
+    if boundaries.ndim <= 1:
+        found = jnp.searchsorted(boundaries.reshape(-1), x, side=side, method="scan")
+    else:
+        row = partial(jnp.searchsorted, side=side, method="scan")
+        for _ in range(boundaries.ndim - 1):
+            row = jax.vmap(row)
+        found = row(boundaries, x)
+    return found.astype(dtype)
+
+
+def _record_search(
+    ctx: NodeContext, boundaries: popxl.Tensor, x: Any, right: bool, side: str | None
+) -> Any:
+    x = ctx.tensor(x, boundaries.dtype)
+    right = bool(right) or side == "right"
+    dtype = ctx.out_dtype.as_numpy()
+    return ctx.jax("searchsorted", _search, boundaries, x, nondiff=(0, 1), right=right, dtype=dtype)
+
+
+@lowering(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def _lower_bucketize(
+    ctx: NodeContext,
+    x: Any,
+    boundaries: popxl.Tensor,
+    *,
+    out_int32: bool = False,
+    right: bool = False,
+) -> Any:
+    """``torch.bucketize``: the bucket of each element of ``x`` among 1-D ``boundaries``
+    (``right``: a value equal to a boundary goes to the bucket above it)."""
+    return _record_search(ctx, boundaries, x, right, None)
+
+
+@lowering(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def _lower_searchsorted(
+    ctx: NodeContext,
+    sorted_sequence: popxl.Tensor,
+    x: Any,
+    *,
+    out_int32: bool = False,
+    right: bool = False,
+    side: str | None = None,
+    sorter: popxl.Tensor | None = None,
+) -> Any:
+    """``torch.searchsorted``: where each ``x`` would be inserted to keep each row of
+    ``sorted_sequence`` sorted (``sorter``: the permutation that sorts it)."""
+    if sorter is not None:
+        sorted_sequence = ctx.jax(
+            "gather",
+            _gather,
+            sorted_sequence,
+            sorter,
+            nondiff=(1,),
+            outputs=[(sorted_sequence.shape, sorted_sequence.dtype)],
+            axis=sorted_sequence.rank - 1,
+        )
+    return _record_search(ctx, sorted_sequence, x, right, side)
+
+
 # Cumulative ops ----------------------------------------------------------------------------
 
 

@@ -346,4 +346,30 @@ CASES = [
         grad=False,
     ),
     Case("cumprod", lambda x: torch.cumprod(x, 0), lambda: (_randn(4, 3),), [aten.cumprod.default]),
+    Case(
+        "bucketize",
+        lambda x, b: (torch.bucketize(x, b), torch.bucketize(x, b, right=True, out_int32=True)),
+        lambda: (torch.tensor([[3.0, 6, 9], [-1, 1, 140]]), torch.tensor([1.0, 3, 5, 7, 9])),
+        [aten.bucketize.Tensor],
+        grad=False,
+    ),
+    Case(
+        "bucketize_unsorted_boundaries",  # torch's binary search over them, step for step
+        lambda x, b: torch.bucketize(x, b),
+        lambda: (torch.arange(1.0, 10.0), torch.tensor([1.0, 2, 3, 6, 4, 5])),
+        [aten.bucketize.Tensor],
+        grad=False,
+    ),
+    Case(
+        "searchsorted_rows_with_sorter",
+        lambda s, x, order: (
+            torch.searchsorted(s, x, side="right"),
+            torch.searchsorted(
+                s[:, order], x, sorter=torch.argsort(order).expand(3, 6).contiguous()
+            ),
+        ),
+        lambda: (torch.sort(_randn(3, 6))[0], _randn(3, 4), torch.tensor([2, 0, 5, 1, 4, 3])),
+        [aten.searchsorted.Tensor],
+        grad=False,
+    ),
 ]
