@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import copy
 import logging
+import time
 import weakref
 from typing import Any
 
@@ -192,6 +193,8 @@ class TorchExecutor(PoplarExecutor):
             assert self._compiled_call is not None
             _args.validate(self._compiled_call, call)
             return _args.in_compiled_order(self._compiled_call, call).tensors()
+        if self._compile_started is None:
+            self._compile_started = time.perf_counter()
         tensors = call.tensors()
         self._check_batch(tensors)
         self._check_updatable_buffers()

@@ -13,6 +13,8 @@ another executor or the user needs them.
 
 from __future__ import annotations
 
+import datetime
+import os
 import pickle
 import time
 import weakref
@@ -100,6 +102,12 @@ class _Timing:
     host_to_device: list[float] = field(default_factory=list)
     compute: list[float] = field(default_factory=list)
     device_to_host: list[float] = field(default_factory=list)
+    # The last call's start (seconds since the epoch) and its streams' transfer counts.
+    start: float = 0.0
+    inputs: int = 0
+    outputs: int = 0
+    input_steps: int = 0
+    output_steps: int = 0
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -145,6 +153,9 @@ class PoplarExecutor:
         self._uploaded = -1
         self._groupings: dict[str, tuple[CommGroupType, int, VariableRetrievalMode]] = {}
         self._timing = _Timing()
+        # Seconds from the first compile request to a compiled program (compilationTime).
+        self._compile_started: float | None = None
+        self._compile_seconds: float | None = None
         if optimizer is not None:
             optimizer._link(self)
 
@@ -200,6 +211,8 @@ class PoplarExecutor:
             if key != self._specs:
                 raise ValueError(CHANGED_MSG.format(old=self._specs, new=key))
             return
+        if self._compile_started is None:
+            self._compile_started = time.perf_counter()
         groupings = {n: (g[0], g[1]) for n, g in self._groupings.items()}
         with compiling():
             self._built = build(module, self._options, specs, self._optimizer, groupings)
@@ -213,6 +226,16 @@ class PoplarExecutor:
             self._optimizer._pending_state = None
         if self._options.connection_type == ConnectionType.Always:
             self.attachToDevice()
+        self._compile_seconds = time.perf_counter() - self._compile_started
+
+    def compilationTime(self) -> datetime.timedelta:  # noqa: N802 (PopTorch's name)
+        """How long compiling took, from the first call (capture included) to a compiled
+        program; recorded with ``Options.showCompilationProgressBar``, as in PopTorch."""
+        if self._compile_seconds is None:
+            raise Error(COMPILE_FIRST_MSG, "poptorch_py_error")
+        if not self._options.show_compilation_progress_bar:
+            raise Error(PROGRESS_BAR_MSG, "poptorch_py_error")
+        return datetime.timedelta(seconds=self._compile_seconds)
 
     def isCompiled(self) -> bool:  # noqa: N802
         """Whether the program is built and compiled (and not destroyed)."""
@@ -254,6 +277,8 @@ class PoplarExecutor:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _run_arrays(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        if self._options.popart.options.get("instrumentWithHardwareCycleCounter"):
+            raise Error(CYCLE_COUNT_MSG, "poptorch_cpp_error")
         """One host call of the compiled program on combined batches; the outputs in
         PopTorch's host layout."""
         start = time.perf_counter()
@@ -273,6 +298,11 @@ class PoplarExecutor:
         outs = [self._host_layout(results[s], s) for s in built.outputs]
         done = time.perf_counter()
         self._record(loaded - start, ran - loaded, done - ran)
+        built = self._require_built("run")
+        self._timing.start = time.time() - (done - start)
+        self._timing.inputs, self._timing.outputs = len(built.inputs), len(built.outputs)
+        self._timing.input_steps = built.ir.num_host_transfers * self._options.replication_factor
+        self._timing.output_steps = built.stores_per_call * self._options.replication_factor
         return outs
 
     def _stream_layout(self, arr: np.ndarray) -> np.ndarray:
@@ -313,6 +343,24 @@ class PoplarExecutor:
     def _record(self, h2d: float, compute: float, d2h: float) -> None:
         n = self._options.device_iterations
         self._timing = _Timing([h2d / n] * n, [compute / n] * n, [d2h / n] * n)
+
+    def getPerfCounters(self) -> dict[str, list[list[float]]]:  # noqa: N802
+        """Timestamps (seconds since the epoch) of the last call's transfers: ``input`` /
+        ``input_complete`` per input stream and step, ``output`` / ``output_complete`` per
+        output stream and step. A call moves all its steps in one transfer each way, so the
+        steps' timestamps divide each phase evenly (as the latencies do)."""
+        self._require_session("getPerfCounters")
+        t = self._timing
+        h2d, compute, d2h = sum(t.host_to_device), sum(t.compute), sum(t.device_to_host)
+        n_in, n_out = max(t.input_steps, 1), max(t.output_steps, 1)
+        ins = [t.start + h2d * i / n_in for i in range(n_in)]
+        outs = [t.start + h2d + compute * (i + 1) / n_out for i in range(n_out)]
+        return {
+            "input": [list(ins) for _ in range(t.inputs)],
+            "input_complete": [[x + h2d / n_in for x in ins] for _ in range(t.inputs)],
+            "output": [list(outs) for _ in range(t.outputs)],
+            "output_complete": [[x + d2h for x in outs] for _ in range(t.outputs)],
+        }
 
     @staticmethod
     def _stats(values: list[float]) -> tuple[float, float, float]:
@@ -544,6 +592,8 @@ class PoplarExecutor:
         (serialised by JAX); ``loadExecutable`` or ``poptorch.load`` restore it without
         compiling the step again."""
         self.compile(*args)
+        if os.path.isdir(filename):  # PopTorch wrote one file into a directory it was given
+            filename = os.path.join(filename, f"{self._options.model_name or 'model'}.poptorch")
         data = self._checkpoint(export_model)
         data["executable"] = _export_step(self._require_session("compileAndExport"))
         with open(filename, "wb") as f:
@@ -623,6 +673,13 @@ class PoplarExecutor:
         ir = self.ir
         return [t.name for g in ir._graphs.values() for t in g.tensors]
 
+
+COMPILE_FIRST_MSG = "Please compile the model before obtaining compilation time."
+PROGRESS_BAR_MSG = "Please set showCompilationProgressBar option to obtain compilation time."
+CYCLE_COUNT_MSG = (
+    "Cycle count logging is only supported on actual IPU hardware. This program runs through "
+    "JAX: use getLatency() / getComputeLatency() for its timings instead."
+)
 
 RUN_FAILED_MSG = (
     "The device failed while running the model: {error}. The model's weights and optimiser "

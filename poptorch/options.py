@@ -141,7 +141,7 @@ class Options(_Base):
         description=_no_effect("no IR source locations are printed."),
     )
     show_compilation_progress_bar: bool = Field(
-        True, description=_no_effect("compilation shows no progress bar.")
+        True, description="Record the compilation time (compilationTime); no bar is drawn."
     )
     relax_optimizer_attributes_checks: bool = Field(
         False, description=_no_effect("optimizer attributes are checked as given.")
@@ -430,7 +430,8 @@ class Options(_Base):
         return self
 
     def logCycleCount(self, log_cycle_count: bool) -> Options:  # noqa: N802
-        """Accepted without effect here: no IPU cycle counter."""
+        """Count IPU cycles: refused when the model runs, as PopTorch refused it without IPU
+        hardware (there is no cycle counter here; the latencies time each call)."""
         _bool("logCycleCount", log_cycle_count)
         self.popart.set("instrumentWithHardwareCycleCounter", log_cycle_count)
         return self
@@ -488,7 +489,8 @@ class Options(_Base):
         return self
 
     def showCompilationProgressBar(self, show: bool = True) -> Options:  # noqa: N802
-        """Accepted without effect here: compilation shows no progress bar."""
+        """Record how long compiling takes (``compilationTime``). No bar is drawn: the
+        compilation is one XLA call, with no progress to report."""
         self.show_compilation_progress_bar = _bool("showCompilationProgressBar", show)
         return self
 
