@@ -28,6 +28,7 @@ from ._scopes import NameScope as NameScope
 from .blocks import BeginBlock as BeginBlock
 from .blocks import Block as Block
 from .blocks import BlockFunction as BlockFunction
+from .blocks import module_repr as module_repr
 from .blocks import removeBlocks as removeBlocks
 from .data import AsynchronousDataAccessor as AsynchronousDataAccessor
 from .data import DataLoader as DataLoader
@@ -144,6 +145,7 @@ __all__ = [
     "registerCustomArgParser",
     "registerPostCompileHook",
     "registerPreCompileHook",
+    "module_repr",
     "removeBlocks",
     "serializedMatMul",
     "SerialPhasedExecution",

@@ -37,6 +37,7 @@ from ._capture.export import Capture, capture
 from ._capture.model import CapturedModel
 from ._capture.translate import Leaf
 from ._hooks import compiling
+from .blocks import module_repr
 from .enums import ConnectionType
 from .errors import Error
 from .executor import NEVER_MSG, PoplarExecutor
@@ -145,7 +146,7 @@ class TorchExecutor(PoplarExecutor):
         return getattr(self.__dict__["_user_model"], name)
 
     def __repr__(self) -> str:
-        return repr(self._user_model)
+        return module_repr(self._user_model)
 
     @property
     def model(self) -> torch.nn.Module:

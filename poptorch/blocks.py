@@ -40,8 +40,8 @@ from typing import Any
 import popxl
 
 BEGIN_BLOCK_MSG = (
-    "BeginBlock expects a torch.nn.Module or a popxl_addons Module (with a build method), "
-    "got {got}."
+    "BeginBlock expects a torch.nn.Module, a popxl_addons Module (with a build method) or "
+    "a function, got {got}."
 )
 
 
@@ -142,6 +142,10 @@ def current_recorder() -> Recorder | None:
     return _RECORDER.get()
 
 
+# A torch module's BeginBlock (user_id, ipu_id), in its __dict__ (copied with it).
+_BLOCK_MARK = "_poptorch_block"
+
+
 class Block(contextlib.ContextDecorator):
     """Start block ``user_id`` (on IPU ``ipu_id``) with the ops created in this scope.
 
@@ -200,6 +204,27 @@ class _BlockStartingBuild:
         return self.build(*args, **kwargs)
 
 
+class _BlockStartingFunction:
+    """A function whose calls start a block: ``BeginBlock(fn, user_id, ipu_id)`` (picklable
+    when ``fn`` is)."""
+
+    def __init__(self, fn: Any, user_id: str | None, ipu_id: int | None) -> None:
+        self.fn, self.user_id, self.ipu_id = fn, user_id, ipu_id
+        functools.update_wrapper(self, fn)
+
+    @property
+    def _user_id(self) -> str | None:
+        return self.user_id
+
+    @property
+    def _ipu_id(self) -> int | None:
+        return self.ipu_id
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with Block(self.user_id, self.ipu_id):
+            return self.fn(*args, **kwargs)
+
+
 class _BeginBlockHook:
     """A torch module's forward pre-hook starting a block (a class, so models pickle)."""
 
@@ -230,7 +255,10 @@ def BeginBlock(  # noqa: N802 (PopTorch's name)
         removeBlocks(module)
         handle = module.register_forward_pre_hook(_BeginBlockHook(user_id, ipu_id))
         module.__dict__["_poptorch_block_hook"] = handle
+        module.__dict__[_BLOCK_MARK] = (user_id, ipu_id)
         return module
+    if not hasattr(module, "build") and callable(module):
+        return _BlockStartingFunction(module, user_id, ipu_id)  # PopTorch's legacy use
     build = getattr(module, "build", None)
     if not callable(build):
         raise TypeError(BEGIN_BLOCK_MSG.format(got=type(module).__name__))
@@ -245,8 +273,28 @@ def removeBlocks(module: Any) -> None:  # noqa: N802 (PopTorch's name)
     modules = module.modules() if _is_torch_module(module) else [module]
     for m in modules:
         handle = m.__dict__.pop("_poptorch_block_hook", None)
+        m.__dict__.pop(_BLOCK_MARK, None)
         if handle is not None:
             handle.remove()
+
+
+def module_repr(module: Any) -> str:
+    """``repr(module)`` with each sub-module that ``BeginBlock`` marked shown as
+    ``BeginBlock(user_id=..., ipu_id=...)`` before its own repr."""
+    from torch.nn.modules.module import _addindent  # noqa: PLC0415 (torch models only)
+
+    lines = module.extra_repr().split("\n") if module.extra_repr() else []
+    for key, child in module._modules.items():
+        if child is not None:
+            lines.append(f"({key}): " + _addindent(module_repr(child), 2))
+    mark = module.__dict__.get(_BLOCK_MARK)
+    head = f"BeginBlock(user_id={mark[0]}, ipu_id={mark[1]}) " if mark else ""
+    head += module._get_name() + "("
+    if not lines:
+        return head + ")"
+    if len(lines) == 1 and not module._modules:
+        return head + lines[0] + ")"
+    return head + "\n  " + "\n  ".join(lines) + "\n)"
 
 
 def BlockFunction(  # noqa: N802 (PopTorch's name)

@@ -420,6 +420,25 @@ def test_begin_block_places_layers_in_pipeline_stages():
     torch.testing.assert_close(model.net.fc2.weight, reference.net.fc2.weight, rtol=1e-4, atol=1e-5)
 
 
+def test_module_repr_shows_begin_blocks_and_survives_copies():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sequential(torch.nn.ReLU()))
+    assert poptorch.module_repr(model) == repr(model)
+    poptorch.BeginBlock(model[1], user_id="b", ipu_id=1)
+    for m in (model, copy.deepcopy(model)):
+        text = poptorch.module_repr(m)
+        assert "(1): BeginBlock(user_id=b, ipu_id=1) Sequential(" in text
+        assert "(0): Linear(in_features=2" in text
+    assert "BeginBlock(user_id=b, ipu_id=1)" in repr(poptorch.inferenceModel(model))
+    poptorch.removeBlocks(model)
+    assert poptorch.module_repr(model) == repr(model)
+
+
+def test_begin_block_of_a_function_starts_a_block_at_each_call():
+    double = poptorch.BeginBlock(lambda x: x * 2, "twice", 1)
+    assert (double._user_id, double._ipu_id) == ("twice", 1)
+    assert double(3) == 6
+
+
 def test_bincount_needs_minlength_and_drops_larger_values():
     class Count(torch.nn.Module):
         def __init__(self, minlength: int | None) -> None:
