@@ -108,9 +108,20 @@ def _placed(scope: tuple[str, ...], frame: Frame) -> tuple[str, ...]:
     return (*placed_at, *scope)
 
 
+def _popart_type(op: Op) -> tuple[str, dict[str, Any]]:
+    """The type PopART gave the op of an ATen record with a PopART counterpart, and the
+    attributes PopART's op had that the record's do not (other ops keep their own type)."""
+    if op.type == "aten::grouped_scatter":
+        return "ScatterReduce", {}
+    if op.type == "aten::scatter" and op.attrs.get("reduce", "none") != "none":
+        return "ScatterReduce", {"group_size": 1}
+    return op.type, {}
+
+
 def op_record(op: Op, scope: tuple[str, ...] | None = None) -> dict[str, Any]:
     """One op as PopART serialized it (named under ``scope``, by default its own)."""
-    attributes: dict[str, str] = {}
+    kind, extra = _popart_type(op)
+    attributes: dict[str, str] = {k: _text(v) for k, v in extra.items()}
     for key, value in [*op.attrs.items(), *op.hints.items()]:
         if _is_records(value):  # one record per part (MultiConv's convolutions): per field
             for field in dict(value[0]):
@@ -118,7 +129,7 @@ def op_record(op: Op, scope: tuple[str, ...] | None = None) -> dict[str, Any]:
         elif _serializable(value):
             attributes[key] = _text(value)
     return {
-        "type": op.type,
+        "type": kind,
         "name": op_name(op, scope),
         "attributes": attributes,
         "inputs": [_tensor_record(t) for t in op.inputs],

@@ -27,6 +27,7 @@ import popxl
 from popxl import ops
 
 from .._capture.index_expansion import EXPANDED
+from .._capture.scatter_groups import grouped_scatter
 from .._fx import args_of
 from .._log import logger
 from ._registry import NodeContext, lowering
@@ -422,6 +423,54 @@ def _lower_scatter_reduce(
             f"scatter_reduce: reduce must be one of {', '.join(_SCATTER_REDUCE)}, got {reduce!r}."
         )
     return _record_scatter(ctx, x, dim, index, src, reduce, include_self)
+
+
+def _grouped_scatter(
+    x: Any,
+    index: Any,
+    srcs: Any,
+    axis: int,
+    reduce: str,
+    include_self: bool,
+    group_size: int,
+    expanded: tuple | None = None,
+) -> Any:
+    """``_scatter`` of each of the ``group_size`` stacked sources ``srcs`` into ``x``."""
+    one = partial(_scatter, axis=axis, reduce=reduce, include_self=include_self, expanded=expanded)
+    return jax.vmap(one, in_axes=(None, None, 0))(x, index, srcs)
+
+
+@lowering(grouped_scatter)
+def _lower_grouped_scatter(
+    ctx: NodeContext,
+    x: popxl.Tensor,
+    dim: int,
+    index: popxl.Tensor,
+    srcs: list,
+    reduce: str,
+    include_self: bool,
+) -> tuple:
+    """Scatter-reduces of one tensor by one index (``_capture/scatter_groups.py``): one op
+    with ``group_size`` sources, then a slice per result."""
+    expanded = _expanded(ctx)
+    attrs = {"expanded": expanded} if expanded is not None else {}
+    stacked = ops.concat([ops.reshape(ctx.tensor(s, x.dtype), (1, *s.shape)) for s in srcs], 0)
+    n = len(srcs)
+    out = ctx.jax(
+        "grouped_scatter",
+        _grouped_scatter,
+        x,
+        index,
+        stacked,
+        nondiff=(1,),
+        outputs=[((n, *x.shape), x.dtype)],
+        axis=_dim(dim, x.rank),
+        reduce=reduce,
+        include_self=bool(include_self),
+        group_size=n,
+        **attrs,
+    )
+    return tuple(ops.reshape(ops.slice(out, [i], [i + 1], axis=[0]), x.shape) for i in range(n))
 
 
 def _index_reduce(x: Any, index: Any, src: Any, axis: int, reduce: str, include_self: bool) -> Any:

@@ -29,6 +29,7 @@ from .blocks import Block, NotABlock, as_blocks, find_groups
 from .cpu_tensors import refuse_legacy_constructors
 from .index_expansion import log_graph, remove_index_expansions
 from .redirects import Redirects, masks_as_given
+from .scatter_groups import group_scatters
 
 EXPORT_FAILED_MSG = (
     "poptorch could not capture {cls}.forward with torch.export:\n  {reason}\n"
@@ -163,7 +164,7 @@ def _decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram
         for op in PRESERVED:
             table.pop(op, None)
         ep = ep.run_decompositions(table)
-    if remove_index_expansions(ep.graph):
+    if remove_index_expansions(ep.graph) | group_scatters(ep.graph):
         ep.graph_module.recompile()
     log_graph("Graph after capture (core ATen):", ep.graph)
     return ep

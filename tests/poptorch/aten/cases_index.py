@@ -7,6 +7,8 @@ import warnings
 import torch
 from torch.ops import aten
 
+from poptorch._capture.scatter_groups import grouped_scatter
+
 from .harness import Case
 
 
@@ -347,10 +349,39 @@ CASES = [
     ),
     Case("cumprod", lambda x: torch.cumprod(x, 0), lambda: (_randn(4, 3),), [aten.cumprod.default]),
     Case(
+        "scatter_reduce_grouped",  # one op for the three sources (_capture/scatter_groups.py)
+        lambda x, i, a, b, c: torch.cat(
+            [x.scatter_reduce(0, i, s, "amax", include_self=False) for s in (a, b, c)], 1
+        ),
+        lambda: (
+            _randn(4, 5),
+            torch.randint(0, 4, (6, 5)),
+            _randn(6, 5),
+            _randn(6, 5),
+            _randn(6, 5),
+        ),
+        [grouped_scatter],
+        grad_inputs=[0, 2, 3, 4],
+    ),
+    Case(
+        "scatter_add_grouped_rows",  # grouped, with the index read before its expansion
+        lambda x, i, a, b: torch.stack([x.scatter_add(0, i.expand(6, 5), s) for s in (a, b)]),
+        lambda: (_randn(4, 5), torch.randint(0, 4, (6, 1)), _randn(6, 5), _randn(6, 5)),
+        [grouped_scatter],
+        grad_inputs=[0, 2, 3],
+    ),
+    Case(
         "bucketize",
         lambda x, b: (torch.bucketize(x, b), torch.bucketize(x, b, right=True, out_int32=True)),
         lambda: (torch.tensor([[3.0, 6, 9], [-1, 1, 140]]), torch.tensor([1.0, 3, 5, 7, 9])),
         [aten.bucketize.Tensor],
+        grad=False,
+    ),
+    Case(
+        "bucketize_and_searchsorted_of_a_number",
+        lambda b: (torch.bucketize(4.0, b, right=True), torch.searchsorted(b, 5.0)),
+        lambda: (torch.tensor([1.0, 3, 5, 7, 9]),),
+        [aten.bucketize.Scalar, aten.searchsorted.Scalar],
         grad=False,
     ),
     Case(
