@@ -391,7 +391,7 @@ def _build_body(
     assert interface is not None
     specs = _output_specs(built, fwd)
     keep = _output_holders(specs, layout.mode)
-    trainer = _Trainer(built, fwd, optimizer, options) if optimizer is not None else None
+    trainer = _Trainer(built, fwd, optimizer, options) if _trains(built, fwd, optimizer) else None
     # Micro-batch: load, forward (and backward), handle the outputs.
     xs = [ops.host_load(s, f"x{i}") for i, s in enumerate(built.inputs)]
     on_chip = {k: read(v) for k, v in built.weights.items()}
@@ -403,6 +403,17 @@ def _build_body(
     _handle_outputs(built, outs, keep, layout.mode)
     _repeat(main, layout.accumulation)
     _finish(built, trainer, keep, layout, looped=False)
+
+
+def _trains(built: Built, fwd: Any, optimizer: Optimizer | None) -> bool:
+    """Whether the program has a backward and an optimiser step: a training model whose
+    weights are all frozen (``requires_grad=False``) only runs its forward, as in PopTorch.
+    (A model that declares no weights at all is refused: ``NO_WEIGHTS_MSG``.)"""
+    if optimizer is None:
+        return False
+    assert built.interface is not None
+    trained = set(built.interface.trained(fwd))
+    return not built.weights or any(n in trained for n in built.weights)
 
 
 def _output_specs(built: Built, fwd: Any) -> list[popxl.TensorSpec]:
@@ -463,7 +474,9 @@ def _build_staged_body(
     specs = _output_specs(built, fwd)
     keep = _output_holders(specs, layout.mode)
     trainer = (
-        _Trainer(built, fwd, optimizer, options, whole=False) if optimizer is not None else None
+        _Trainer(built, fwd, optimizer, options, whole=False)
+        if _trains(built, fwd, optimizer)
+        else None
     )
     stage_ids = sorted({p.stage for p in plans})
     for p in plans:

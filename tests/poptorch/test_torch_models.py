@@ -288,6 +288,22 @@ def test_transformer_with_attention_masks():
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
 
 
+def test_training_a_frozen_model_runs_its_forward_only():
+    torch.manual_seed(0)
+    model = MlpWithLoss()
+    for p in model.parameters():
+        p.requires_grad = False
+    before = copy.deepcopy(model.state_dict())
+    x, y = torch.randn(4, 4), torch.randn(4, 3)
+    expected = model(x, y)
+    pm = poptorch.trainingModel(model)
+    for got, want in zip(pm(x, y), expected):
+        torch.testing.assert_close(got, want)
+    pm.copyWeightsToHost()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[name])
+
+
 def test_one_hot_needs_its_number_of_classes():
     class OneHot(torch.nn.Module):
         def __init__(self, num_classes: int) -> None:
