@@ -64,9 +64,9 @@ class Recorder:
 
     def begin(self, user_id: str | None, ipu_id: int | None) -> Mark:
         graph = popxl.gcg()
-        if user_id is None:
-            user_id = f"block{self.count}"
-        self.count += 1
+        if user_id is None:  # PopTorch's automatic ids: "0", "1"... for unnamed blocks
+            user_id = str(self.count)
+            self.count += 1
         mark = Mark(graph, len(graph._ops), str(user_id), ipu_id)
         self.marks.append(mark)
         return mark
@@ -122,9 +122,8 @@ def _begin_torch_block(user_id: str | None, ipu_id: int | None) -> None:
     if stack is None:
         return
     counter = _AUTO_IDS.get()
-    if user_id is None and counter is not None:
-        user_id = f"block{counter[0]}"
-    if counter is not None:
+    if user_id is None and counter is not None:  # PopTorch's automatic ids: "0", "1"...
+        user_id = str(counter[0])
         counter[0] += 1
     from torch.fx import traceback as fx_traceback  # noqa: PLC0415 (torch models only)
 
@@ -153,7 +152,8 @@ class Block(contextlib.ContextDecorator):
     captured); outside both it does nothing, so the model still runs in plain PyTorch.
 
     Args:
-        user_id: the block's name, used by ``Stage(...)``; default ``"block<n>"``.
+        user_id: the block's name, used by ``Stage(...)``; default ``"<n>"``, counting the
+            unnamed blocks from 0 (PopTorch's automatic ids).
         ipu_id: the block's IPU when the strategy does not place its stage.
     """
 
@@ -186,7 +186,14 @@ class Block(contextlib.ContextDecorator):
 
     @staticmethod
     def useAutoId() -> None:  # noqa: N802 (PopTorch's name)
-        """Name the following blocks ``block0``, ``block1``... (the default here)."""
+        """Number the unnamed blocks that follow from ``"0"`` again (they are numbered
+        ``"0"``, ``"1"``... from the start of each capture anyway)."""
+        counter = _AUTO_IDS.get()
+        if counter is not None:
+            counter[0] = 0
+        recorder = _RECORDER.get()
+        if recorder is not None:
+            recorder.count = 0
 
 
 class _BlockStartingBuild:

@@ -280,10 +280,8 @@ def test_begin_block_models_save_and_load(tmp_path):
     assert "block 'two': stage 1, IPU 1" in restored.print_schedule()
 
 
-def test_begin_block_needs_a_module():
-    with pytest.raises(
-        TypeError, match="BeginBlock expects a torch.nn.Module or a popxl_addons Module"
-    ):
+def test_begin_block_needs_a_module_or_a_function():
+    with pytest.raises(TypeError, match="BeginBlock expects a torch.nn.Module, a popxl_addons"):
         poptorch.BeginBlock(object(), "x")
 
 
