@@ -436,6 +436,29 @@ def test_begin_block_places_layers_in_pipeline_stages():
     torch.testing.assert_close(model.net.fc2.weight, reference.net.fc2.weight, rtol=1e-4, atol=1e-5)
 
 
+def test_unnamed_blocks_get_poptorchs_automatic_ids():
+    class Two(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            poptorch.Block.useAutoId()
+            with poptorch.Block(ipu_id=0):
+                x = self.a(x)
+            with poptorch.Block(ipu_id=1):
+                return self.b(x)
+
+    opts = poptorch.Options().deviceIterations(2)
+    opts.setExecutionStrategy(poptorch.ShardedExecution(poptorch.Stage("0"), poptorch.Stage("1")))
+    model = Two()
+    pm = poptorch.inferenceModel(model, opts)
+    x = torch.randn(4, 4)
+    torch.testing.assert_close(pm(x), model(x))
+    text = pm.print_schedule()
+    assert "block '0': stage 0, IPU 0" in text and "block '1': stage 1, IPU 1" in text
+
+
 def test_module_repr_shows_begin_blocks_and_survives_copies():
     model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sequential(torch.nn.ReLU()))
     assert poptorch.module_repr(model) == repr(model)
