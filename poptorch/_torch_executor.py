@@ -40,7 +40,7 @@ from ._hooks import compiling
 from .blocks import module_repr
 from .enums import ConnectionType
 from .errors import Error
-from .executor import NEVER_MSG, PoplarExecutor
+from .executor import OfflineDeviceError, PoplarExecutor
 from .options import Options
 
 logger = logging.getLogger("poptorch")
@@ -252,7 +252,7 @@ class TorchExecutor(PoplarExecutor):
         (the model's own arguments); returns the model's outputs, concatenated over the
         micro-batches the output mode returns."""
         if self._options.connection_type == ConnectionType.Never:
-            raise Error(NEVER_MSG, "poptorch")
+            raise OfflineDeviceError()
         call = self._binder.bind(args, kwargs, check=self._built is None)
         tensors = self._compile_call(call)
         if not self.training:

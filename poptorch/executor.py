@@ -52,9 +52,18 @@ CHANGED_MSG = (
 NOT_COMPILED_MSG = "{what}: the model has not been compiled yet; call it (or compile) first."
 INFERENCE_OPTIMIZER_MSG = "setOptimizer only applies to a trainingModel."
 NEVER_MSG = (
-    "The model was created with connectionType(ConnectionType.Never): it can be compiled "
-    "and exported, but not run."
+    "Trying to run a model on an offline device (ConnectionType.Never): use "
+    "model.compile(inputs) instead of model(inputs); it can be compiled and exported, but "
+    "not run."
 )
+
+
+class OfflineDeviceError(Error, AssertionError):
+    """A model made for an offline device (``ConnectionType.Never``) was run. PopTorch
+    asserted it: an ``AssertionError``, and a ``poptorch.Error`` here."""
+
+    def __init__(self) -> None:
+        super().__init__(NEVER_MSG, "poptorch")
 DETACHED_MSG = "The model is detached from its device; call attachToDevice() before running it."
 STRICT_MSG = "load_state_dict: missing keys {missing}, unexpected keys {unexpected}."
 OPTIMIZER_TYPE_MSG = (
@@ -285,7 +294,7 @@ class PoplarExecutor:
         built, session = self._built, self._session
         assert built is not None and session is not None
         if self._options.connection_type == ConnectionType.Never:
-            raise Error(NEVER_MSG, "poptorch")
+            raise OfflineDeviceError()
         if not session.is_attached:
             if self._options.connection_type != ConnectionType.OnDemand:
                 raise Error(DETACHED_MSG, "poptorch")
