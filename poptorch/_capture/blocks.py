@@ -98,7 +98,10 @@ def _fake(tensors: list[torch.Tensor], key: int) -> list[torch.Tensor]:
     )
     if signature not in group.outputs:
         args, kwargs = _rebuild(blk, tensors[: blk.n_inputs])
-        out = _original_forward(blk.module)(*args, **kwargs)
+        from .redirects import Redirects  # noqa: PLC0415 (as the block's own capture runs it)
+
+        with Redirects():
+            out = _original_forward(blk.module)(*args, **kwargs)
         flat, out_spec = pytree.tree_flatten(out)
         if not all(isinstance(t, torch.Tensor) for t in flat):
             raise _NotABlock("its forward returns non-tensor values")

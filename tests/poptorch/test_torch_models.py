@@ -233,6 +233,15 @@ def test_layers_run_in_their_activations_float_type(layer):
     torch.testing.assert_close(out, expected, rtol=1e-2, atol=1e-2)
 
 
+def test_repeated_float_layers_run_in_float16_activations():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)])  # one subgraph
+    x = torch.randn(2, 4)
+    out = poptorch.inferenceModel(model)(x.half())
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.float(), model(x), rtol=2e-2, atol=2e-2)
+
+
 def test_inference_batch_norm_in_training_mode_leaves_running_statistics():
     torch.manual_seed(0)
     bn = torch.nn.BatchNorm1d(3)  # left in training mode
