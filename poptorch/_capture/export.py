@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -235,7 +236,9 @@ def _capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Capture:
         raise
     except Exception as error:
         if _raised_by_model_code(error):
-            raise  # the model's own error, as running it in torch raises it (as PopTorch did)
+            # The model's own error, as running it in torch raises it (as PopTorch did).
+            _as_in_eager_torch(error)
+            raise
         reason = _first_line(error)
         message = EXPORT_FAILED_MSG.format(
             cls=type(model).__name__, reason=reason, hint=_hint(str(error))
@@ -257,6 +260,16 @@ def _raised_by_model_code(error: BaseException) -> bool:
     while tb.tb_next is not None:
         tb = tb.tb_next
     return not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_TORCH_DIR)
+
+
+_TRACING_TENSORS = re.compile(r"\b(?:Fake|Functional)Tensor\b")
+
+
+def _as_in_eager_torch(error: BaseException) -> None:
+    """The message of an error the model's code raised while traced, as eager torch words
+    it: the tensor types torch names are the tracer's (``FakeTensor``), not the user's."""
+    if error.args and isinstance(error.args[0], str):
+        error.args = (_TRACING_TENSORS.sub("Tensor", error.args[0]), *error.args[1:])
 
 
 def _capture_with_blocks(

@@ -416,6 +416,20 @@ def test_errors_raised_by_the_model_itself_reach_the_caller_unchanged():
         poptorch.inferenceModel(Checks())(torch.ones(2))
 
 
+def test_torch_argument_errors_read_as_in_eager_torch():
+    class BadScatter(torch.nn.Module):
+        def forward(self, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+            return x.scatter(0, i, x, "add")  # reduce must be passed by keyword
+
+    x, i = torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.long)
+    with pytest.raises(TypeError) as eager:
+        BadScatter()(x, i)
+    with pytest.raises(TypeError) as captured:
+        poptorch.inferenceModel(BadScatter())(x, i)
+    assert str(captured.value) == str(eager.value)
+    assert "FakeTensor" not in str(captured.value)
+
+
 def test_inputs_requiring_grad_are_detached_with_poptorchs_warning(capfd):
     model = poptorch.inferenceModel(torch.nn.Linear(1, 1))
     out = model(torch.tensor([0.5], requires_grad=True))
