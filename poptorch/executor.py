@@ -678,9 +678,14 @@ class PoplarExecutor:
         return data
 
     def getTensorNames(self) -> list[str]:  # noqa: N802
-        """Every tensor name of the program."""
+        """Every tensor name of the program, and the PopART-style names ``anchorTensor``
+        accepts (``Gradient___<weight>``, ``UpdatedVar___<weight>``, ``finalLossScale``)."""
         ir = self.ir
-        return [t.name for g in ir._graphs.values() for t in g.tensors]
+        names = [t.name for g in ir._graphs.values() for t in g.tensors]
+        built = self._built
+        if built is not None and built.anchors is not None:
+            names += [n for n in dict.fromkeys(built.anchors.available) if n not in names]
+        return names
 
 
 COMPILE_FIRST_MSG = "Please compile the model before obtaining compilation time."

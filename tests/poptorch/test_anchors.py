@@ -101,6 +101,13 @@ def test_loss_scale_and_loss_scaled_gradients():
     torch.testing.assert_close(pm.getAnchoredTensor("grad"), grads[-1] * 8.0)
 
 
+def test_anchorable_names_are_among_the_tensor_names():
+    pm, *_ = _trained({})
+    names = pm.getTensorNames()
+    for name in ("Gradient___fc.bias", "UpdatedVar___fc.weight", "finalLossScale"):
+        assert name in names
+
+
 def test_unknown_names_are_refused_when_compiling():
     with pytest.raises(
         poptorch.Error, match="the program has no tensor of that name.*Gradient___fc.bias"
