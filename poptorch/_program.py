@@ -409,9 +409,8 @@ def _trains(built: Built, fwd: Any, optimizer: Optimizer | None) -> bool:
     """Whether the program has a backward and an optimiser step: a training model whose
     weights are all frozen (``requires_grad=False``) only runs its forward, as in PopTorch.
     (A model that declares no weights at all is refused: ``NO_WEIGHTS_MSG``.)"""
-    if optimizer is None:
-        return False
-    assert built.interface is not None
+    if optimizer is None or built.interface is None:
+        return optimizer is not None
     trained = set(built.interface.trained(fwd))
     return not built.weights or any(n in trained for n in built.weights)
 

@@ -145,7 +145,22 @@ def current_recorder() -> Recorder | None:
 _BLOCK_MARK = "_poptorch_block"
 
 
-class Block(contextlib.ContextDecorator):
+class _Ids:
+    """PopTorch's private names of a block's ids (``Block._user_id``, ``._ipu_id``)."""
+
+    user_id: str | None
+    ipu_id: int | None
+
+    @property
+    def _user_id(self) -> str | None:
+        return self.user_id
+
+    @property
+    def _ipu_id(self) -> int | None:
+        return self.ipu_id
+
+
+class Block(_Ids, contextlib.ContextDecorator):
     """Start block ``user_id`` (on IPU ``ipu_id``) with the ops created in this scope.
 
     In a popxl_addons ``Module``'s ``build`` or a torch model's ``forward`` (while it is
@@ -159,14 +174,6 @@ class Block(contextlib.ContextDecorator):
 
     def __init__(self, user_id: str | None = None, ipu_id: int | None = None) -> None:
         self.user_id, self.ipu_id = user_id, ipu_id
-
-    @property
-    def _user_id(self) -> str | None:
-        return self.user_id
-
-    @property
-    def _ipu_id(self) -> int | None:
-        return self.ipu_id
 
     def __enter__(self) -> Block:
         recorder = _RECORDER.get()
@@ -211,21 +218,13 @@ class _BlockStartingBuild:
         return self.build(*args, **kwargs)
 
 
-class _BlockStartingFunction:
+class _BlockStartingFunction(_Ids):
     """A function whose calls start a block: ``BeginBlock(fn, user_id, ipu_id)`` (picklable
     when ``fn`` is)."""
 
     def __init__(self, fn: Any, user_id: str | None, ipu_id: int | None) -> None:
         self.fn, self.user_id, self.ipu_id = fn, user_id, ipu_id
         functools.update_wrapper(self, fn)
-
-    @property
-    def _user_id(self) -> str | None:
-        return self.user_id
-
-    @property
-    def _ipu_id(self) -> int | None:
-        return self.ipu_id
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with Block(self.user_id, self.ipu_id):

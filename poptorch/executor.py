@@ -64,6 +64,8 @@ class OfflineDeviceError(Error, AssertionError):
 
     def __init__(self) -> None:
         super().__init__(NEVER_MSG, "poptorch")
+
+
 DETACHED_MSG = "The model is detached from its device; call attachToDevice() before running it."
 STRICT_MSG = "load_state_dict: missing keys {missing}, unexpected keys {unexpected}."
 OPTIMIZER_TYPE_MSG = (
@@ -657,20 +659,19 @@ class PoplarExecutor:
     def getAnchoredTensor(self, short_name: str) -> Any:  # noqa: N802 (PopTorch's name)
         """The tensor ``Options.anchorTensor`` named ``short_name``, as the last run left it
         (its output mode applied: the last value, every value, their sum, or every N-th)."""
-        built = self._require_built("getAnchoredTensor")
-        anchors = built.anchors.variables() if built.anchors is not None else {}
-        if short_name not in anchors:
+        anchors = self._require_built("getAnchoredTensor").anchors
+        held = anchors.variables() if anchors is not None else {}
+        if anchors is None or short_name not in held:
             raise Error(
                 f"No anchored tensor named {short_name!r}: anchor it with "
                 f"options.anchorTensor({short_name!r}, long_name) (anchored: "
-                f"{sorted(anchors)}).",
+                f"{sorted(held)}).",
                 "poptorch_py_error",
             )
         session = self._require_session("getAnchoredTensor")
-        var = anchors[short_name]
+        var = held[short_name]
         data = np.asarray(session.get_tensors_data([var])[var])
-        assert built.anchors is not None
-        return self._host_array(built.anchors.value(short_name, data))
+        return self._host_array(anchors.value(short_name, data))
 
     def _host_array(self, data: np.ndarray) -> Any:
         """An array as this front end returns host data (numpy; torch tensors for torch
