@@ -72,7 +72,7 @@ class Anchors:
         self.anchors = anchors
         self.micro_batches = micro_batches  # gradients one run makes, per weight
         self.iterations = iterations  # optimiser steps one run makes
-        self.available: list[str] = []
+        self.available: dict[str, None] = {}  # the names asked about, in order (a set)
 
     @classmethod
     def of(cls, options: Any, default_mode: OutputMode, micro: int, steps: int) -> Anchors:
@@ -88,7 +88,7 @@ class Anchors:
         return cls(anchors, micro, steps)
 
     def wanted(self, long_name: str) -> bool:
-        self.available.append(long_name)
+        self.available[long_name] = None
         return any(a.long == long_name for a in self.anchors)
 
     def gradient(self, weight: str, g: popxl.Tensor) -> None:
@@ -127,7 +127,7 @@ class Anchors:
         """Every anchor found a tensor (called once the program is built)."""
         for a in self.anchors:
             if a.held is None:
-                names = ", ".join(sorted(set(self.available))) or "none (an inference program)"
+                names = ", ".join(sorted(self.available)) or "none (an inference program)"
                 raise Error(
                     UNKNOWN_MSG.format(short=a.short, long=a.long, names=names),
                     "poptorch_cpp_error",

@@ -685,7 +685,8 @@ class PoplarExecutor:
         names = [t.name for g in ir._graphs.values() for t in g.tensors]
         built = self._built
         if built is not None and built.anchors is not None:
-            names += [n for n in dict.fromkeys(built.anchors.available) if n not in names]
+            known = set(names)
+            names += [n for n in built.anchors.available if n not in known]
         return names
 
 

@@ -89,11 +89,9 @@ def remove_index_expansions(graph: torch.fx.Graph) -> bool:
             continue
         if not _row_dims(data_shape, small, big, dim):
             continue
+        logger.debug("Removing index expansion node: %s", describe(index))
         if kind == "gather":
-            logger.debug("Removing index expansion node: %s", describe(index))
             logger.debug("Optimising gather: %s", describe(node))
-        else:
-            logger.debug("Removing index expansion node: %s", describe(index))
         node.update_arg(2, small_node)
         node.meta[EXPANDED] = big
         if not index.users:
