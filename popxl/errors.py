@@ -54,4 +54,43 @@ class UnrecoverableError(Error):
     """A runtime failure that leaves the session unusable."""
 
 
-__all__ = ["PopXLException", "UndefinedValue", "Error", "RecoverableError", "UnrecoverableError"]
+_INTERNAL_MSG = (
+    "internal error{where}: {message}. This is a fault of popxl on JAX, not of the program; "
+    "please report it with the program that reached it (print_schedule() of the graph helps)."
+)
+
+
+class InternalError(Error):
+    """An inconsistency inside the IR or runtime that user code should never reach.
+
+    Raised where an internal invariant fails, naming the op and graph involved, so that a fault
+    of this project reads as one and not as a mistake in the program.
+
+    Attributes:
+        op: the name of the op involved, if any.
+        graph: the id of the graph involved, if any.
+    """
+
+    def __init__(self, message: str, op: object = None, graph: object = None) -> None:
+        op_name = getattr(op, "name", op)
+        graph_id = getattr(graph, "id", graph)
+        parts = [
+            f"op `{op_name}`" if op_name is not None else "",
+            f"graph `{graph_id}`" if graph_id is not None else "",
+        ]
+        where = " in ".join(p for p in parts if p)
+        super().__init__(
+            _INTERNAL_MSG.format(where=f" at {where}" if where else "", message=message), "internal"
+        )
+        self.op = op_name
+        self.graph = graph_id
+
+
+__all__ = [
+    "PopXLException",
+    "UndefinedValue",
+    "Error",
+    "RecoverableError",
+    "UnrecoverableError",
+    "InternalError",
+]
