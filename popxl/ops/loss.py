@@ -4,6 +4,8 @@ Both take class probabilities ``probs`` of shape ``(*batch, C)`` and integer ``l
 shape ``batch``. Every leading dimension counts as a sample dimension: ``mean`` divides by
 the number of samples, or by the number of non-ignored samples (at least 1) when an
 ``ignore_index`` is given. Ignored samples contribute 0 to the loss and to the gradient.
+As in PopART, ``nll_loss_with_softmax_grad`` flattens both, so its labels may arrange the
+samples in any shape with ``prod(batch)`` elements; ``nll_loss`` wants exactly ``batch``.
 """
 
 from __future__ import annotations
@@ -28,14 +30,20 @@ LABELS_SHAPE_MSG = (
     "{op}: the labels must have the shape of probs without its last (class) dimension: "
     "probs has shape {probs}, so labels should have shape {want}, but they have shape {got}."
 )
+LABELS_COUNT_MSG = (
+    "nll_loss_with_softmax_grad: there must be one label per row of probs: probs has shape "
+    "{probs}, {want} rows of {classes} classes, but labels of shape {got} hold {count}. "
+    "Labels may have any shape with {want} elements."
+)
 LABELS_DTYPE_MSG = (
     "{op}: labels must have an integer dtype, got {got}. Cast them with ops.cast(labels, "
     "popxl.int32)."
 )
 PROBS_DTYPE_MSG = "{op}: probs must have a floating point dtype, got {got}."
 LOSS_GRAD_MSG = (
-    "nll_loss_with_softmax_grad: loss_grad must be a float tensor with one element{extra}; "
-    "got dtype {dtype} and shape {shape}."
+    "nll_loss_with_softmax_grad: loss_grad must be a float tensor with one element, the "
+    "labels' shape {labels} (one per sample), or a shape that broadcasts to probs' shape "
+    "{probs} once 1s are appended to its rank; got dtype {dtype} and shape {shape}."
 )
 
 
@@ -45,13 +53,27 @@ def _check_reduction(reduction: Any) -> str:
     return reduction
 
 
-def _check_probs_labels(op: str, probs: Any, labels: Any) -> None:
+def _check_probs_labels(op: str, probs: Any, labels: Any, *, flat: bool = False) -> None:
+    """Float probs with a class dimension and integer labels, one per sample.
+
+    ``flat``: only the number of labels must match (PopART's fused op flattens both).
+    """
     if not probs.dtype.is_floating_point:
         raise core_error(PROBS_DTYPE_MSG.format(op=op, got=probs.dtype.name))
     if not labels.dtype.is_int:
         raise core_error(LABELS_DTYPE_MSG.format(op=op, got=labels.dtype.name))
     want = tuple(probs.shape[:-1])
-    if not probs.shape or tuple(labels.shape) != want:
+    if flat and probs.shape and nelms(labels.shape) != nelms(want):
+        raise core_error(
+            LABELS_COUNT_MSG.format(
+                probs=probs.shape,
+                want=nelms(want),
+                classes=probs.shape[-1],
+                got=labels.shape,
+                count=nelms(labels.shape),
+            )
+        )
+    if not probs.shape or (not flat and tuple(labels.shape) != want):
         raise core_error(
             LABELS_SHAPE_MSG.format(op=op, probs=probs.shape, want=want, got=labels.shape)
         )
@@ -159,15 +181,37 @@ def nll_loss(
 # nll_loss_with_softmax_grad ----------------------------------------------------------------
 
 
+def _loss_grad_view(loss_grad: Any, labels: Any, probs: Any) -> tuple[int, ...] | None:
+    """The shape ``loss_grad`` takes to scale the rows of ``dx`` (None: it does not fit).
+
+    One element scales everything; the labels' shape gives one factor per sample; otherwise,
+    as in PopART, 1s are appended up to probs' rank and the result broadcasts to probs.
+    """
+    shape, rows = tuple(loss_grad.shape), tuple(probs.shape[:-1])
+    if nelms(shape) == 1:
+        return ()
+    if shape == tuple(labels.shape):
+        return (*rows, 1)
+    padded = shape + (1,) * (len(probs.shape) - len(shape))
+    fits = len(padded) == len(probs.shape)
+    if fits and all(g in (1, p) for g, p in zip(padded, probs.shape)):
+        return padded
+    return None
+
+
 def _nll_softmax_grad_infer(
     probs: Any, labels: Any, loss_grad: Any, *, ignore_index: Any, reduction: str
 ) -> list:
-    _check_probs_labels("nll_loss_with_softmax_grad", probs, labels)
-    per_sample = reduction == "none" and tuple(loss_grad.shape) == tuple(labels.shape)
-    if not loss_grad.dtype.is_floating_point or (nelms(loss_grad.shape) != 1 and not per_sample):
-        extra = " (or the labels' shape, for reduction='none')" if reduction == "none" else ""
+    _check_probs_labels("nll_loss_with_softmax_grad", probs, labels, flat=True)
+    view = _loss_grad_view(loss_grad, labels, probs)
+    if not loss_grad.dtype.is_floating_point or view is None:
         raise core_error(
-            LOSS_GRAD_MSG.format(extra=extra, dtype=loss_grad.dtype.name, shape=loss_grad.shape)
+            LOSS_GRAD_MSG.format(
+                labels=labels.shape,
+                probs=probs.shape,
+                dtype=loss_grad.dtype.name,
+                shape=loss_grad.shape,
+            )
         )
     return [spec(_loss_shape(labels, reduction), probs.dtype), spec(probs.shape, probs.dtype)]
 
@@ -176,19 +220,16 @@ def _lower_nll_softmax_grad(
     probs: Any, labels: Any, loss_grad: Any, *, ignore_index: Any, reduction: str
 ) -> tuple:
     p = probs.astype(jnp.float32)
-    kept, safe = _label_mask(labels, ignore_index, p.shape[-1])
+    rows = labels.reshape(p.shape[:-1])
+    kept, safe = _label_mask(rows, ignore_index, p.shape[-1])
     per_sample = jnp.where(kept, -jnp.log(_pick(p, safe) + SOFTMAX_GRAD_EPS), 0.0)
     onehot = jax.nn.one_hot(safe, p.shape[-1], dtype=jnp.float32)
-    grad_scale = loss_grad.astype(jnp.float32)
-    if grad_scale.shape == kept.shape:
-        grad_scale = grad_scale[..., None]
-    else:
-        grad_scale = grad_scale.reshape(())
+    grad_scale = loss_grad.astype(jnp.float32).reshape(_loss_grad_view(loss_grad, labels, p))
     grad_scale = jnp.where(kept[..., None], grad_scale, 0.0)
     if reduction == "mean":
         grad_scale = grad_scale / _mean_divisor(kept)
     dx = (p - onehot) * grad_scale
-    loss = _reduce(per_sample, kept, reduction)
+    loss = _reduce(per_sample.reshape(labels.shape), kept, reduction)
     return loss.astype(probs.dtype), dx.astype(probs.dtype)
 
 
@@ -218,9 +259,12 @@ def nll_loss_with_softmax_grad(
 
     Args:
         probs: softmax probabilities of shape ``(*batch, C)``.
-        labels: class indices of shape ``batch``, any integer dtype.
+        labels: class indices, any integer dtype, one per sample: shape ``batch`` or any
+            shape with as many elements (they are flattened, as in PopART); ``loss`` for
+            ``reduction='none'`` has the labels' shape.
         loss_grad: ``dE/dl``: a Python number (becomes a float32 constant) or a float tensor
-            with one element (or the labels' shape for ``reduction='none'``). A float32
+            with one element, with the labels' shape (one factor per sample), or with a
+            shape that broadcasts to ``probs``' once 1s are appended to its rank. A float32
             ``loss_grad`` may be used with float16 ``probs``.
         ignore_index: samples whose label equals this are ignored.
         reduction: ``'mean'`` (default), ``'sum'`` or ``'none'``.

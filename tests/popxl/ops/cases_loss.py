@@ -22,6 +22,10 @@ P3 = _softmax(f32(2, 3, 4, seed=11))
 L3 = np.array([[0, 1, 3], [2, 2, 0]], np.int32)
 L_IGN = np.array([0, 2, 4, 2], np.int32)  # label 2 is ignored below
 L_OUT = np.array([-100, 3, -100, 1], np.int32)  # ignore index outside the class range
+# PopART's fused op flattens the labels: (2, 20) labels for (40, C) probs (issue 24).
+P40 = _softmax(f32(40, 128, seed=14))
+L2x20 = ((np.arange(40) * 37) % 128).astype(np.int32).reshape(2, 20)
+L2x20_IGN = np.where(np.arange(40).reshape(2, 20) % 7 == 0, -1, L2x20).astype(np.int32)
 P_ZERO = np.array([[0.0, 1.0, 0.0], [0.5, 0.5, 0.0]], np.float32)  # label prob 0: clamped
 
 
@@ -48,18 +52,22 @@ def _nll_ref(reduction, ignore=None, log_prob=False, eps=1e-7):
 
 
 def _softmax_grad_ref(reduction, ignore=None, loss_grad=None):
+    """Labels (and a per-sample loss_grad) may hold the samples in any shape: flattened."""
+
     def ref(p, labels, *rest):
         g = np.float64(loss_grad) if loss_grad is not None else rest[0].astype(np.float64)
-        kept = np.ones(labels.shape, bool) if ignore is None else labels != ignore
-        safe = np.where(kept, labels, 0)
+        rows = labels.reshape(p.shape[:-1])
+        kept = np.ones(rows.shape, bool) if ignore is None else rows != ignore
+        safe = np.where(kept, rows, 0)
         p64 = p.astype(np.float64)
         per = np.where(kept, -np.log(_picked(p64, safe) + 1e-7), 0.0)
-        g = g if np.shape(g) == labels.shape else np.full(labels.shape, np.ravel(g)[0])
-        scale = np.where(kept, g, 0.0)
+        if np.size(g) == 1:
+            g = np.full(rows.shape, np.ravel(g)[0])
+        scale = np.where(kept, np.reshape(g, rows.shape), 0.0)
         n = max(kept.sum(), 1)
         dx = (p64 - _onehot(safe, p.shape[-1])) * scale[..., None]
         if reduction == "none":
-            loss = per
+            loss = per.reshape(labels.shape)
         elif reduction == "sum":
             loss = per.sum()
         else:
@@ -194,6 +202,35 @@ CASES = [
         _softmax_grad_ref("sum", loss_grad=2.0),
         rtol=2e-3,
         atol=2e-3,
+        grad=False,
+    ),
+    OpCase(
+        "nll_loss_with_softmax_grad_labels_reshaped",
+        ops.nll_loss_with_softmax_grad,
+        [P40, L2x20],
+        _softmax_grad_ref("mean", loss_grad=1.0),
+        grad=False,
+    ),
+    OpCase(
+        "nll_loss_with_softmax_grad_labels_reshaped_ignore_index_sum",
+        _swg(loss_grad=0.5, ignore_index=-1, reduction="sum"),
+        [P40, L2x20_IGN],
+        _softmax_grad_ref("sum", ignore=-1, loss_grad=0.5),
+        grad=False,
+    ),
+    OpCase(
+        "nll_loss_with_softmax_grad_labels_reshaped_uint32_none_per_sample_loss_grad",
+        _swg(reduction="none"),
+        [P40, L2x20.astype(np.uint32), f32(2, 20, seed=15)],
+        _softmax_grad_ref("none"),
+        grad=False,
+    ),
+    # PopART scales dx by a per-sample loss_grad under any reduction.
+    OpCase(
+        "nll_loss_with_softmax_grad_mean_per_row_loss_grad",
+        _swg(),
+        [P, L, f32(4, 1, seed=16)],
+        _softmax_grad_ref("mean"),
         grad=False,
     ),
     # The fused op is the gradient of softmax followed by nll_loss.

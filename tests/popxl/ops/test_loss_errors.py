@@ -24,12 +24,26 @@ def test_unknown_reduction_is_a_value_error(fn):
             fn(probs, labels, reduction="avg")
 
 
-@pytest.mark.parametrize("fn", [ops.nll_loss, ops.nll_loss_with_softmax_grad])
-def test_labels_must_match_probs_without_class_dim(fn):
+def test_nll_loss_labels_must_match_probs_without_class_dim():
+    # PopART's NllOp::setup refused any other label shape, even with as many elements.
+    with popxl.Ir().main_graph:
+        probs, labels = _inputs((4, 5), (2, 2))
+        with pytest.raises(PopXLException, match=r"labels should have shape \(4,\).*\(2, 2\)"):
+            ops.nll_loss(probs, labels)
+
+
+def test_softmax_grad_labels_may_hold_the_samples_in_any_shape():
+    with popxl.Ir().main_graph:
+        probs, labels = _inputs((40, 128), (2, 20))
+        loss, dx = ops.nll_loss_with_softmax_grad(probs, labels, reduction="none")
+        assert (loss.shape, dx.shape) == ((2, 20), (40, 128))
+
+
+def test_softmax_grad_needs_one_label_per_sample():
     with popxl.Ir().main_graph:
         probs, labels = _inputs(labels_shape=(5,))
-        with pytest.raises(PopXLException, match=r"labels should have shape \(4,\).*\(5,\)"):
-            fn(probs, labels)
+        with pytest.raises(PopXLException, match=r"4 rows of 5 classes, but labels of shape"):
+            ops.nll_loss_with_softmax_grad(probs, labels)
 
 
 @pytest.mark.parametrize("fn", [ops.nll_loss, ops.nll_loss_with_softmax_grad])
@@ -76,14 +90,15 @@ def test_softmax_grad_names_type_and_float_loss_grad_is_float32_constant():
         assert (dx.shape, dx.dtype, loss.dtype) == ((4, 5), popxl.float16, popxl.float16)
 
 
-def test_softmax_grad_loss_grad_must_have_one_element():
+def test_softmax_grad_loss_grad_must_broadcast_to_probs():
     with popxl.Ir().main_graph:
         probs, labels = _inputs()
-        grad = popxl.variable(np.ones(4, np.float32))
-        with pytest.raises(PopXLException, match="loss_grad must be a float tensor with one"):
-            ops.nll_loss_with_softmax_grad(probs, labels, grad, reduction="mean")
-        # Per-sample loss gradients are fine without reduction.
-        _, dx = ops.nll_loss_with_softmax_grad(probs, labels, grad, reduction="none")
+        grad = popxl.variable(np.ones(3, np.float32))
+        with pytest.raises(PopXLException, match=r"loss_grad must be a float tensor with one"):
+            ops.nll_loss_with_softmax_grad(probs, labels, grad)
+        # One factor per sample is fine under any reduction (PopART scaled dx by it).
+        per_sample = popxl.variable(np.ones(4, np.float32))
+        _, dx = ops.nll_loss_with_softmax_grad(probs, labels, per_sample, reduction="mean")
         assert dx.shape == (4, 5)
 
 
