@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import ml_dtypes
 import numpy as np
 
 # PopXL exposes the float8 host dtypes here too.
@@ -38,10 +40,26 @@ def _python_scalar_dtype(x: Any) -> np.dtype | None:
 
 
 def _as_array(x: Any) -> np.ndarray:
-    """``np.asarray`` that also takes torch tensors (detached, on the CPU)."""
+    """``np.asarray`` that also takes torch tensors: detached (so tensors that require grad
+    work), on the CPU, contiguous; bfloat16 and float8 tensors, which NumPy cannot hold
+    natively, come back as ml_dtypes arrays of the same values."""
     if type(x).__module__.startswith("torch"):
-        x = x.detach().cpu().numpy()
+        x = x.detach().cpu().contiguous()
+        ml_type = _ML_DTYPE_OF_TORCH.get(str(x.dtype))
+        if ml_type is not None:
+            torch = sys.modules["torch"]  # loaded: x is one of its tensors
+            bits = x.view(getattr(torch, _TORCH_BITS_OF_SIZE[x.element_size()]))
+            return bits.numpy().view(ml_type)
+        return x.numpy()
     return np.asarray(x)
+
+
+_ML_DTYPE_OF_TORCH = {
+    "torch.bfloat16": ml_dtypes.bfloat16,
+    "torch.float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+    "torch.float8_e5m2": ml_dtypes.float8_e5m2,
+}
+_TORCH_BITS_OF_SIZE = {2: "int16", 1: "int8"}
 
 
 def to_numpy(

@@ -17,12 +17,19 @@ from typing import Literal
 
 import numpy as np
 
+from popxl.utils import to_numpy
+
 RANK_MISMATCH_MSG = "All arrays must be of the same rank to be unsharded. Ranks: {ranks}"
 REPEAT_SHARD_MSG = "sharded_tensor should be either 'contiguous' or 'strided'. Not: {value}"
 TP_MSG = (
     "Tensor-parallel size tp={tp} must divide the replication factor rf={rf} (and be at most "
     "rf): each group of tp consecutive replicas gets the same sample."
 )
+
+
+def _host(x: object) -> np.ndarray:
+    """Host data (arrays, torch tensors) as NumPy through PopXL's one conversion, dtype kept."""
+    return to_numpy(x, downcast=False, copy=False)
 
 
 def handle_negative_axis(x: np.ndarray, axis: int) -> int:
@@ -49,7 +56,7 @@ def shard(x: np.ndarray, n: int, axis: int) -> np.ndarray:
     Raises:
         ValueError: the axis length is not divisible by ``n`` (from ``np.split``).
     """
-    x = np.asarray(x)
+    x = _host(x)
     axis = handle_negative_axis(x, axis)
     return np.stack(np.split(x, n, axis=axis))
 
@@ -63,7 +70,7 @@ def unshard_arrays(xs: Sequence[np.ndarray], axis: int) -> np.ndarray:
     Raises:
         ValueError: the arrays have different ranks.
     """
-    xs = [np.asarray(x) for x in xs]
+    xs = [_host(x) for x in xs]
     if len({x.ndim for x in xs}) > 1:
         raise ValueError(RANK_MISMATCH_MSG.format(ranks=", ".join(str(x.ndim) for x in xs)))
     at = axis + 1 if axis >= 0 else handle_negative_axis(xs[0], axis)
@@ -77,7 +84,7 @@ def unshard(x: np.ndarray, axis: int) -> np.ndarray:
     >>> bool((unshard(shard(data, 2, 2), 2) == data).all())
     True
     """
-    x = np.asarray(x)
+    x = _host(x)
     return unshard_arrays(np.split(x, x.shape[0], axis=0), axis)
 
 
@@ -98,7 +105,7 @@ def repeat_axis(x: np.ndarray, n: int, axis: int = 0) -> np.ndarray:
     >>> repeat_axis(np.arange(4).reshape(2, 2), 2, 1).tolist()
     [[0, 1, 0, 1], [2, 3, 2, 3]]
     """
-    x = np.asarray(x)
+    x = _host(x)
     reps = [1] * x.ndim
     reps[axis] = n
     return np.tile(x, reps)
@@ -106,7 +113,7 @@ def repeat_axis(x: np.ndarray, n: int, axis: int = 0) -> np.ndarray:
 
 def split2D(x: np.ndarray, n1: int, n2: int, a1: int, a2: int) -> list[list[np.ndarray]]:  # noqa: N802
     """Blocks of ``x``: ``n1`` pieces along ``a1``, each cut into ``n2`` pieces along ``a2``."""
-    return [np.split(part, n2, axis=a2) for part in np.split(np.asarray(x), n1, axis=a1)]
+    return [np.split(part, n2, axis=a2) for part in np.split(_host(x), n1, axis=a1)]
 
 
 def shard2D(x: np.ndarray, n1: int, n2: int, a1: int, a2: int) -> np.ndarray:  # noqa: N802
@@ -124,7 +131,7 @@ def unshard2D(x: np.ndarray, n1: int, n2: int, a1: int, a2: int) -> np.ndarray: 
     Raises:
         ValueError: ``x.shape[0]`` is not ``n1 * n2``.
     """
-    x = np.asarray(x)
+    x = _host(x)
     if x.shape[0] != n1 * n2:
         raise ValueError(
             f"unshard2D expects n1*n2 = {n1}*{n2} = {n1 * n2} blocks on axis 0, got {x.shape[0]}."
@@ -182,7 +189,7 @@ def tensor_parallel_input(
         ValueError: ``tp > rf`` or ``rf`` not divisible by ``tp`` (the original asserted).
     """
     _check_tp(tp, rf)
-    data = np.expand_dims(np.asarray(input_data), axis=1)
+    data = np.expand_dims(_host(input_data), axis=1)
     copies = [repeat_fn(data.copy(), i) if repeat_fn else data for i in range(tp)]
     stacked = np.concatenate(copies, axis=1)
     return squeeze_safe(stacked.reshape(-1, rf, *data.shape[2:]), [0, 1])
@@ -209,7 +216,7 @@ def tensor_parallel_output(
         ValueError: ``tp`` does not divide ``rf``, or the data has the wrong size.
     """
     _check_tp(tp, rf)
-    x = np.asarray(output_data).reshape(num_host_transfers, rf // tp, tp, *data_shape)
+    x = _host(output_data).reshape(num_host_transfers, rf // tp, tp, *data_shape)
     if true_num_host_transfers is not None:
         x = x[:true_num_host_transfers]
     if tp_identical:
@@ -226,7 +233,7 @@ def pad_axis(x: np.ndarray, n: int, axis: int, value: float = 0) -> np.ndarray:
     Raises:
         ValueError: the axis is already longer than ``n``.
     """
-    x = np.asarray(x)
+    x = _host(x)
     if x.shape[axis] > n:
         raise ValueError(f"Axis {axis} has length {x.shape[axis]}, longer than the target {n}.")
     padding = [(0, 0)] * x.ndim
@@ -246,7 +253,7 @@ def squeeze_safe(x: np.ndarray, axis: int | Sequence[int] | None = None) -> np.n
     Raises:
         IndexError: an axis out of range.
     """
-    x = np.asarray(x)
+    x = _host(x)
     if axis is None:
         return np.squeeze(x)
     axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)

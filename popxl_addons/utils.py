@@ -41,7 +41,7 @@ class WeightsDict(MutableMapping):
         self.update(dict(*args, **kwargs))
 
     def __setitem__(self, key: popxl.Variable, value: np.ndarray) -> None:
-        value = np.asarray(value)
+        value = popxl.utils.to_numpy(value, downcast=False, copy=False)
         if value.dtype != key.dtype.as_numpy():
             raise ValueError(
                 f"{key.id}: dtype {value.dtype} does not match the variable's {key.dtype}."

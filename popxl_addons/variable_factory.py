@@ -56,6 +56,12 @@ def _repeat_calls(fn: Callable[[], Any]) -> Iterator[Any]:
         yield fn()
 
 
+def _host_array(data: Any) -> np.ndarray:
+    """Host data (arrays, torch tensors, even ones that require grad) as NumPy, through
+    PopXL's one conversion, unconverted in dtype."""
+    return popxl.utils.to_numpy(data, downcast=False, copy=False)
+
+
 def _data_iterator(data_iter: Any) -> _Peekable:
     if callable(data_iter):
         try:
@@ -97,7 +103,7 @@ class VariableFactory:
         self.name = name
         self.by_ref = by_ref
         self.replica_grouping = replica_grouping or popxl.gcg().ir.replica_grouping()
-        self.dtype = dtype or popxl.dtype.as_dtype(np.asarray(first).dtype)
+        self.dtype = dtype or popxl.dtype.as_dtype(_host_array(first).dtype)
         self.replica_sharded = shard_over > 1
         self.shard_over = shard_over
         full = tuple(first.shape)
@@ -128,8 +134,8 @@ class VariableFactory:
             shape = (groups, *full_shape) if groups > 1 else full_shape
             return np.empty(shape, self.dtype.as_numpy())
         if groups > 1:
-            return np.stack([np.asarray(next(self.data_iter)) for _ in range(groups)])
-        return np.asarray(next(self.data_iter))
+            return np.stack([_host_array(next(self.data_iter)) for _ in range(groups)])
+        return _host_array(next(self.data_iter))
 
     def next_memmap(
         self, memmap_dir: str, name: str, empty: bool = False, read_only_if_exists: bool = False

@@ -34,6 +34,7 @@ from popxl._popart_compat import SessionCompat
 from popxl.ir import Ir
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
+from popxl.utils import to_numpy
 
 from . import distributed, executable_cache, remote_state, state_layout, stream_io
 from .device import DeviceInfo, check_compatible, check_io_tiles, ipus_needed, select_device
@@ -674,7 +675,7 @@ class Session(SessionCompat):
                     f"Write float8 variable {var.id} with a float8 NumPy array, not a Python number."
                 )
             data = np.array(data).astype(want)
-        arr = np.asarray(data)
+        arr = to_numpy(data, downcast=False, copy=False)
         if var.dtype.name.startswith("float8"):
             if not is_float8(arr.dtype):
                 raise TypeError(

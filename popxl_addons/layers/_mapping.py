@@ -14,11 +14,7 @@ def to_numpy(value: Any, dtype: popxl.dtype) -> np.ndarray:
     array of ``dtype``; torch tensors are detached and copied to the host first. Float8
     ``dtype``: float data converted with ``host_pow2scale_cast_to_fp8`` (PopXL's structured
     float8 form)."""
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    if dtype.name.startswith("float8"):
-        return popxl.utils.to_numpy(value, dtype)
-    return np.asarray(value).astype(dtype.as_numpy())
+    return popxl.utils.to_numpy(value, dtype)
 
 
 def has_bias(layer: Any) -> bool:

@@ -20,10 +20,7 @@ def host_load(
         float data is converted with ``host_pow2scale_cast_to_fp8`` (float8 data, structured
         or ml_dtypes, is kept), giving PopXL's structured float8 array.
     """
-    if dtype.name.startswith("float8"):
-        data = popxl.utils.to_numpy(t, dtype)
-    else:
-        data = np.asarray(t).astype(dtype.as_numpy())
+    data = popxl.utils.to_numpy(t, dtype)
     stream = popxl.h2d_stream(data.shape, dtype, f"{name}_stream")
     return data, stream, ops.host_load(stream, name)
 
