@@ -125,19 +125,26 @@ TRANSPOSE_ = define_view(TRANSPOSE, "transpose_", "TransposeInplace", _transpose
 
 
 def _permutation(t: Tensor, permutation: Iterable[int] | None) -> tuple[int, ...]:
-    if permutation is None:
+    perm = () if permutation is None else tuple(int(p) for p in permutation)
+    if not perm:  # PopART's Transpose reversed the axes for an empty permutation too
         return tuple(reversed(range(t.rank)))
-    perm = tuple(int(p) for p in permutation)
-    if sorted(perm) != list(range(t.rank)):
+    normal = tuple(p + t.rank if -t.rank <= p < 0 else p for p in perm)
+    if sorted(normal) != list(range(t.rank)):
         raise ValueError(
-            f"Invalid permutation {perm} for a tensor of rank {t.rank}: it must reorder "
-            f"0..{t.rank - 1}."
+            f"Invalid permutation {perm} for a tensor of rank {t.rank}: it must name each of "
+            f"the axes 0..{t.rank - 1} exactly once (negative entries count from the end)."
         )
-    return perm
+    return normal
 
 
 def transpose(t: Tensor, permutation: Iterable[int] | None = None) -> Tensor:
-    """Permute the axes of ``t`` (reverse them by default)."""
+    """Permute the axes of ``t`` (reverse them when ``permutation`` is None or empty).
+
+    Negative entries count from the end, as in ``numpy.transpose``.
+
+    Raises:
+        ValueError: ``permutation`` does not name every axis exactly once.
+    """
     attrs = {"permutation": _permutation(t, permutation)}
     return record(TRANSPOSE, {"t": t}, attrs, [f"{t.name}_T"])[0]
 
@@ -179,12 +186,18 @@ SLICE = define("slice", "Slice", _slice_infer, _slice, grad_needs="none")
 SLICE_ = define_view(SLICE, "slice_", "SliceInplace", _slice_inverse)
 
 
-def _as_list(value: Any) -> list[int] | None:
+def _as_list(value: Any) -> list[int | None] | None:
+    """One entry per sliced axis; None entries take their default (as in PopXL)."""
     if value is None:
         return None
     if isinstance(value, (int, np.integer)):
         return [int(value)]
-    return [int(v) for v in value]
+    return [None if v is None else int(v) for v in value]
+
+
+def _entry(values: list[int | None] | None, k: int, default: int) -> int:
+    value = values[k] if values is not None else None
+    return default if value is None else value
 
 
 def _onnx_bounds(dim: int, start: int, stop: int, step: int) -> tuple[int, int, int]:
@@ -208,14 +221,15 @@ def _slice_bounds(t: Tensor, start: Any, stop: Any, step: Any, axis: Any) -> _Bo
         )
     n = lengths.pop() if lengths else t.rank
     axes = axes if axes is not None else list(range(n))
-    steps = steps if steps is not None else [1] * n
     bounds = [(0, d, 1) for d in t.shape]
     for k, ax in enumerate(axes):
+        if ax is None:
+            raise ValueError(f"slice: axis entries cannot be None, got axis={axis}.")
         ax = normalize_axis(ax, t.rank)
-        st = steps[k]
+        st = _entry(steps, k, 1)
         default_start, default_stop = (0, INT_MAX) if st > 0 else (-1, INT_MIN)
-        s0 = starts[k] if starts is not None else default_start
-        s1 = stops[k] if stops is not None else default_stop
+        s0 = _entry(starts, k, default_start)
+        s1 = _entry(stops, k, default_stop)
         bounds[ax] = _onnx_bounds(t.shape[ax], s0, s1, st)
     return tuple(bounds)
 
@@ -229,8 +243,10 @@ def slice(  # noqa: A001 (public API name)
 ) -> Tensor:
     """Slice ``t`` along ``axis`` (ONNX Slice semantics: negative indices wrap, bounds clamp).
 
-    ``start``/``stop``/``step``/``axis`` take one value or one per sliced axis. With none of
-    ``start``, ``stop`` and ``step`` given, ``t`` itself is returned.
+    ``start``/``stop``/``step``/``axis`` take one value or one per sliced axis; a None entry
+    in ``start``/``stop``/``step`` takes its default (the whole axis, step 1), as
+    ``x[:, 1:]`` is ``slice(x, start=[None, 1], axis=[0, 1])``. With none of ``start``,
+    ``stop`` and ``step`` given, ``t`` itself is returned.
     """
     if start is None and stop is None and step is None:
         return t

@@ -43,6 +43,14 @@ CASES = [
         [M],
         lambda x: (x.T, x.T, x),
     ),
+    # PopART reversed the axes for an empty permutation; negative entries as in NumPy.
+    OpCase("transpose_empty_permutation", lambda t: ops.transpose(t, ()), [X], np.transpose),
+    OpCase(
+        "transpose_negative_permutation",
+        lambda t: ops.transpose(t, (-1, 0, -2)),
+        [X],
+        lambda x: x.transpose(2, 0, 1),
+    ),
     OpCase(
         "transpose_view_write",
         _write_through(lambda t: ops.transpose_(t, (2, 0, 1)), (4, 2, 3)),
@@ -58,6 +66,19 @@ CASES = [
         lambda t: ops.slice(t, start=-1, stop=0, step=-1, axis=1),
         [M],
         lambda x: x[:, :0:-1],
+    ),
+    # PopXL filled None entries with their defaults.
+    OpCase(
+        "slice_none_entries",
+        lambda t: ops.slice(t, start=[None, 2], stop=[3, None], step=[None, -1], axis=[0, 1]),
+        [M],
+        lambda x: x[:3, 2::-1],
+    ),
+    OpCase(
+        "slice_out_of_range_bounds_clamp",
+        lambda t: ops.slice(t, start=[-10, 2], stop=[10, 100], axis=[0, 1]),
+        [M],
+        lambda x: x[-10:10, 2:100],
     ),
     OpCase(
         "slice_view_write",

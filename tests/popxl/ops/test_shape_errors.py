@@ -30,3 +30,19 @@ def test_concat_of_different_dtypes(concat, first, second):
         with pytest.raises(TypeError, match=re.escape(message)):
             concat([a, b], 0)
         assert concat([a, a], 0).shape == (4, 2)
+
+
+@pytest.mark.parametrize("perm", [(0, 0, 1), (0, 1), (0, 1, 3), (0, 1, -4)])
+def test_transpose_permutation_must_name_each_axis_once(perm):
+    # PopART failed on these too (wrong rank, or a repeated/missing axis at lowering).
+    with popxl.Ir().main_graph:
+        t = popxl.variable(np.ones((2, 3, 4), np.float32))
+        with pytest.raises(ValueError, match=r"must name each of the axes 0\.\.2 exactly once"):
+            ops.transpose(t, perm)
+
+
+def test_slice_axis_entries_cannot_be_none():
+    with popxl.Ir().main_graph:
+        t = popxl.variable(np.ones((2, 3), np.float32))
+        with pytest.raises(ValueError, match="axis entries cannot be None"):
+            ops.slice(t, start=[0, 1], axis=[0, None])
