@@ -49,6 +49,9 @@ class Config:
     rotary_dim: int = 4
     tp: int = 4
     eps: float = 1e-5
+    # The head splits its rows and concatenates them again before ``f``, as code that
+    # processes sequence chunks does: ``f``'s input is then a concat's output.
+    chunked_head: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -175,6 +178,8 @@ class Head(ShardedModule):
     def build(self, x: popxl.Tensor, labels: popxl.Tensor) -> popxl.Tensor:
         cfg = self.cfg
         h = ops.layer_norm(x, self.weight("lnf_w"), self.weight("lnf_b"), eps=cfg.eps)
+        if cfg.chunked_head:
+            h = ops.concat(ops.split(h, 2, axis=0), axis=0)
         h = replicated_all_reduce_identical_inputs(h, group=self.tp_group)
         logits = h @ self.weight("head_w")
         # Each rank holds vocab / tp classes: shift the labels into its range.
