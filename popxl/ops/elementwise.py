@@ -8,6 +8,7 @@ first input and return a new handle on the same storage.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -40,9 +41,10 @@ def _binary_infer(type_name: str, out_dtype: dtypes.dtype | None = None) -> Any:
 
 
 def _fp16_times_fp32_scalar(a: Any, b: Any) -> bool:
+    """PopART's Mul exception: a float32 operand with one element (any rank) scales float16."""
     pair = {a.dtype, b.dtype}
     scalar = b if b.dtype is dtypes.float32 else a
-    return pair == {dtypes.float16, dtypes.float32} and not scalar.shape
+    return pair == {dtypes.float16, dtypes.float32} and math.prod(scalar.shape) == 1
 
 
 # Lowerings ------------------------------------------------------------------------------

@@ -373,19 +373,12 @@ HISTOGRAM = define("histogram", "Histogram", _histogram_infer, _histogram, grad=
 def histogram(t: Tensor, levels: list[float], absolute_of_input: bool) -> Tensor:
     """Count the elements of ``t`` per bin; uint32 counts of shape ``(len(levels) + 1,)``.
 
-    With levels ``l_0 < ... < l_{n-1}`` the bins are: ``x < l_0``; ``l_i <= x < l_{i+1}``;
-    ``x >= l_{n-1}``. So each bin includes its lower level, and a value equal to the last
-    level lands in the last bin. With ``absolute_of_input`` the counts are of ``|t|``.
-    Values are compared in float32 (at least). No gradient.
-
-    Raises:
-        ValueError: ``levels`` is not strictly increasing.
+    The levels are sorted first (as PopART did). With sorted levels ``l_0 <= ... <=
+    l_{n-1}`` the bins are: ``x < l_0``; ``l_i <= x < l_{i+1}``; ``x >= l_{n-1}``. So each
+    bin includes its lower level, a value equal to the last level lands in the last bin,
+    and the bin between two equal levels stays empty. With ``absolute_of_input`` the counts
+    are of ``|t|``. Values are compared in float32 (at least). No gradient.
     """
-    values = tuple(float(v) for v in levels)
-    if any(b <= a for a, b in zip(values, values[1:])):
-        raise ValueError(
-            f"histogram: levels must be strictly increasing, got {list(values)}. Sort them "
-            "and remove duplicates."
-        )
+    values = tuple(sorted(float(v) for v in levels))
     attrs = {"levels": values, "absolute_of_input": bool(absolute_of_input)}
     return record(HISTOGRAM, {"t": t}, attrs, ["histogram_out"])[0]

@@ -90,6 +90,15 @@ CASES = [
         rtol=1e-3,
         grad=False,
     ),
+    # PopART's exception covers a float32 with one element of any rank.
+    OpCase(
+        "mul_fp32_one_element_by_fp16",
+        ops.mul,
+        [np.array([[2.5]], np.float32), X.astype(np.float16)],
+        lambda a, b: (np.float16(a) * b).astype(np.float16),
+        rtol=1e-3,
+        grad=False,
+    ),
     OpCase("div", ops.div, [X, POS], np.divide),
     OpCase(
         "div_int_truncates",

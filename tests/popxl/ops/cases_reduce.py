@@ -345,6 +345,14 @@ OTHER_CASES = [
         lambda x: _histogram(x, LEVELS, True),
         grad=False,
     ),
+    # PopART sorted the levels; the bin between two equal levels stays empty.
+    OpCase(
+        "histogram_unsorted_repeated_levels",
+        lambda t: ops.histogram(t, [1.5, 0.0, -1.0, 0.5, 0.0], False),
+        [HIST_X],
+        lambda x: _histogram(x, [-1.0, 0.0, 0.0, 0.5, 1.5], False),
+        grad=False,
+    ),
     OpCase(
         "histogram_no_levels",
         lambda t: ops.histogram(t, [], False),
