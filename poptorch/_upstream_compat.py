@@ -133,3 +133,21 @@ _logging = _module(
     setLogLevel=_log.setLogLevel,
     setPopartLogLevel=_log.setPopartLogLevel,
 )
+
+
+def _sampler_init(self: Any, data_source: Any = None) -> None:
+    """``Sampler.__init__`` as in torch 2.0, which PopTorch was built on: it took the data
+    source and ignored it. Later torch dropped the method, so ``super().__init__(data_source)``
+    in a batch sampler written for PopTorch raises ``TypeError`` from ``object.__init__``."""
+
+
+def _restore_sampler_data_source() -> None:
+    """Give ``torch.utils.data.Sampler`` torch 2.0's ``__init__`` where the installed torch
+    lacks one (subclasses with their own ``__init__`` are unaffected)."""
+    from torch.utils.data import Sampler  # noqa: PLC0415  (torch only when poptorch loads)
+
+    if "__init__" not in vars(Sampler):
+        Sampler.__init__ = _sampler_init  # type: ignore[method-assign]
+
+
+_restore_sampler_data_source()

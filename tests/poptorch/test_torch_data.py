@@ -185,6 +185,28 @@ def test_batch_sampler_micro_batches_are_combined():
         poptorch.DataLoader(opts, Increment(23), batch_sampler=sampler, shuffle=True)
 
 
+class GrowingBatches(torch.utils.data.Sampler):
+    """Batches of 1, 2, 3 ... samples; written for torch 2.0, whose ``Sampler.__init__``
+    took the data source, as PopTorch's users wrote them."""
+
+    def __init__(self, sampler: torch.utils.data.Sampler) -> None:
+        super().__init__(None)
+        self.sampler = sampler
+
+    def __iter__(self):
+        indices = list(self.sampler)
+        start, size = 0, 1
+        while start < len(indices):
+            yield indices[start : start + size]
+            start, size = start + size, size + 1
+
+
+def test_batch_sampler_written_for_torch_2_0_works():
+    sampler = GrowingBatches(torch.utils.data.SequentialSampler(range(10)))
+    loader = poptorch.DataLoader(poptorch.Options(), Increment(10), batch_sampler=sampler)
+    assert [firsts(b) for b in loader] == [[0], [1, 2], [3, 4, 5], [6, 7, 8, 9]]
+
+
 def test_custom_batch_types_are_combined_and_transferred():
     sampler = torch.utils.data.BatchSampler(
         torch.utils.data.SequentialSampler(range(12)), batch_size=2, drop_last=True
