@@ -76,7 +76,7 @@ class InternalError(Error):
         graph_id = getattr(graph, "id", graph)
         parts = [
             f"op `{op_name}`" if op_name is not None else "",
-            f"graph `{graph_id}`" if graph_id is not None else "",
+            "the main graph" if graph_id == "" else f"graph `{graph_id}`" if graph_id else "",
         ]
         where = " in ".join(p for p in parts if p)
         super().__init__(

@@ -190,7 +190,11 @@ class Graph:
         return format_schedule(self, arg_names or {})
 
     def verify(self) -> None:
-        """Check the graph's invariants; raises ``AssertionError`` naming the broken one."""
+        """Check the graph's invariants and those of the graphs it calls.
+
+        Raises:
+            popxl.errors.InternalError: a broken invariant, naming the op and graph.
+        """
         from ._verify import verify_graph  # noqa: PLC0415
 
         verify_graph(self)

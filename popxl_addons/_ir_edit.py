@@ -1,7 +1,9 @@
 """Small, checked edits of a graph's op list, for IR passes (``patterns``).
 
 Every edit keeps the bookkeeping that ``Graph.verify()`` checks: op order, each tensor's
-producer and consumers, and the graph's tensor table.
+producer and consumers, and the graph's tensor table. Gradient ops need no rewiring: their
+recipes are snapshots of the forward ops (``VjpRecipe.capture``), so forward graphs may be
+edited after autodiff.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 import popxl
 from popxl._op import REGISTRY, Op
+from popxl.errors import InternalError
 
 
 def replace_op_kind(op: Op, key: str, inputs: tuple[popxl.Tensor, ...], **attrs: Any) -> None:
@@ -21,7 +24,9 @@ def replace_op_kind(op: Op, key: str, inputs: tuple[popxl.Tensor, ...], **attrs:
     specs = opdef.infer(*(t._spec for t in inputs), **attrs)
     old = [(t.shape, t.dtype) for t in op.outputs]
     if [(tuple(s.shape), s.dtype) for s in specs] != old:
-        raise AssertionError(f"rewriting {op} as {opdef.type} would change its outputs {old}")
+        raise InternalError(
+            f"rewriting as {opdef.type} would change its outputs {old}", op, op.graph
+        )
     for t in op.inputs:
         t._consumers.remove(op)
     op.opdef = opdef
@@ -44,7 +49,7 @@ def remove_op(graph: popxl.Graph, op: Op) -> None:
     """Delete ``op``, whose outputs must have no readers left."""
     for t in op.outputs:
         if t._consumers or t in graph._outputs:
-            raise AssertionError(f"cannot remove {op}: its output {t.id} is still read")
+            raise InternalError(f"cannot remove it: its output {t.id} is still read", op, graph)
     for t in op.inputs:
         t._consumers.remove(op)
     for t in op.outputs:

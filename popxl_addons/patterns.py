@@ -258,24 +258,11 @@ PATTERNS: tuple[Pattern, ...] = (
 )
 
 
-def _differentiated_ops(ir: popxl.Ir) -> set[Op]:
-    """Forward ops some gradient op differentiates (through its recipe): rewriting them
-    would change what that gradient op computes, so patterns leave them alone."""
-    return {
-        op.attrs["recipe"].op
-        for graph in ir._graphs.values()
-        for op in graph._ops
-        if "recipe" in op.attrs
-    }
-
-
-def _sweep(
-    graph: popxl.Graph, patterns: list[Pattern], counts: dict[str, int], keep: set[Op]
-) -> bool:
+def _sweep(graph: popxl.Graph, patterns: list[Pattern], counts: dict[str, int]) -> bool:
     changed = False
     storage = _Storage(graph)
     for op in list(graph._ops):
-        if op not in graph._ops or op in keep:
+        if op not in graph._ops:
             continue
         for pattern in patterns:
             if pattern.apply(graph, op, storage):
@@ -321,10 +308,9 @@ def apply_pre_alias_patterns(ir: popxl.Ir, level: Level = "default") -> dict[str
         raise ValueError(BAD_LEVEL_MSG.format(levels=list(LEVELS), level=level))
     enabled = [p for p in PATTERNS if p.level <= min(LEVELS[level], 2)]
     counts = dict.fromkeys((p.name for p in PATTERNS), 0)
-    keep = _differentiated_ops(ir)
     for graph in list(ir._graphs.values()):
         for _ in range(MAX_SWEEPS):
-            if not _sweep(graph, enabled, counts, keep):
+            if not _sweep(graph, enabled, counts):
                 break
     return counts
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from popxl._op import Op
+from popxl.errors import InternalError
 from popxl.tensor import Tensor
 from popxl.transforms._grad_ops import VjpRecipe
 from popxl.transforms._storage import parents, roots
@@ -24,10 +25,10 @@ def _link(env: Env, h: Tensor, roots: set[Tensor]) -> None:
     """Register the views/aliases between handle ``h`` and the roots in ``env``."""
     if h in roots or h in env.views:
         return
-    ps = parents(h)
-    assert ps is not None, f"{h.id} is neither a root nor a view"
-    op = h._producer
-    assert op is not None
+    op, ps = h._producer, parents(h)
+    if op is None or ps is None:
+        message = f"the recipe's input {h.id} is neither a root nor a view of one"
+        raise InternalError(message, op, h._graph)
     if op.opdef.view_inverse is not None:
         env.view(h, op.opdef, op.inputs, op.attrs)
     else:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._op import Op, OpDef
+from ..errors import InternalError
 from ..tensor import Tensor
 from ._storage import parents
 
@@ -30,11 +31,17 @@ def grad_opdef(forward: OpDef) -> OpDef:
 
 @dataclass(frozen=True, eq=False)
 class VjpRecipe:
-    """What a gradient op differentiates.
+    """What a gradient op differentiates: a private snapshot of the forward op.
+
+    ``capture`` copies the forward op and the views between it and its roots into handles
+    that no graph owns, so the gradient op keeps computing the function it was built for
+    when the forward graph is edited later (patterns, ``replace_uses``, op removal, ops
+    moved into other graphs). Nothing outside the recipe refers to its handles.
 
     Attributes:
-        op: the forward op.
-        roots: the root storages the forward op reads or writes (their values before it).
+        op: the snapshot of the forward op (same id, kind, attributes and placement).
+        roots: the snapshots of the root storages the forward op reads or writes (their
+            values before it), in the gradient op's input order.
         needs_values: whether the gradient op takes those values as inputs (else zeros of
             the right shape stand in, for linear ops).
         present: for each forward result (written roots, then new outputs), whether a
@@ -47,6 +54,20 @@ class VjpRecipe:
     needs_values: bool
     present: tuple[bool, ...]
     grad_for: tuple[int, ...]
+
+    @classmethod
+    def capture(
+        cls,
+        op: Op,
+        roots: tuple[Tensor, ...],
+        needs_values: bool,
+        present: tuple[bool, ...],
+        grad_for: tuple[int, ...],
+    ) -> VjpRecipe:
+        """The recipe of ``op`` over ``roots``, snapshotted (see the class docstring)."""
+        copies: dict[Tensor, Tensor] = {r: _detached(r, None) for r in roots}
+        forward = _detached_op(op, tuple(_copy_handle(h, copies) for h in op.inputs))
+        return cls(forward, tuple(copies[r] for r in roots), needs_values, present, grad_for)
 
     @property
     def results(self) -> tuple[Tensor, ...]:
@@ -83,7 +104,8 @@ class VjpRecipe:
         if h in self.roots:
             return ("root", self.roots.index(h))
         op = h._producer
-        assert op is not None
+        if op is None:
+            raise InternalError(f"{h.id} is neither a root nor a view", op=self.op)
         attrs = tuple(sorted((k, attr_key(v)) for k, v in op.attrs.items()))
         return (
             op.opdef.key,
@@ -91,3 +113,45 @@ class VjpRecipe:
             op.outputs.index(h),
             tuple(self._chain(p, attr_key) for p in parents(h) or ()),
         )
+
+
+def _detached(t: Tensor, producer: Op | None) -> Tensor:
+    """A handle with ``t``'s id and spec that no graph owns."""
+    h = object.__new__(Tensor)
+    h._graph, h._id, h._spec, h._producer = t._graph, t._id, t._spec, producer
+    h._consumers = []
+    h._stream = None
+    return h
+
+
+def _detached_op(op: Op, inputs: tuple[Tensor, ...]) -> Op:
+    """A copy of ``op`` on ``inputs`` that no graph lists, with its own output handles."""
+    copy = Op(
+        op.opdef,
+        op.attrs,
+        inputs,
+        op.graph,
+        op.id,
+        op.ipu,
+        op.tile_set,
+        op.scope,
+        op.location,
+        op.execution_context,
+    )
+    copy.modified_inputs = set(op.modified_inputs)
+    copy.outputs = tuple(_detached(t, copy) for t in op.outputs)
+    return copy
+
+
+def _copy_handle(h: Tensor, copies: dict[Tensor, Tensor]) -> Tensor:
+    """The snapshot of handle ``h``: a root's copy, or a copy of the view chain above it."""
+    if h in copies:
+        return copies[h]
+    view, ps = h._producer, parents(h)
+    if view is None or ps is None:
+        raise InternalError(f"{h.id} is neither a root of the recipe nor a view of one", op=view)
+    # An in-place op's other operands only matter to the forward graph: opaque copies.
+    inputs = tuple(_copy_handle(t, copies) if t in ps else _detached(t, None) for t in view.inputs)
+    copy = _detached_op(view, inputs)
+    copies.update(zip(view.outputs, copy.outputs))
+    return copies[h]

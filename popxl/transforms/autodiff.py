@@ -320,7 +320,7 @@ def _vjp_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Cont
     if not grad_for:
         return []
     needs_values = op.opdef.grad_needs != "none"
-    recipe = VjpRecipe(
+    recipe = VjpRecipe.capture(
         op,
         tuple(v.root for v in step.befores),
         needs_values,
