@@ -275,8 +275,8 @@ def nll_loss_with_softmax_grad(
 
     Raises:
         ValueError: an unknown ``reduction``.
-        PopXLException: bad labels (see ``nll_loss``) or a ``loss_grad`` of the wrong shape or
-            dtype.
+        PopXLException: non-integer labels, a number of labels other than the number of
+            rows of ``probs``, or a ``loss_grad`` of the wrong shape or dtype.
     """
     attrs = {
         "ignore_index": None if ignore_index is None else int(ignore_index),
