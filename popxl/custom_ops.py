@@ -35,6 +35,7 @@ from typing import Any
 from . import _op
 from ._custom_attrs import REQUIRED, Attribute, AttributeKind, declare, resolve
 from .dtypes import dtype as DType
+from .errors import InternalError
 from .ops._base import jax, record
 from .tensor import Tensor
 from .tensor_spec import TensorSpec
@@ -210,7 +211,8 @@ def _with_vjp(op: CustomOp, attrs_items: tuple) -> Callable[..., Any]:
     def bwd(res: tuple, cts: Any) -> tuple:
         xs, out = res
         vjp = op.vjp
-        assert vjp is not None, "lower() uses _with_vjp for ops with a gradient only"
+        if vjp is None:
+            raise InternalError(f"custom op {op.name} has no gradient but was lowered with one")
         grads = vjp(xs, out, cts, **attrs)
         if not isinstance(grads, (tuple, list)):
             grads = (grads,)

@@ -116,6 +116,10 @@ NOT_FLOAT8_SOURCE_MSG = (
     "popxl.dtypes.np_dtype_{want} as host_pow2scale_cast_to_fp8 returns, or of the ml_dtypes "
     "type {ml}) or float16/32/64 data to convert; got dtype {got}."
 )
+UNKNOWN_FLOAT8_MSG = (
+    "The data's dtype {claimed} looks like float8 but it converts to a NumPy array of dtype "
+    "{got}; pass dtype=popxl.float8_143 or popxl.float8_152 to say which format it holds."
+)
 
 
 def host_pow2scale_cast_from_fp8(
@@ -169,7 +173,8 @@ def _to_float8_array(
         want = _float8_host.popxl_dtype(arr.dtype) if dt is None else dt
         out = _float8_host.checked_structured(arr, want)
         return out.copy() if copy else out
-    assert dt is not None, "only float8 data reaches here without a dtype"
+    if dt is None:
+        raise TypeError(UNKNOWN_FLOAT8_MSG.format(claimed=getattr(x, "dtype", None), got=arr.dtype))
     if arr.dtype.type not in _FLOAT_SOURCES:
         raise TypeError(NOT_FLOAT8_SOURCE_MSG.format(want=dt.name, ml=dt._np_device, got=arr.dtype))
     return host_pow2scale_cast_to_fp8(

@@ -23,7 +23,7 @@ import numpy as np
 from jax import lax
 
 from popxl._op import Op
-from popxl.errors import Error
+from popxl.errors import Error, InternalError
 from popxl.graph import Graph
 from popxl.ir import Ir
 
@@ -97,7 +97,8 @@ def raise_if_failed(checks: tuple[str, ...], values: tuple[Any, ...]) -> None:
 @special("log2_scale_checked")
 def _lower_log2_scale_checked(ctx: LoweringContext, env: Env, op: Op) -> None:
     """A pow2-scaled op (its last input is ``log2_scale``), checked when enabled."""
-    assert op.opdef.lower is not None, f"{op.opdef.key} has no lowering"
+    if op.opdef.lower is None:
+        raise InternalError(f"{op.opdef.key} has no lowering", op, op.graph)
     apply_results(env, op, op.opdef.lower(*(env.read(t) for t in op.inputs), **op.attrs))
     failed_key = _FAILED_KEY.format(name=LOG2_SCALE)
     if failed_key not in ctx.fx:

@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import popdist
+from popxl.errors import InternalError
 from popxl.ir import Ir
 
 DEFAULT_TIMEOUT_S = 60
@@ -153,7 +154,8 @@ def replica_devices(replicas: int, local_replicas: int) -> list[jax.Device]:
     for d in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
         by_process.setdefault(d.process_index, []).append(d)
     devices = [d for p in sorted(by_process) for d in by_process[p][:local_replicas]]
-    assert len(devices) == replicas, (len(devices), replicas)
+    if len(devices) != replicas:
+        raise InternalError(f"picked {len(devices)} devices for {replicas} replicas")
     return devices
 
 
@@ -231,7 +233,8 @@ def on_first_instance(ir: Ir, fn: Callable[[], Any], what: str) -> None:
     from jax._src import distributed as jax_distributed
 
     client = jax_distributed.global_state.client
-    assert client is not None, "the session joins the distributed run before this"
+    if client is None:
+        raise InternalError(f"{what}: the session joins the distributed run before this")
     _first_calls += 1
     key = f"popxl/first/{_first_calls}"
     if jax.process_index() == 0:

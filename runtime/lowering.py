@@ -21,6 +21,7 @@ import numpy as np
 
 from popxl._float8_host import to_ml
 from popxl._op import Op, OpDef
+from popxl.errors import InternalError
 from popxl.graph import Graph
 from popxl.ops.collectives import sums_every_replica
 from popxl.tensor import Constant, Tensor
@@ -109,7 +110,8 @@ class Env:
         self.views[handle] = _View(lambda x: x, _identity_inverse, (base,), {})
 
     def view(self, out: Tensor, opdef: OpDef, parents: tuple[Tensor, ...], attrs: Mapping) -> None:
-        assert opdef.lower is not None and opdef.view_inverse is not None
+        if opdef.lower is None or opdef.view_inverse is None:
+            raise InternalError(f"{opdef.key} is lowered as a view but is not one")
         self.views[out] = _View(opdef.lower, opdef.view_inverse, parents, attrs)
 
 
@@ -170,7 +172,8 @@ def plain_lower_op(ctx: LoweringContext, env: Env, op: Op) -> None:
     if opdef.key in LINEAR_ACCUMULATES and ctx.collective_impl == "gather":
         if _deferred_accumulate(ctx, env, op):
             return
-    assert opdef.lower is not None, f"{opdef.key} has no lowering"
+    if opdef.lower is None:
+        raise InternalError(f"{opdef.key} has no lowering", op, op.graph)
     apply_results(env, op, opdef.lower(*(env.read(t) for t in op.inputs), **op.attrs))
 
 
@@ -187,7 +190,8 @@ def _deferred_accumulate(ctx: LoweringContext, env: Env, op: Op) -> bool:
         factor = env.read(op.inputs[2]).reshape(()).astype(dtype)
     else:
         factor = np.asarray(op.attrs["f"], dtype)
-    assert ctx.axis_name is not None
+    if ctx.axis_name is None:
+        raise InternalError("a deferred accumulation needs the replica axis", op, op.graph)
     result = deferred_accumulation(op.opdef.key, t, x, factor, dtype, ctx.axis_name, ctx.replicas)
     if result is None:
         return False
@@ -214,12 +218,14 @@ def apply_results(env: Env, op: Op, results: Any) -> None:
 
 @special("collective")
 def _lower_collective(ctx: LoweringContext, env: Env, op: Op) -> None:
-    assert op.opdef.lower is not None, f"{op.opdef.key} has no lowering"
+    if op.opdef.lower is None:
+        raise InternalError(f"{op.opdef.key} has no lowering", op, op.graph)
     impl = ctx.collective_impl
     args = [env.read_raw(t) for t in op.inputs]
     if isinstance(args[0], Deferred):
         if impl == "gather" and sums_every_replica(op):
-            assert ctx.axis_name is not None
+            if ctx.axis_name is None:
+                raise InternalError("a deferred replica sum needs the replica axis", op, op.graph)
             args[0], impl = args[0].replica_sum(ctx.axis_name, ctx.replicas), "summed"
         else:
             args[0] = env.read(op.inputs[0])

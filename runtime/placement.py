@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from popxl._op import Op
+from popxl.errors import InternalError
 from popxl.graph import Graph
 from popxl.ops.collectives import REPLICA_AXIS
 from popxl.tensor import Tensor
@@ -327,8 +328,9 @@ class Placement:
 
     def _compute(self, env: Env, op: Op, ipu: int) -> None:
         self.localise(env, op.inputs, ipu)
-        assert op.opdef.lower is not None
         lower, attrs = op.opdef.lower, op.attrs
+        if lower is None:
+            raise InternalError(f"{op.opdef.key} has no lowering", op, op.graph)
         args = [env.read(t) for t in op.inputs]
         # Elsewhere an in-place result is its input unchanged (no weight-sized zeros, and
         # XLA can update the buffer in place); other results are zeros.

@@ -31,6 +31,7 @@ from popxl import _log
 from popxl._dot import checkpoint
 from popxl._float8_host import checked_structured, is_float8, to_ml, to_structured
 from popxl._popart_compat import SessionCompat
+from popxl.errors import InternalError
 from popxl.ir import Ir
 from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
@@ -291,9 +292,11 @@ class Session(SessionCompat):
         """Run on ``device`` from the next attach on (it must match what was compiled for)."""
         self._device_info = device
 
-    def _require_attached(self) -> None:
+    def _require_attached(self) -> tuple:
+        """The device state; raises when the session is not attached."""
         if self._state is None:
             raise ValueError(NOT_ATTACHED_MSG)
+        return self._state
 
     # Weights ---------------------------------------------------------------------------
 
@@ -344,7 +347,8 @@ class Session(SessionCompat):
             return value
         # Placed: variables are unpacked from their slots (``Program.unpack``); remote
         # buffers are kept valid on every device, so row 0 holds them.
-        assert index >= self._program.n_entries, "placed variables are read by unpack"
+        if index < self._program.n_entries:
+            raise InternalError(f"placed variables are read by unpack, not by slot (entry {index})")
         return value[0]
 
     def _device_layout(self, var: Variable, host: np.ndarray) -> Any:
@@ -389,7 +393,8 @@ class Session(SessionCompat):
         _log.debug("Writing weights from host complete.", "devicex")
 
     def _buffer_index(self, var: Variable) -> int:
-        assert var._remote_buffer is not None, f"{var.id} is not a remote variable"
+        if var._remote_buffer is None:
+            raise InternalError(f"{var.id} is not a remote variable", graph=var.graph)
         return self._program.buffers.index(var._remote_buffer)
 
     def _write_remote(self, buffers: list[np.ndarray], variables: Iterable[Variable]) -> None:
@@ -405,14 +410,11 @@ class Session(SessionCompat):
 
     def weights_to_host(self) -> None:
         """Copy every variable's device value to the host."""
-        self._require_attached()
-        assert self._state is not None
+        state = self._require_attached()
         _log.debug("Writing weights to host", "devicex")
         n_vars = self._program.n_entries
         # Placed remote buffers are kept valid on every device: read the first IPU's copy.
-        values = [
-            self._one_device(v) if i >= n_vars else v for i, v in enumerate(self._get(self._state))
-        ]
+        values = [self._one_device(v) if i >= n_vars else v for i, v in enumerate(self._get(state))]
         per_variable = self._program.unpack(values[:n_vars])
         for var, value in zip(self._program.variables, per_variable):
             self._set_host(var, self._to_host(var, value))
@@ -500,8 +502,7 @@ class Session(SessionCompat):
 
     def _execute(self, inputs: Any, downcast: bool) -> tuple[Sequence[Any], Sequence[Any]]:
         """One step: (this instance's d2h stream buffers, store counts per stream)."""
-        self._require_attached()
-        assert self._state is not None
+        state = self._require_attached()
         program = self._program
         _log.trace(f"Session::run: one step of Ir {self.ir_.id}", "session")
         arrays = stream_io.prepare_inputs(
@@ -514,8 +515,8 @@ class Session(SessionCompat):
             arrays = placement.inputs(arrays)
         with self._x64():
             step = self._executable or program.step
-            new, (buffers, counts) = step(*program.split(self._state), arrays)
-        self._state = program.merge(self._state, new)
+            new, (buffers, counts) = step(*program.split(state), arrays)
+        self._state = program.merge(state, new)
         self._host_stale = True
         _log.trace(f"Devicex::run: step done, {len(buffers)} device-to-host streams", "devicex")
         if placement is None:
@@ -653,7 +654,8 @@ class Session(SessionCompat):
     def _upload_slots(self, state: list, written: list[int]) -> None:
         """Placed programs: write variables (by index) into their owner's row of their slot."""
         layout = self._program.slots
-        assert layout is not None
+        if layout is None:
+            raise InternalError("only placed programs have variable slots")
         for i in written:
             slot, row = layout.where(i)
             var = self._program.variables[i]
