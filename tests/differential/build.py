@@ -1,0 +1,237 @@
+"""Build a program as PopXL IR: the system under test's side of the comparison."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import popxl
+import popxl.ops as ops
+from popxl import transforms
+from popxl.ops import collectives
+
+from .program import Block, Leaf, Node, Program
+
+DTYPES = {
+    "float32": popxl.float32,
+    "float16": popxl.float16,
+    "int32": popxl.int32,
+    "bool": popxl.bool,
+}
+
+UNARY = {
+    name: getattr(ops, name)
+    for name in (
+        "exp", "tanh", "sin", "cos", "sigmoid", "gelu", "swish", "negate", "abs", "relu",
+        "floor", "ceil", "sign", "sqrt", "log", "logical_not", "identity",
+        "relu_", "exp_", "sigmoid_",
+    )
+}  # fmt: skip
+BINARY = {
+    name: getattr(ops, name)
+    for name in (
+        "add", "sub", "mul", "div", "maximum", "greater", "equal", "logical_and",
+        "logical_or", "matmul", "add_",
+    )
+}  # fmt: skip
+REDUCE = {
+    n: getattr(ops, n) for n in ("sum", "mean", "max", "min", "prod", "sumsquare", "logsumexp")
+}
+
+
+class Built:
+    """One program's handles in a built Ir: its output streams and leaf tensors."""
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.out_streams: list[Any] = []
+        self.leaf_tensors: list[Any] = []
+        self.in_streams: dict[Any, np.ndarray] = {}
+
+
+class Builder:
+    """Builds programs into one Ir (several programs may share it)."""
+
+    def __init__(self, ir: popxl.Ir) -> None:
+        self.ir = ir
+        self.graphs: dict[int, popxl.Graph] = {}
+
+    def group(self, grouping: tuple[int, int] | None) -> Any:
+        return None if grouping is None else self.ir.replica_grouping(*grouping)
+
+    def program(self, program: Program) -> Built:
+        built = Built(program)
+        env: dict[int, Any] = {}
+        with self.ir.main_graph:
+            for leaf in program.leaves:
+                env[leaf.vid] = self.leaf(program, leaf, built)
+            self.nodes(program.main.nodes, env)
+            for vid in program.main.outputs:
+                t = env[vid]
+                d2h = popxl.d2h_stream(t.shape, t.dtype, f"out_v{vid}")
+                ops.host_store(d2h, t)
+                built.out_streams.append(d2h)
+        return built
+
+    def leaf(self, program: Program, leaf: Leaf, built: Built) -> Any:
+        spec = program.specs[leaf.vid]
+        dt = DTYPES[spec.dtype]
+        if leaf.kind == "stream":
+            h2d = popxl.h2d_stream(spec.shape, dt, f"in_v{leaf.vid}")
+            built.in_streams[h2d] = leaf.data
+            t = ops.host_load(h2d, f"v{leaf.vid}")
+            built.leaf_tensors.append(None)
+            return t
+        if leaf.kind == "remote":
+            buffer = popxl.remote_buffer(spec.shape, dt, 1)
+            var = popxl.remote_variable(leaf.data, buffer, 0, dt, f"v{leaf.vid}")
+            built.leaf_tensors.append(var)
+            return (buffer, var)
+        var = popxl.variable(
+            leaf.data, dt, f"v{leaf.vid}", replica_grouping=self.group(leaf.grouping)
+        )
+        built.leaf_tensors.append(var)
+        return var
+
+    def nodes(self, nodes: list[Node], env: dict[int, Any]) -> None:
+        for node in nodes:
+            outs = self.node(node, [env[v] for v in node.args])
+            for vid, t in zip(node.outs, outs):
+                env[vid] = t
+
+    def graph(self, block: Block, program_specs: dict) -> popxl.Graph:
+        key = id(block)
+        if key in self.graphs:
+            return self.graphs[key]
+        graph = self.ir.create_empty_graph(block.name)
+        env: dict[int, Any] = {}
+        with graph:
+            for pos, vid in enumerate(block.inputs):
+                spec = program_specs[vid]
+                env[vid] = popxl.graph_input(
+                    spec.shape, DTYPES[spec.dtype], f"v{vid}", by_ref=pos in block.by_ref
+                )
+            self.nodes(block.nodes, env)
+            for vid in block.outputs:
+                popxl.graph_output(env[vid])
+        self.graphs[key] = graph
+        return graph
+
+    def node(self, node: Node, xs: list) -> tuple:
+        a = node.attrs
+        op = node.op
+        handler = getattr(self, "_" + op, None)
+        if handler is not None:
+            return handler(node, xs)
+        if op in UNARY:
+            return (UNARY[op](xs[0]),)
+        if op in BINARY:
+            return (BINARY[op](*xs),)
+        if op in REDUCE:
+            return (REDUCE[op](xs[0], list(a["axis"]), a["keepdims"]),)
+        raise KeyError(f"the builder has no rule for op {op!r}")
+
+    # Ops with attributes ----------------------------------------------------------------
+
+    def _const(self, node: Node, xs: list) -> tuple:
+        spec = self.specs[node.outs[0]]
+        c = popxl.constant(np.asarray(node.attrs["data"]), DTYPES[spec.dtype], f"c{node.outs[0]}")
+        return (ops.identity(c),)
+
+    def _reshape(self, node: Node, xs: list) -> tuple:
+        return (ops.reshape(xs[0], node.attrs["shape"]),)
+
+    def _reshape_(self, node: Node, xs: list) -> tuple:
+        return (ops.reshape_(xs[0], node.attrs["shape"]),)
+
+    def _transpose(self, node: Node, xs: list) -> tuple:
+        return (ops.transpose(xs[0], node.attrs["perm"]),)
+
+    def _transpose_(self, node: Node, xs: list) -> tuple:
+        return (ops.transpose_(xs[0], node.attrs["perm"]),)
+
+    def _slice_args(self, node: Node) -> dict:
+        bounds = node.attrs["bounds"]
+        return {
+            "start": [b[0] for b in bounds],
+            "stop": [b[1] for b in bounds],
+            "step": [b[2] for b in bounds],
+            "axis": list(range(len(bounds))),
+        }
+
+    def _slice(self, node: Node, xs: list) -> tuple:
+        return (ops.slice(xs[0], **self._slice_args(node)),)
+
+    def _slice_(self, node: Node, xs: list) -> tuple:
+        return (ops.slice_(xs[0], **self._slice_args(node)),)
+
+    def _concat(self, node: Node, xs: list) -> tuple:
+        return (ops.concat(xs, node.attrs["axis"]),)
+
+    def _cast(self, node: Node, xs: list) -> tuple:
+        return (ops.cast(xs[0], DTYPES[node.attrs["dtype"]]),)
+
+    def _clip(self, node: Node, xs: list) -> tuple:
+        return (ops.clip(xs[0], node.attrs["min"], node.attrs["max"]),)
+
+    def _scaled_add_(self, node: Node, xs: list) -> tuple:
+        return (ops.scaled_add_(xs[0], xs[1], node.attrs["a"], node.attrs["b"]),)
+
+    def _accumulate_(self, node: Node, xs: list) -> tuple:
+        return (ops.var_updates.accumulate_(xs[0], xs[1]),)
+
+    # Collectives --------------------------------------------------------------------------
+
+    def _all_reduce(self, node: Node, xs: list) -> tuple:
+        a = node.attrs
+        return (collectives.replicated_all_reduce(xs[0], a["op"], self.group(a.get("group"))),)
+
+    def _all_reduce_(self, node: Node, xs: list) -> tuple:
+        a = node.attrs
+        return (collectives.replicated_all_reduce_(xs[0], a["op"], self.group(a.get("group"))),)
+
+    def _all_gather(self, node: Node, xs: list) -> tuple:
+        group = self.group(node.attrs.get("group"))
+        return (collectives.replicated_all_gather(xs[0], 0, group, "concat"),)
+
+    def _reduce_scatter(self, node: Node, xs: list) -> tuple:
+        a = node.attrs
+        return (collectives.replicated_reduce_scatter(xs[0], a["op"], self.group(a.get("group"))),)
+
+    # Subgraphs ------------------------------------------------------------------------------
+
+    def _call(self, node: Node, xs: list) -> tuple:
+        graph = self.graph(node.attrs["body"], self.specs)
+        if node.attrs.get("by_dict"):
+            return ops.call(graph, inputs_dict=dict(zip(graph.inputs, xs)))
+        return ops.call(graph, *xs)
+
+    def _repeat(self, node: Node, xs: list) -> tuple:
+        graph = self.graph(node.attrs["body"], self.specs)
+        return ops.repeat(graph, node.attrs["count"], *xs)
+
+    def _cond(self, node: Node, xs: list) -> tuple:
+        n_then = node.attrs["n_then"]
+        then = self.graph(node.attrs["then"], self.specs)
+        other = self.graph(node.attrs["else"], self.specs)
+        return ops.conditional(xs[0], then, other, xs[1 : 1 + n_then], xs[1 + n_then :])
+
+    def _grad(self, node: Node, xs: list) -> tuple:
+        body = node.attrs["body"]
+        fwd = self.graph(body, self.specs)
+        n_in = len(body.inputs)
+        info = transforms.autodiff(fwd, grads_required=[fwd.inputs[p] for p in node.attrs["wrt"]])
+        site = ops.call_with_info(fwd, *xs[:n_in])
+        return ops.call(info.graph, *xs[n_in:], inputs_dict=info.inputs_dict(site))
+
+
+def build_programs(programs: list[Program]) -> tuple[popxl.Ir, list[Built]]:
+    """One Ir holding every program (all of one replication factor)."""
+    ir = popxl.Ir(replication=programs[0].replicas)
+    builder = Builder(ir)
+    built = []
+    for program in programs:
+        builder.specs = program.specs
+        built.append(builder.program(program))
+    return ir, built
