@@ -256,7 +256,7 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         into the graph. The module is left empty and can build again.
         """
         if self._graph_cache is not None:
-            return self._create_cached_graph(*args, **kwargs)
+            return self._create_cached_graph(self._graph_cache, *args, **kwargs)
         self.aux = _Aux()
         _BUILDING.append(self)
         try:
@@ -280,12 +280,11 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         return factories, gwna
 
     def _create_cached_graph(
-        self, *args: Any, **kwargs: Any
+        self, cache: GraphCache, *args: Any, **kwargs: Any
     ) -> tuple[NamedVariableFactories, GraphWithNamedArgs]:
-        assert self._graph_cache is not None
         _BUILDING.append(self)
         try:
-            graph = self._graph_cache.create_graph(self, *args, **kwargs)
+            graph = cache.create_graph(self, *args, **kwargs)
         except BaseException:
             self._reset()
             raise

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import popxl
 from popxl import ops
+from popxl.errors import InternalError
 from popxl.transforms import ExpectedConnectionType, GradGraphInfo
 from popxl.transforms.grad_graph_info import ExpectedConnection
 
@@ -448,7 +449,6 @@ def batch_serialise_fwd_and_grad(
     shard_groups = {t: g for t, g in store_buffers.items() if isinstance(g, popxl.ReplicaGrouping)}
     buffers = {t: b for t, b in store_buffers.items() if t not in shard_groups}
     grad_info = gradient_graph.grad_graph_info
-    assert grad_info is not None, "gradient_graph must come from autodiff"
     named_tensors = named_inputs_for_grad_graph.tensors
     for _, ec in _activations(grad_info):
         t = ec.fwd_tensor
@@ -504,7 +504,8 @@ def remap_grad_info(
     def moved(t: popxl.Tensor, allow_outputs: bool = True) -> popxl.Tensor:
         if t in old.inputs:
             return forward_graph.inputs[old.inputs.index(t)]
-        assert allow_outputs, f"{t} is not an input of {old}"
+        if not allow_outputs:
+            raise InternalError(f"{t.id} is not an input of the forward graph", graph=old)
         return forward_graph.outputs[old.outputs.index(t)]
 
     ins = [ExpectedConnection._create(moved(ec.fwd_tensor), ec.connection_type)

@@ -29,6 +29,7 @@ import numpy as np
 import popxl
 from popxl import ops
 from popxl._op import Op
+from popxl.errors import InternalError
 from popxl.ops._base import add_op
 from popxl.ops.call import CallSiteInfo
 from popxl.transforms import GradGraphInfo
@@ -51,6 +52,10 @@ NO_FROM_STAGE_MSG = (
     "`stash_and_restore_tensor`"
 )
 NOT_IN_STAGE_MSG = "`stash_and_restore_tensor` must be called in a stage context."
+UNSTAGED_PRODUCER_MSG = (
+    "{tensor} is made by {op}, which is in no pipeline stage, so its stage is unknown; pass "
+    "`from_stage` to `stash_and_restore_tensor`"
+)
 MISSING_STAGE_MSG = (
     "Pipeline stages must be numbered 0 .. {n}, but stage(s) {missing} have no ops. Number the "
     "stages consecutively from 0."
@@ -101,17 +106,18 @@ class PipelineContext:
         current stage reads the value of its own micro-batch.
 
         Raises:
-            RuntimeError: ``t`` has no producer and ``from_stage`` is not given, or the call
-                is outside a stage context.
+            RuntimeError: ``from_stage`` is not given and ``t`` has no producer or its
+                producer is in no stage, or the call is outside a stage context.
         """
         if from_stage is None:
             if t._producer is None:
                 raise RuntimeError(NO_FROM_STAGE_MSG)
             from_stage = self.stage_of(t._producer)
+            if from_stage is None:
+                raise RuntimeError(UNSTAGED_PRODUCER_MSG.format(tensor=t.id, op=t._producer))
         to_stage = self._stage
         if to_stage is None:
             raise RuntimeError(NOT_IN_STAGE_MSG)
-        assert from_stage is not None
         stash_size = to_stage - from_stage + 1
         with self.stage(from_stage):
             args, graph = Stash().create_graph(t, stash_size)
@@ -251,6 +257,12 @@ class _Piece:
     produces: list[popxl.Tensor] = field(default_factory=list)
     graph: popxl.Graph | None = None
     outputs: list[popxl.Tensor] = field(default_factory=list)  # produced and used elsewhere
+
+    def built(self) -> popxl.Graph:
+        """The piece's subgraph, once ``_Pipeline.build`` made it."""
+        if self.graph is None:
+            raise InternalError(f"pipeline piece {self.name} is used before it is built")
+        return self.graph
 
 
 class _Pipeline:
@@ -394,11 +406,11 @@ class _Pipeline:
         p.graph = graph
 
     def _call_piece(self, p: _Piece, values: dict[popxl.Tensor, popxl.Tensor]) -> None:
-        assert p.graph is not None
+        graph = p.built()
         args = [self._value(t, values) for t in p.reads]
         # The call runs on the stage's IPU (placement runs a pure call where it is placed).
         with popxl.ipu(_main_ipu(p.ops)):
-            outs = ops.call(p.graph, *args)
+            outs = ops.call(graph, *args)
         values.update(zip(p.outputs, outs))
 
     def _value(self, t: popxl.Tensor, values: dict[popxl.Tensor, popxl.Tensor]) -> popxl.Tensor:
@@ -469,8 +481,7 @@ class _Pipeline:
         lines.append("")
         lines.append(self.pipeline_graph.print_schedule())
         for p in self.pieces.values():
-            assert p.graph is not None
-            lines.append(p.graph.print_schedule())
+            lines.append(p.built().print_schedule())
         return "\n".join(lines)
 
 

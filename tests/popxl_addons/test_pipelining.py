@@ -193,3 +193,17 @@ def test_stash_needs_a_stage_context():
                 p.stash_and_restore_tensor(y)
             with p.stage(1):
                 p.stash_and_restore_tensor(y)
+
+
+def test_stash_of_a_tensor_made_outside_the_stages_asks_for_from_stage():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones(2, np.float32))
+        y = x + 1.0  # made before the pipeline, in no stage
+        with addons.pipelined_execution(4) as p:
+            with p.stage(0):
+                z = x * 2.0
+            with p.stage(1):
+                with pytest.raises(RuntimeError, match="in no pipeline stage.*pass `from_stage`"):
+                    p.stash_and_restore_tensor(y)
+                z + 1.0
