@@ -52,7 +52,8 @@ def _fp16_times_fp32_scalar(a: Any, b: Any) -> bool:
 
 def _div(x: Any, y: Any) -> Any:
     if jnp.issubdtype(x.dtype, jnp.integer):
-        return lax.div(x, y)  # truncates toward zero, like the IPU's integer divide
+        # lax.div truncates toward zero, like the IPU's integer divide, but does not broadcast
+        return lax.div(*jnp.broadcast_arrays(x, y))
     return x / y
 
 

@@ -107,6 +107,13 @@ CASES = [
         lambda a, b: np.trunc(a / b).astype(np.int32),
         grad=False,
     ),
+    OpCase(  # found by tests/differential: integer division of broadcast operands
+        "div_int_broadcasts",
+        ops.div,
+        [np.array([[7, -7, 5], [9, 3, -4]], np.int32), np.array([2, 2, -3], np.int32)],
+        lambda a, b: np.trunc(a / b).astype(np.int32),
+        grad=False,
+    ),
     OpCase("fmod", ops.fmod, [X * 3, POS], np.fmod, grad=False),
     OpCase("pow", ops.pow, [POS, X], np.power),
     OpCase("pow_scalar_exponent", lambda t: t**2, [X], lambda a: a**2),

@@ -1,0 +1,126 @@
+"""Shrink a failing program to a small one that still fails, and print it.
+
+Steps, repeated until none applies: replace an op by constants of its output specs (the
+program stays valid: later ops read the same value ids), lower repeat counts, drop
+outputs, then remove ops and leaves whose values nobody reads.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import numpy as np
+
+from .build import build_programs
+from .program import EFFECTFUL, Node, Program, all_blocks, count_nodes, format_program
+from .runner import Outcome
+
+Check = Callable[[Program], "Outcome | None"]
+
+
+def _filler(spec: object) -> np.ndarray:
+    shape, dtype = spec.shape, spec.dtype  # type: ignore[attr-defined]
+    if dtype == "bool":
+        return np.ones(shape, bool)
+    return np.full(shape, 1 if dtype == "int32" else 0.5, dtype)
+
+
+def _used(program: Program) -> set[int]:
+    used = set(program.main.outputs) | {
+        leaf.vid for leaf in program.leaves if leaf.kind != "stream"
+    }
+    for block in all_blocks(program.main):
+        used |= set(block.outputs) | set(block.inputs)
+        for node in block.nodes:
+            used |= set(node.args)
+    return used
+
+
+def _dead_code(program: Program) -> Program:
+    """Remove ops nobody reads (keeping effects) and unused leaves."""
+    changed = True
+    while changed:
+        changed = False
+        used = _used(program)
+        for block in all_blocks(program.main):
+            keep = []
+            for node in block.nodes:
+                effect = node.op in EFFECTFUL and (
+                    node.op not in ("call", "repeat") or node.attrs["body"].by_ref
+                )
+                if effect or any(v in used for v in node.outs):
+                    keep.append(node)
+                else:
+                    changed = True
+            block.nodes = keep
+    used = _used(program)
+    program.leaves = [leaf for leaf in program.leaves if leaf.vid in used]
+    return program
+
+
+def _variants(program: Program) -> list[Callable[[Program], None]]:
+    """Edits to try, biggest first; each applies to a deep copy of ``program``."""
+    edits: list[Callable[[Program], None]] = []
+    blocks = all_blocks(program.main)
+    for b, block in enumerate(blocks):
+        for i, node in reversed(list(enumerate(block.nodes))):
+            if node.op == "const":
+                continue
+
+            def replace(p: Program, b: int = b, i: int = i) -> None:
+                blk = all_blocks(p.main)[b]
+                old = blk.nodes[i]
+                consts = [Node("const", (), (v,), {"data": _filler(p.specs[v])}) for v in old.outs]
+                blk.nodes[i : i + 1] = consts
+
+            edits.append(replace)
+            if node.op == "repeat" and node.attrs["count"] > 0:
+
+                def fewer(p: Program, b: int = b, i: int = i) -> None:
+                    all_blocks(p.main)[b].nodes[i].attrs["count"] -= 1
+
+                edits.append(fewer)
+    for k in range(len(program.main.outputs)):
+        if len(program.main.outputs) > 1:
+
+            def drop_output(p: Program, k: int = k) -> None:
+                del p.main.outputs[k]
+
+            edits.append(drop_output)
+    return edits
+
+
+def shrink(outcome: Outcome, check: Check, budget: int = 300) -> Outcome:
+    """A smaller program that still fails ``check``."""
+    best = outcome
+    tries = 0
+    progress = True
+    while progress and tries < budget:
+        progress = False
+        for edit in _variants(best.program):
+            candidate = copy.deepcopy(best.program)
+            edit(candidate)
+            candidate = _dead_code(candidate)
+            tries += 1
+            result = check(candidate)
+            if result is not None:
+                best, progress = result, True
+                break
+            if tries >= budget:
+                break
+    return best
+
+
+def describe(outcome: Outcome) -> str:
+    """The program in the generator's notation, its PopXL schedules and the failure."""
+    program = outcome.program
+    lines = [format_program(program), f"({count_nodes(program)} ops)"]
+    try:
+        ir, _ = build_programs([program])
+        graphs = [ir.main_graph, *(g for g in ir._graphs.values() if g is not ir.main_graph)]
+        lines += [g.print_schedule() for g in graphs]
+    except Exception as e:  # noqa: BLE001 (the schedule is a courtesy; the failure is the point)
+        lines.append(f"(could not build the IR to print it: {e!r})")
+    lines.append(outcome.message)
+    return "\n".join(lines)
