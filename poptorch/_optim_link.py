@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from popxl.errors import InternalError
+
 from . import _optim_rules as rules
 from . import optim
 from ._log import logger
@@ -32,6 +34,7 @@ from ._optim_convert import AttrTracker, is_subclassed, to_spec, warn_if_subclas
 from ._optim_rules import Spec
 from .enums import ConnectionType
 
+NO_COMPILED_SPEC_MSG = "a compiled training model has no record of the optimiser it was built with"
 STRUCTURE_MSG = (
     "{cls}.{attr} was {old} when the model was compiled and is part of the program, so it "
     "cannot become {new}: build a new trainingModel to change it."
@@ -147,7 +150,8 @@ class Link:
         writes: dict[Any, Any] = {}
         if built is not None:
             compiled = self.compiled
-            assert compiled is not None
+            if compiled is None:
+                raise InternalError(NO_COMPILED_SPEC_MSG)
             if spec.kind != compiled.kind:
                 raise ValueError(
                     optim.OTHER_OPTIMIZER_MSG.format(
@@ -297,7 +301,8 @@ def device_state(executor: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """``({"ipu_state": ..., "ipu_param": ...}, previous layout)`` read from the device."""
     built, session = executor._built, executor._session
     spec = link_of(executor).compiled
-    assert spec is not None
+    if spec is None:
+        raise InternalError(NO_COMPILED_SPEC_MSG)
     data = session.get_tensors_data(_device_tensors(built))
     ipu_state = {k: np.array(data[v]) for k, v in _state_keys(built, spec).items()}
     ipu_param = {k: np.array(data[v]) for k, v in _param_keys(built, spec).items()}
@@ -322,7 +327,8 @@ def write_device_state(executor: Any, state: Mapping[str, Any]) -> None:
     """Write ``state`` (``ipu_state``/``ipu_param``, or the previous layout) to the device."""
     built, session = executor._built, executor._session
     spec = link_of(executor).compiled
-    assert spec is not None
+    if spec is None:
+        raise InternalError(NO_COMPILED_SPEC_MSG)
     writes: dict[Any, Any] = {}
     if state.get("ipu_state") is not None:
         state_keys = _state_keys(built, spec)

@@ -60,10 +60,11 @@ class _PopartBacked(_Base):
 
     @property
     def _popart_options(self) -> _PopartOptions:
-        if self._popart is None:
-            self.__pydantic_private__["_popart"] = _PopartOptions()  # type: ignore[index]
-        assert self._popart is not None
-        return self._popart
+        popart = self._popart
+        if popart is None:
+            popart = _PopartOptions()
+            self.__pydantic_private__["_popart"] = popart  # type: ignore[index]
+        return popart
 
     def _option(self, key: str, default: Any) -> Any:
         return self._popart_options.options.get(key, default)

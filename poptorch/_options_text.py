@@ -21,6 +21,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from popxl.errors import InternalError
+
 from . import enums
 
 CONFIG_LINE_MSG = (
@@ -113,7 +115,8 @@ def _detail(text: str, err: SyntaxError) -> str:
 def apply_lines(options: Any, path: str, lines: list[_Line]) -> None:
     for line in lines:
         names = _dotted(line.call.func)
-        assert names is not None  # checked by _parse_line
+        if names is None:
+            raise InternalError(f"option line {line!r} passed _parse_line without a dotted name")
         setter = resolve_setter(options, names)
         if setter is None:
             raise config_error(

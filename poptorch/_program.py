@@ -32,6 +32,7 @@ import popxl
 import popxl_addons as addons
 from popxl import ops
 from popxl.context import get_current_context
+from popxl.errors import InternalError
 from popxl_addons.transforms.repeat_graph import repeat_graph
 
 from . import _staged
@@ -157,6 +158,12 @@ class Built:
     interface: Interface | None = None
     # Options.anchorTensor's tensors and the variables holding them.
     anchors: Anchors | None = None
+
+    def forward_interface(self) -> Interface:
+        """``interface``, which ``build`` sets before anything reads it."""
+        if self.interface is None:
+            raise InternalError("the program's forward interface is read before build() sets it")
+        return self.interface
 
 
 @dataclass(frozen=True)
@@ -387,8 +394,7 @@ def _build_body(
     built: Built, fwd: Any, optimizer: Optimizer | None, layout: Layout, options: Options
 ) -> None:
     main = built.ir.main_graph
-    interface = built.interface
-    assert interface is not None
+    interface = built.forward_interface()
     specs = _output_specs(built, fwd)
     keep = _output_holders(specs, layout.mode)
     trainer = _Trainer(built, fwd, optimizer, options) if _trains(built, fwd, optimizer) else None
@@ -417,8 +423,7 @@ def _trains(built: Built, fwd: Any, optimizer: Optimizer | None) -> bool:
 
 def _output_specs(built: Built, fwd: Any) -> list[popxl.TensorSpec]:
     """The forward outputs the host receives, with one device-to-host stream each."""
-    assert built.interface is not None
-    outs = [fwd.graph.outputs[i] for i in built.interface.host_outputs]
+    outs = [fwd.graph.outputs[i] for i in built.forward_interface().host_outputs]
     specs = [popxl.TensorSpec(o.shape, o.dtype) for o in outs]
     built.output_specs = specs
     built.outputs = [popxl.d2h_stream(s.shape, s.dtype, f"output{i}") for i, s in enumerate(specs)]
@@ -428,8 +433,7 @@ def _output_specs(built: Built, fwd: Any) -> list[popxl.TensorSpec]:
 def _write_state(built: Built, on_chip: dict[str, popxl.Tensor], outs: Sequence[Any]) -> None:
     """Buffers the forward updated (BatchNorm statistics, counters, the random seed): their
     new values become the variables' values for the next micro-batch."""
-    assert built.interface is not None
-    for index, name in built.interface.state_indices():
+    for index, name in built.forward_interface().state_indices():
         write(built.weights[name], on_chip[name], outs[index])
 
 
@@ -530,8 +534,7 @@ def _staged_micro_batch(
     for block in blocks:
         for t in block.inputs:
             consumers.setdefault(t, set()).add(block.plan.ipu)
-    interface = built.interface
-    assert interface is not None
+    interface = built.forward_interface()
     outputs = fwd.graph.outputs
     out_index = {outputs[j]: k for k, j in enumerate(interface.host_outputs)}
     state_of = {outputs[j]: name for j, name in interface.state_indices()}
@@ -673,8 +676,7 @@ class _Trainer:
         # Weight name -> the IPU its accumulator and update run on (staged programs).
         self.ipu_of: dict[str, int] = {}
         self._copies: dict[tuple, popxl.Tensor] = {}
-        assert built.interface is not None
-        trained = built.interface.trained(fwd)
+        trained = built.forward_interface().trained(fwd)
         names = [n for n in built.weights if n in trained]
         if not names:
             raise ValueError(NO_WEIGHTS_MSG.format(cls=type(fwd).__name__))
@@ -894,7 +896,8 @@ class _Trainer:
             bad = {n: self._bad_count(n, g) for n, g in grads.items()}
             finite = _all_finite(list(bad.values()), any(shards.values()), layout.replicas)
         grads = self._clip(grads, shards)
-        assert built.step is not None
+        if built.step is None:
+            raise InternalError("a training program has no step counter")
         one = popxl.constant(np.float32(1.0))
         ops.var_updates.accumulate_(built.step, one if finite is None else _f32(finite))
         for name in built.groups:
@@ -927,15 +930,16 @@ class _Trainer:
         max_norm = self.spec.max_grad_norm
         if max_norm == float("inf") or not grads:
             return grads
-        total = None
+        squares = []
         for name, g in grads.items():
             with self._on(name):
                 s = ops.sum(g * g)
                 if shards[name] is not None:  # add up the shards of every replica of the group
                     s = ops.collectives.replicated_all_reduce(s, "add", shards[name])
-            s = self.here(s)
-            total = s if total is None else total + s
-        assert total is not None
+            squares.append(self.here(s))
+        total = squares[0]
+        for s in squares[1:]:
+            total = total + s
         norm = ops.sqrt(total)
         coef = max_norm / (norm + 1e-6)
         one = popxl.constant(np.float32(1.0))
@@ -986,7 +990,8 @@ class _Trainer:
         (the factor applied to the optimiser's loss scaling)."""
         factor = self.built.hyper[(0, "loss_scale_update_factor")]
         good = self.built.good_steps
-        assert good is not None
+        if good is None:
+            raise InternalError("automatic loss scaling runs without its good-step counter")
         t = self.training
         zero = popxl.constant(np.float32(0.0))
         counted = ops.where(finite, good + 1.0, zero)

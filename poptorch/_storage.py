@@ -35,6 +35,7 @@ import numpy as np
 
 import popxl
 from popxl import ops
+from popxl.errors import InternalError
 from popxl.ops import collectives
 
 from .options import TensorLocationSettings
@@ -126,7 +127,10 @@ def read_stored(var: popxl.Variable) -> popxl.Tensor:
         return var
     if stored.shard is not None:
         return stored.shard
-    assert stored.buffer is not None
+    if stored.buffer is None:
+        raise InternalError(
+            f"{var.id} is stored off chip but has no remote buffer", graph=var.graph
+        )
     if not stored.io_load:
         return ops.remote_load(stored.buffer, 0, f"{var.name}_loaded")
     with popxl.io_tiles():
@@ -175,7 +179,10 @@ def flush(var: popxl.Variable, loaded: popxl.Tensor) -> None:
 
 def _store(var: popxl.Variable, value: popxl.Tensor) -> None:
     stored = _STORED[var]
-    assert stored.buffer is not None
+    if stored.buffer is None:
+        raise InternalError(
+            f"{var.id} is stored off chip but has no remote buffer", graph=var.graph
+        )
     if stored.io_store:
         with popxl.io_tiles():
             ops.remote_store(stored.buffer, 0, ops.io_tile_copy(value))

@@ -29,6 +29,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import popxl
+from popxl.errors import InternalError
 
 from . import _args, _log
 from ._aten._registry import popxl_dtype, torch_dtype
@@ -191,9 +192,11 @@ class TorchExecutor(PoplarExecutor):
     def _compile_call(self, call: _args.CallArgs) -> list[torch.Tensor]:
         """Compile for ``call`` unless compiled (then check it matches); its tensors."""
         if self._built is not None:
-            assert self._compiled_call is not None
-            _args.validate(self._compiled_call, call)
-            return _args.in_compiled_order(self._compiled_call, call).tensors()
+            compiled = self._compiled_call
+            if compiled is None:
+                raise InternalError("a built model has no record of its compiled call")
+            _args.validate(compiled, call)
+            return _args.in_compiled_order(compiled, call).tensors()
         if self._compile_started is None:
             self._compile_started = time.perf_counter()
         tensors = call.tensors()
@@ -271,8 +274,10 @@ class TorchExecutor(PoplarExecutor):
         return self._structure(results)
 
     def _forward(self) -> Any:
-        assert self._captured is not None and self._captured.forward is not None
-        return self._captured.forward
+        captured = self._captured
+        if captured is None or captured.forward is None:
+            raise InternalError("the model runs before its forward graph is captured")
+        return captured.forward
 
     def _structure(self, results: list[torch.Tensor]) -> Any:
         forward = self._forward()

@@ -27,6 +27,7 @@ import numpy as np
 import popxl
 import popxl_addons as addons
 from popxl._printing import format_schedule
+from popxl.errors import InternalError
 
 from ._hooks import compiling
 from ._popart_ir import log_lowered, popart_ir_json
@@ -191,6 +192,14 @@ class PoplarExecutor:
             raise Error(NOT_COMPILED_MSG.format(what=what), "poptorch")
         return self._built
 
+    def _require_compiled(self, what: str) -> tuple[Built, popxl.Session]:
+        """The built program and its session; an error naming ``what`` if either is missing
+        (not compiled yet, destroyed, or a compilation that failed part way)."""
+        built, session = self._built, self._session
+        if built is None or session is None:
+            raise Error(NOT_COMPILED_MSG.format(what=what), "poptorch")
+        return built, session
+
     # ---- compilation --------------------------------------------------------------------
 
     def _micro_specs(self, arrays: list[np.ndarray]) -> list[popxl.TensorSpec]:
@@ -257,9 +266,9 @@ class PoplarExecutor:
         ones upload the host copy before their first run."""
         store = self._store
         if store.arrays is None:
-            assert self._session is not None and self._built is not None
-            data = self._session.get_tensors_data(list(self._built.weights.values()))
-            store.arrays = {n: np.array(data[v]) for n, v in self._built.weights.items()}
+            built, session = self._require_compiled("the first run")
+            data = session.get_tensors_data(list(built.weights.values()))
+            store.arrays = {n: np.array(data[v]) for n, v in built.weights.items()}
             store.version += 1
             self._uploaded = store.version
         else:
@@ -293,8 +302,7 @@ class PoplarExecutor:
         """One host call of the compiled program on combined batches; the outputs in
         PopTorch's host layout."""
         start = time.perf_counter()
-        built, session = self._built, self._session
-        assert built is not None and session is not None
+        built, session = self._require_compiled("run")
         if self._options.connection_type == ConnectionType.Never:
             raise OfflineDeviceError()
         if not session.is_attached:
@@ -456,16 +464,16 @@ class PoplarExecutor:
 
     def copyWeightsToDevice(self) -> None:  # noqa: N802
         """Write the host copy of the weights to this model's device."""
-        built, session = self._require_built("copyWeightsToDevice"), self._session
-        assert session is not None and self._store.arrays is not None
+        built, session = self._require_compiled("copyWeightsToDevice")
         arrays = self._store.arrays
+        if arrays is None:
+            raise InternalError("the host copy of the weights is made when the model compiles")
         session.write_variables_data({v: arrays[n] for n, v in built.weights.items()})
         self._uploaded = self._store.version
 
     def copyWeightsToHost(self) -> None:  # noqa: N802
         """Update the host copy of the weights from this model's device."""
-        built, session = self._require_built("copyWeightsToHost"), self._session
-        assert session is not None
+        built, session = self._require_compiled("copyWeightsToHost")
         data = session.get_tensors_data(list(built.weights.values()))
         self._store.arrays = {n: np.array(data[v]) for n, v in built.weights.items()}
         self._store.version += 1
@@ -559,8 +567,8 @@ class PoplarExecutor:
         from ._optim_link import hyper_writes, link_of  # noqa: PLC0415
 
         spec = link_of(self).convert(optimizer)
-        assert self._session is not None
-        self._session.write_variables_data(hyper_writes(built, spec))
+        _, session = self._require_compiled("setOptimizer")
+        session.write_variables_data(hyper_writes(built, spec))
 
     def _optimizer_state(self) -> dict[str, Any]:
         """The optimiser state on the device: ``ipu_state``/``ipu_param`` and the previous

@@ -36,6 +36,7 @@ import torch
 import popxl
 from popxl import ops
 from popxl._op import OpDef, define
+from popxl.errors import InternalError
 from popxl.ops._base import record
 
 from .._fx import node_arg
@@ -175,7 +176,8 @@ class NodeContext:
     def out_spec(self, i: int = 0) -> tuple[tuple[int, ...], popxl.dtype]:
         specs = _meta_specs(self.out_val)
         s = specs[i]
-        assert s is not None, f"output {i} of {self.node.target} is not a tensor"
+        if s is None:
+            raise InternalError(f"output {i} of {self.node.target} is not a tensor")
         return s[0], popxl.dtypes.dtype.from_name(s[1])
 
     @property

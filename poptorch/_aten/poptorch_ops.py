@@ -14,6 +14,7 @@ import torch
 import popxl
 from popxl import custom_ops, ops
 from popxl._op import AMP_HINT, define
+from popxl.errors import InternalError
 from popxl.ops._base import jax, record
 from popxl.ops.conv import CONV
 from popxl.transforms.autodiff import register_adjoint
@@ -441,7 +442,8 @@ def _multi_conv_infer(*specs: Any, convs: tuple, **_: Any) -> list[popxl.TensorS
 def _lower_multi_conv(*arrays: Any, convs: tuple, **_: Any) -> tuple:
     """Each convolution as popxl's ``Conv`` computes it, plus its bias."""
     conv = CONV.lower
-    assert conv is not None, "popxl's Conv has a JAX lowering"
+    if conv is None:
+        raise InternalError("popxl's Conv has no JAX lowering")
     out: list[Any] = []
     k = 0
     for attrs in convs:
@@ -492,7 +494,8 @@ def multi_conv(
     named = {f"in{i}": t for i, t in enumerate(inputs)}
     outs = record(MULTI_CONV, named, {"convs": tuple(convs)}, ["multi_conv_out"] * len(convs))
     producer = outs[0]._producer
-    assert producer is not None, "record() made the outputs"
+    if producer is None:
+        raise InternalError("record() returned MultiConv outputs without their op")
     producer.hints.update({k: v for k, v in options.items() if v is not None})
     return outs
 

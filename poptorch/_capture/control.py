@@ -29,6 +29,7 @@ import torch
 
 import popxl
 from popxl import ops
+from popxl.errors import InternalError
 
 from .. import _torch_ops  # noqa: F401 (registers torch.ops.poptorch)
 from .._fx import args_of, node_arg
@@ -358,7 +359,8 @@ def _lower_multiconv(translator: Translator, first: Node) -> Any:
     from .._aten.poptorch_ops import multi_conv  # noqa: PLC0415
 
     multiconv = _multiconv_of(first)
-    assert multiconv is not None, "lower() sends only MultiConv nodes here"
+    if multiconv is None:
+        raise InternalError(f"{first} is lowered as a MultiConv but is not one")
     key, options = multiconv
     group = [n for n in first.graph.nodes if (_multiconv_of(n) or (None,))[0] == key]
     for node in group:
