@@ -175,9 +175,11 @@ class _Differentiator:
             for k, h in enumerate(op.inputs):
                 if parents(h) is not None:
                     self.call_inputs[(op, k)] = self._identity(h, before=op)
+        # Seeds of views go to a copy; the expected inputs keep naming the graph's own outputs.
+        self.seed_handles = list(self.provided)
         for i, t in enumerate(self.provided):
             if parents(t) is not None and cast(Op, t._producer).opdef.view_inverse is not None:
-                self.provided[i] = self._identity(t, before=None)
+                self.seed_handles[i] = self._identity(t, before=None)
 
     def _identity(self, h: Tensor, before: Op | None) -> Tensor:
         with self.fwd:
@@ -191,11 +193,11 @@ class _Differentiator:
 
     def _seed_inputs(self, analysis: Analysis) -> list[ExpectedConnection]:
         seeds = []
-        for t in self.provided:
+        for t, handle in zip(self.provided, self.seed_handles):
             grad_in = graph_input(t.shape, t.dtype, f"Gradient___{t.name}")
             seeds.append(ExpectedConnection._create(t, ExpectedConnectionType.FwdGrad))
             if _is_float(t):
-                self._accumulate(analysis.version(_roots_of(t)[0]), grad_in)
+                self._accumulate(analysis.version(_roots_of(handle)[0]), grad_in)
         return seeds
 
     def _required_outputs(self, analysis: Analysis) -> list[Tensor]:

@@ -373,3 +373,24 @@ def test_mnist_style_training_reduces_loss():
                 )
                 losses.append(float(out[loss_stream]))
     assert np.mean(losses[-3:]) < 0.5 * np.mean(losses[:3])
+
+
+def test_call_of_a_graph_whose_output_is_a_view():
+    """Found by tests/differential: the callee's seed went to a copy of its view output, and
+    the caller's gradient rule looked that copy up among the callee's outputs."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.arange(4, dtype=np.float32))
+        inner = ir.create_graph(lambda a: ops.reshape_(ops.sin(a), (2, 2)), x.spec)
+        fwd = ir.create_graph(lambda a: ops.call(inner, a)[0] * 2, x.spec)
+        info = transforms.autodiff(fwd)
+        inner_info = transforms.autodiff(inner)
+        assert inner_info.expected_inputs[0].fwd_tensor is inner.outputs[0]
+        site = ops.call_with_info(fwd, x)
+        seed = popxl.constant(np.ones((2, 2), np.float32))
+        (grad,) = ops.call(info.graph, seed, inputs_dict=info.inputs_dict(site))
+        d2h = popxl.d2h_stream(grad.shape, grad.dtype)
+        ops.host_store(d2h, grad)
+    with popxl.Session(ir, "ipu_model") as session:
+        got = session.run()[d2h]
+    np.testing.assert_allclose(got, 2 * np.cos(np.arange(4)), rtol=1e-6)
