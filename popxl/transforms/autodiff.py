@@ -172,9 +172,11 @@ class _Differentiator:
         for op in list(self.fwd._ops):
             if op.opdef.grad not in ("call", "collective", "adjoint"):
                 continue
+            modified = op.modified_input_indices()
             for k, h in enumerate(op.inputs):
-                if parents(h) is not None:
-                    self.call_inputs[(op, k)] = self._identity(h, before=op)
+                if parents(h) is not None and k not in modified:
+                    copy = self.call_inputs[(op, k)] = self._identity(h, before=op)
+                    _rewire(op, k, copy)
         # Seeds of views go to a copy; the expected inputs keep naming the graph's own outputs.
         self.seed_handles = list(self.provided)
         for i, t in enumerate(self.provided):
@@ -258,6 +260,16 @@ class _Differentiator:
             if v.root is h:
                 return v
         raise AssertionError(f"{h.id} is not read by {step.op}")
+
+
+def _rewire(op: Op, k: int, new: Tensor) -> None:
+    """Make input ``k`` of ``op`` read ``new`` (the storage analysis then sees the copy)."""
+    old = op.inputs[k]
+    op.inputs = (*op.inputs[:k], new, *op.inputs[k + 1 :])
+    if old not in op.inputs and op in old._consumers:
+        old._consumers.remove(op)
+    if op not in new._consumers:
+        new._consumers.append(op)
 
 
 def add_graph_output(graph: Graph, t: Tensor, inputs_too: bool = False) -> None:
