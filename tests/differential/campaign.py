@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Eight CPU devices for replication; cheap XLA optimisation, since each program runs once.
+os.environ.setdefault(
+    "XLA_FLAGS",
+    "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
+    "--xla_llvm_disable_expensive_passes=true",
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
@@ -53,7 +58,8 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
                 for outcome in check_batch(group[k : k + BATCH]):
                     small = shrink(outcome, check)
                     text = describe(small)
-                    failures.append({"seed": outcome.program.seed, "report": text})
+                    failures.append({"seed": outcome.program.seed, "report": text,
+                                     "features": outcome.program.features})  # fmt: skip
                     print(
                         f"DISAGREEMENT (program seed {outcome.program.seed})\n{text}\n",
                         file=out,

@@ -143,7 +143,7 @@ class Generator:
         scope = Scope(pool=[])
         for _ in range(int(self.rng.integers(1, 4))):
             self.leaf(scope)
-        n_ops = int(self.rng.integers(3, 12)) if n_ops is None else n_ops
+        n_ops = int(self.rng.integers(3, 10)) if n_ops is None else n_ops
         self.ops(scope, n_ops)
         n_out = min(len(scope.pool), int(self.rng.integers(1, 4)))
         outputs = [int(v) for v in self.rng.choice(scope.pool[-8:], n_out, replace=False)]

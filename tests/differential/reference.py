@@ -181,6 +181,11 @@ def simple(xp: Any, node: Node, xs: list, out_dtype: Any) -> Any:
         out = UNARY[op](xp, ys[0])
     elif op in BINARY:
         out = BINARY[op](xp, ys[0], ys[1])
+        if op == "accumulate_" and xp is not np:
+            # var_updates ops have no gradient (ARCHITECTURE.md §5): nothing flows through them
+            import jax  # noqa: PLC0415
+
+            out = jax.lax.stop_gradient(out)
     elif op in REDUCE:
         out = REDUCE[op](xp, ys[0], a["axis"], a["keepdims"])
     elif op == "clip":
