@@ -32,6 +32,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from popxl._op import Op
@@ -39,9 +40,17 @@ from popxl.graph import Graph
 from popxl.tensor import Tensor
 from popxl.transforms._storage import roots
 
-from . import control
-from .lowering import Env, LoweringContext, _View, lower_op, special
-from .replica_sums import Deferred, Summed, body_traced, portable, value_of
+from . import control, grouping
+from .lowering import (
+    Env,
+    LoweringContext,
+    _View,
+    lower_op,
+    schedule,
+    scheduler,
+    special,
+)
+from .replica_sums import LINEAR_ACCUMULATES, Deferred, Summed, body_traced, portable, value_of
 
 Array = Any
 POLICIES = ("scan", "inline")
@@ -70,6 +79,15 @@ def set_policy(choice: str | None) -> None:
 
 
 # Planning: which consecutive calls form a run -------------------------------------------
+
+
+@scheduler
+def _schedule(ctx: LoweringContext, graph: Graph) -> Sequence[Any]:
+    """Lowering order: groups brought together (``grouping``), unless calls are inlined or
+    the step is placed on several devices."""
+    if policy() == "inline" or ctx.placement is not None:
+        return graph._ops
+    return grouping.schedule(graph)
 
 
 @dataclass(frozen=True)
@@ -132,7 +150,7 @@ def plan_of(graph: Graph) -> tuple[dict[Op, Run], set[Op]]:
     if cached is not None and cached[0] == tuple(graph._ops):
         _PLANS.move_to_end(id(graph))
         return cached[1], cached[2]
-    ops = graph._ops
+    ops = graph._ops if policy() == "inline" else grouping.schedule(graph)
     runs: dict[Op, Run] = {}
     i = 0
     while i < len(ops):
@@ -152,27 +170,45 @@ def plan_of(graph: Graph) -> tuple[dict[Op, Run], set[Op]]:
     return runs, members
 
 
-def stacked_feeds(graph: Graph, _memo: dict[int, list[list[Tensor]]] | None = None) -> list:
-    """For every stacked input of every run in ``graph``, and of the runs in the graphs it
-    calls (``call``, ``repeat``, ``conditional``: their inputs traced back to ``graph``'s
-    tensors), the tensors of ``graph`` fed to the rows, in call order; these are the
-    variables worth storing stacked (``state_layout``)."""
-    memo = {} if _memo is None else _memo
+def stacked_feeds(graph: Graph, _memo: dict[int, list] | None = None) -> list:
+    """For every stacked input of every run and op group in ``graph``, and of those in the
+    graphs it calls (``call``, ``repeat``, ``conditional``: their inputs traced back to
+    ``graph``'s tensors), the tensors of ``graph`` fed to the rows, in call order; these are
+    the variables worth storing stacked (``state_layout``). Inputs of chained runs (the
+    layers) come first, so the weights are stacked as the layers scan them."""
+    feeds = _feeds(graph, {} if _memo is None else _memo)
+    return [rows for chained, rows in sorted(feeds, key=lambda f: not f[0])]
+
+
+def _feeds(graph: Graph, memo: dict[int, list]) -> list[tuple[bool, list[Tensor]]]:
     if id(graph) in memo:
         return memo[id(graph)]
-    feeds = [run.stacked(j) for run in runs_of(graph).values() for j in _stacked_slots(run)]
-    known = {tuple(map(id, rows)) for rows in feeds}
+    feeds = [
+        (any(s.kind == "carry" for s in run.slots), run.stacked(j))
+        for run in runs_of(graph).values()
+        for j in _stacked_slots(run)
+    ]
+    if policy() != "inline":
+        for group in grouping.schedule(graph):
+            if isinstance(group, grouping.OpGroup):
+                first = group.ops[0]
+                feeds += [
+                    (False, [op.inputs[j] for op in group.ops])
+                    for j in range(len(first.inputs))
+                    if any(op.inputs[j] is not first.inputs[j] for op in group.ops)
+                ]
+    known = {tuple(map(id, rows)) for _, rows in feeds}
     for op in graph._ops:
         if op.opdef.special not in ("call", "repeat", "conditional"):
             continue
         offsets = op.attrs.get("input_offsets", (0,) * len(op.attrs["graphs"]))
         for sub, offset in zip(op.attrs["graphs"], offsets):
             outer = dict(zip(sub._inputs, op.inputs[offset : offset + len(sub._inputs)]))
-            for rows in stacked_feeds(sub, memo):
+            for chained, rows in _feeds(sub, memo):
                 mapped = [outer.get(t) for t in rows]
                 if all(t is not None for t in mapped) and tuple(map(id, mapped)) not in known:
                     known.add(tuple(map(id, mapped)))
-                    feeds.append(mapped)  # type: ignore[arg-type]
+                    feeds.append((chained, mapped))  # type: ignore[arg-type]
     memo[id(graph)] = feeds
     return feeds
 
@@ -343,7 +379,64 @@ def _lower_call(ctx: LoweringContext, env: Env, op: Op) -> None:
     if run is not None:
         lower_run(ctx, env, run)
     elif op not in members:  # later calls of a run were lowered with its first
-        control._lower_call(ctx, env, op)
+        _inline(ctx, env, op)
+
+
+def _inline(ctx: LoweringContext, env: Env, op: Op) -> None:
+    """``control``'s inlined call, except that stacks cross the call: inputs that are rows
+    of a stack enter the callee as rows of the same stack (written back when every one of
+    them is by-ref), and outputs that are rows of a stack leave as rows of it, so runs on
+    either side read and write whole stacks."""
+    graph = op.attrs["graphs"][0]
+    inner = Env(graph)
+    shared = _shared_stacks(env, op)
+    for t, g_in in zip(op.inputs, graph._inputs):
+        row = _row_of(env, t)
+        if row is not None and row[0] in shared:
+            inner.views[g_in] = _View(_Row(row[1]), _SetRow(row[1]), (row[0],), {})  # type: ignore[arg-type]
+        else:
+            inner.values[g_in] = env.read_raw(t)
+    for key in shared:
+        inner.values[key] = env.values[key]  # type: ignore[index]
+    for o in schedule(ctx, graph):
+        lower_op(ctx, inner, o)
+    for index in sorted(op.modified_inputs):
+        row = _row_of(env, op.inputs[index])
+        if row is None or row[0] not in shared:
+            env.write(op.inputs[index], inner.read_raw(graph._inputs[index]))
+    for key, by_ref in shared.items():
+        if by_ref:
+            env.values[key] = inner.values[key]  # type: ignore[index]
+    for t, g_out in zip(op.outputs, graph._outputs):
+        row = _row_of(inner, g_out)
+        changed = (
+            row is not None and row[0] in shared and env.values[row[0]] is not inner.values[row[0]]
+        )  # type: ignore[index]
+        if row is None or (changed and not shared[row[0]]):
+            env.values[t] = inner.read_raw(g_out)
+            continue
+        env.values.setdefault(row[0], inner.values[row[0]])  # type: ignore[call-overload]
+        env.views[t] = _View(_Row(row[1]), _SetRow(row[1]), (row[0],), {})  # type: ignore[arg-type]
+
+
+def _shared_stacks(env: Env, op: Op) -> dict[StackKey, bool]:
+    """Stacks whose rows ``op`` passes, each with whether it passes them all by-ref (a
+    stack passed partly by-ref is passed row by row)."""
+    kinds: dict[StackKey, set[bool]] = {}
+    for index, t in enumerate(op.inputs):
+        row = _row_of(env, t)
+        if row is not None:
+            kinds.setdefault(row[0], set()).add(index in op.modified_inputs)
+    return {key: next(iter(k)) for key, k in kinds.items() if len(k) == 1}
+
+
+def _row_of(env: Env, t: Tensor) -> tuple[StackKey, int] | None:
+    """(stack, row) when ``t`` is a row of a stack in ``env``."""
+    view = env.views.get(t)
+    if view is None or not isinstance(view.forward, _Row) or t in env.values:
+        return None
+    key = view.parents[0]
+    return (key, view.forward.index) if isinstance(key, StackKey) else None
 
 
 def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
@@ -635,7 +728,7 @@ def lower_graph_with_stacks(
         if value is not None:
             env.values[t] = value
     keys = [add_stack(env, [graph._inputs[i] for i in indices], v) for indices, v in stacks]
-    for op in graph._ops:
+    for op in schedule(ctx, graph):
         lower_op(ctx, env, op)
     read = env.read_raw if raw else env.read
     outs = [read(t) for t in graph._outputs]
@@ -670,7 +763,7 @@ def _stacked_input(
         key, is_reversed = source
         value = env.values[key]  # type: ignore[index]
         return value if is_reversed == reverse else _reversed(value)
-    return jnp.stack([env.read(t) for t in _in_scan_order(tensors, reverse)])
+    return gather_rows(env, _in_scan_order(tensors, reverse))
 
 
 def _write_stacked(
@@ -685,8 +778,111 @@ def _write_stacked(
         key, is_reversed = source
         env.values[key] = value if is_reversed == reverse else _reversed(value)  # type: ignore[index]
         return
-    for row, t in enumerate(_in_scan_order(tensors, reverse)):
-        env.write(t, _index(value, row))
+    scatter_rows(env, _in_scan_order(tensors, reverse), value)
+
+
+def _pieces(env: Env, tensors: Sequence[Tensor]) -> dict[Any, tuple[list[int], list[int]]]:
+    """``tensors`` by where they live: stack key -> (their positions, their rows); a tensor
+    that is no stack's row is its own piece (keyed by its position)."""
+    pieces: dict[Any, tuple[list[int], list[int]]] = {}
+    for position, t in enumerate(tensors):
+        row = _row_of(env, t)
+        key, index = row if row is not None else (("own", position), -1)
+        positions, rows = pieces.setdefault(key, ([], []))
+        positions.append(position)
+        rows.append(index)
+    return pieces
+
+
+def _take(value: Any, rows: list[int]) -> Any:
+    """Rows of a stacked value: itself, a slice, or a gather (constant in the row count)."""
+    n = jax.tree_util.tree_leaves(value)[0].shape[0]
+    if rows == list(range(n)):
+        return value
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return jax.tree_util.tree_map(lambda a: a[rows[0] : rows[0] + len(rows)], value)
+    index = jnp.asarray(rows, jnp.int32)
+    return jax.tree_util.tree_map(lambda a: jnp.take(a, index, axis=0), value)
+
+
+def gather_rows(env: Env, tensors: Sequence[Tensor]) -> Array:
+    """One array whose row ``k`` is ``tensors[k]``'s value: whole stacks, slices or
+    gathers of the stacks they are rows of (a few ops whatever the number of rows), the
+    others stacked."""
+    pieces = _pieces(env, tensors)
+    if len(pieces) == 1:
+        key, (_, rows) = next(iter(pieces.items()))
+        if isinstance(key, StackKey):
+            return _take(env.values[key], rows)  # type: ignore[index]
+    blocks, order = [], []
+    for key, (positions, rows) in pieces.items():
+        if isinstance(key, StackKey):
+            blocks.append(_take(env.read(key), rows))  # type: ignore[arg-type]
+        else:
+            blocks.append(env.read(tensors[positions[0]])[None])
+        order += positions
+    value = jnp.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+    if order != list(range(len(order))):
+        value = jnp.take(value, jnp.asarray(np.argsort(order), jnp.int32), axis=0)
+    return value
+
+
+def scatter_rows(env: Env, tensors: Sequence[Tensor], value: Array) -> None:
+    """Write row ``k`` of ``value`` to ``tensors[k]``: one update per stack they are rows of."""
+    for key, (positions, rows) in _pieces(env, tensors).items():
+        block = _take(value, positions)
+        if not isinstance(key, StackKey):
+            env.write(tensors[positions[0]], _index(block, 0))
+            continue
+        stack = env.read(key)  # type: ignore[arg-type]
+        block = value_of(block).astype(stack.dtype)
+        if rows == list(range(stack.shape[0])):
+            env.values[key] = block  # type: ignore[index]
+        elif rows == list(range(rows[0], rows[0] + len(rows))):
+            env.values[key] = lax.dynamic_update_slice_in_dim(stack, block, rows[0], 0)  # type: ignore[index]
+        else:
+            env.values[key] = stack.at[jnp.asarray(rows, jnp.int32)].set(block)  # type: ignore[index]
+
+
+# Groups of identical ops ---------------------------------------------------------------------
+
+
+@special("op_group")
+def _lower_op_group(ctx: LoweringContext, env: Env, group: grouping.OpGroup) -> None:
+    """Independent ops of one kind (``grouping``: inline variable updates) as one ``vmap`` of
+    the op's lowering over their stacked inputs; outputs become a stack."""
+    ops = group.ops
+    first = ops[0]
+    opdef = first.opdef
+    slots = range(len(first.inputs))
+    stacked = [j for j in slots if any(op.inputs[j] is not first.inputs[j] for op in ops)]
+    deferred = opdef.key in LINEAR_ACCUMULATES and ctx.collective_impl == "gather"
+    if not stacked or deferred:  # the accumulations keep their replica sums one by one
+        for op in ops:
+            lower_op(ctx, env, op)
+        return
+    fixed = {j: env.read(first.inputs[j]) for j in slots if j not in stacked}
+    xs = [value_of(gather_rows(env, [op.inputs[j] for op in ops])) for j in stacked]
+
+    def one(*rows: Array) -> tuple:
+        args = [fixed.get(j) for j in slots]
+        for j, row in zip(stacked, rows):
+            args[j] = row
+        results = opdef.lower(*args, **first.attrs)  # type: ignore[misc]
+        return results if isinstance(results, tuple) else (results,)
+
+    results = jax.vmap(one)(*xs)
+    for in_index, result_index in opdef.modifies:
+        targets = [op.inputs[in_index] for op in ops]
+        scatter_rows(env, targets, results[result_index].astype(targets[0].dtype._np_device))
+    aliased = dict(opdef.alias_outputs)
+    for k in range(len(first.outputs)):
+        if k in aliased:
+            for op in ops:
+                env.alias(op.outputs[k], op.inputs[aliased[k]])
+        else:
+            value = results[k].astype(first.outputs[k].dtype._np_device)
+            add_stack(env, [op.outputs[k] for op in ops], value)
 
 
 __all__ = [

@@ -253,12 +253,28 @@ def lower_graph(
         env.values[t] = value
     if extra:
         env.values.update(extra)
-    for op in graph._ops if ops is None else ops:
+    for op in schedule(ctx, graph) if ops is None else ops:
         lower_op(ctx, env, op)
     read = env.read_raw if raw_outputs else env.read
     outs = [read(t) for t in graph._outputs]
     final_inputs = [read(t) for t in graph._inputs]
     return outs, final_inputs, [env.read(t) for t in read_back]
+
+
+# The order a graph's ops are lowered in: program order unless ``runtime.calls`` registers a
+# scheduler (which brings calls of one graph, and identical variable updates, together).
+_SCHEDULER: list[Callable[[LoweringContext, Graph], Sequence[Any]]] = []
+
+
+def scheduler(fn: Callable[[LoweringContext, Graph], Sequence[Any]]) -> Callable:
+    """Register the function giving the order ``lower_graph`` lowers a graph's ops in."""
+    _SCHEDULER[:] = [fn]
+    return fn
+
+
+def schedule(ctx: LoweringContext, graph: Graph) -> Sequence[Any]:
+    """``graph``'s ops (and op groups) in lowering order."""
+    return _SCHEDULER[0](ctx, graph) if _SCHEDULER else graph._ops
 
 
 def zeros_for(t: Tensor) -> Array:

@@ -44,7 +44,7 @@ from . import (  # noqa: F401  (register lowerings)
     vjp,
 )
 from .ipu_slots import SlotLayout
-from .lowering import Env, LoweringContext, lower_op
+from .lowering import Env, LoweringContext, lower_op, schedule
 from .memory import tensor_ipu
 from .placement import (
     ipus_used,
@@ -268,9 +268,10 @@ def replication_mode(replicas: int) -> str:
     return choice
 
 
-def main_schedule(ir: Ir) -> list[Op]:
-    """The main graph's ops in run order: ops of the weights-to-host fragment run last."""
-    ops = ir.main_graph._ops
+def main_schedule(ir: Ir, ops: Sequence[Any] | None = None) -> list[Op]:
+    """The main graph's ops (or ``ops``, an order of them) in run order: ops of the
+    weights-to-host fragment run last."""
+    ops = ir.main_graph._ops if ops is None else ops
     last = [op for op in ops if op.execution_context == "WeightsToHostFragment"]
     return [op for op in ops if op.execution_context != "WeightsToHostFragment"] + last
 
@@ -289,7 +290,6 @@ def _make_step(
     replicas = ir.replication_factor
     nht = ir.num_host_transfers
     main = ir.main_graph
-    schedule = main_schedule(ir)
     n_vars = len(entries)
 
     def replica_step(state: tuple, inputs: tuple, placement: Any = None) -> tuple:
@@ -317,7 +317,7 @@ def _make_step(
             ctx.fx[remote.buffer_key(buffer.remote_buffer_id)] = value
         env = Env(main)
         keys = state_layout.seed_env(env, entries, variables, state[:n_vars])
-        for op in schedule:
+        for op in main_schedule(ir, schedule(ctx, main)):
             lower_op(ctx, env, op)
         new_vars = state_layout.read_entries(env, keys)
         new_buffers = [ctx.fx[remote.buffer_key(b.remote_buffer_id)] for b in buffers]

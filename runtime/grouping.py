@@ -1,0 +1,239 @@
+"""A lowering order that brings calls of one graph, and identical variable updates, together.
+
+Programs written the popxl-addons way call one graph many times, but not always in a row: a
+per-variable optimizer graph cached by shape is called for every variable in variable
+order, between calls of the graphs of other shapes; gradients of an input shared by every
+layer are summed between the layers' gradient calls; inline updates (``ops.scaled_add_``,
+``ops.var_updates``) repeat the same op for every variable. Lowered in program order, each
+of those is traced and compiled once per layer.
+
+``schedule(graph)`` reorders the graph's ops so that such *groups* are consecutive, where
+that keeps every dependency: an op that reads what a member produced, or touches storage a
+member reads or writes (by roots, so views and in-place writes count), stays after the
+group; an op that does not moves before it; two ops with effects (host IO, remote buffers,
+collectives, prints, run-time checks, or calls of graphs that have them) keep their order.
+``runtime.calls`` then lowers a group of calls as one ``lax.scan`` or ``vmap`` and a group of
+ops (``OpGroup``) as one ``vmap`` of the op's lowering.
+
+A group of calls may chain (a call reads the previous one's outputs: the layers); a group
+of ops never does (its members are independent). Ops are grouped only when they read a
+main-graph variable (the updates of a program's state): grouping the activations' ops inside
+a layer would only add copies.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from popxl._op import Op, OpDef
+from popxl.graph import Graph
+from popxl.tensor import Tensor, Variable
+from popxl.transforms._storage import roots, written_inputs
+
+MIN_GROUP = 2
+# Contractions are left alone: a batched product may sum in another order than the plain one.
+_UNGROUPED_KEYS = ("matmul", "conv")
+_EFFECT_SPECIALS = ("host_load", "host_store", "remote_load", "remote_store", "collective",
+                    "log2_scale_checked")  # fmt: skip
+
+
+@dataclass(eq=False)
+class OpGroup:
+    """Identical, independent ops lowered together (``runtime.calls``); it stands in the
+    schedule where its members would be."""
+
+    ops: tuple[Op, ...]
+    opdef: OpDef = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.opdef = GROUP_OPDEF
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        return tuple(t for op in self.ops for t in op.inputs)
+
+    @property
+    def outputs(self) -> tuple[Tensor, ...]:
+        return tuple(t for op in self.ops for t in op.outputs)
+
+    @property
+    def modified_inputs(self) -> set[int]:
+        return set()
+
+    @property
+    def execution_context(self) -> str:
+        return self.ops[0].execution_context
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return {}
+
+
+GROUP_OPDEF = OpDef(key="op_group", type="OpGroup", infer=None, special="op_group")  # type: ignore[arg-type]
+
+
+# The schedule ------------------------------------------------------------------------------
+
+_SCHEDULES: OrderedDict[int, tuple[tuple[Op, ...], tuple[Any, ...]]] = OrderedDict()
+CACHE_SIZE = 64
+
+
+def schedule(graph: Graph) -> tuple[Any, ...]:
+    """``graph``'s ops in a lowering order with groups together (op groups as ``OpGroup``);
+    cached while the graph is unchanged."""
+    cached = _SCHEDULES.get(id(graph))
+    ops = tuple(graph._ops)
+    if cached is not None and cached[0] == ops:
+        _SCHEDULES.move_to_end(id(graph))
+        return cached[1]
+    result: list[Any] = []
+    for unit in _Reorder(ops).units():
+        is_calls = unit[0].opdef.special == "call"  # planned as runs by ``runtime.calls``
+        result.extend(unit if len(unit) == 1 or is_calls else [OpGroup(unit)])
+    _SCHEDULES[id(graph)] = (ops, tuple(result))
+    while len(_SCHEDULES) > CACHE_SIZE:
+        _SCHEDULES.popitem(last=False)
+    return _SCHEDULES[id(graph)][1]
+
+
+def has_effects(graph: Graph, _seen: dict[Graph, bool] | None = None) -> bool:
+    """Whether running ``graph`` does IO, collectives, prints or checks (in itself or in the
+    graphs it calls)."""
+    seen = {} if _seen is None else _seen
+    if graph not in seen:
+        seen[graph] = False  # recursion guard
+        seen[graph] = any(_op_effect(op, seen) for op in graph._ops)
+    return seen[graph]
+
+
+def _op_effect(op: Op, seen: dict[Graph, bool]) -> bool:
+    if op.opdef.effect or op.opdef.special in _EFFECT_SPECIALS:
+        return True
+    return any(has_effects(g, seen) for g in op.referenced_graphs)
+
+
+@dataclass
+class _Access:
+    """What a unit of the schedule produces, reads, writes, and whether it has effects."""
+
+    produced: set[Tensor] = field(default_factory=set)
+    read: set[Tensor] = field(default_factory=set)
+    written: set[Tensor] = field(default_factory=set)
+    inputs: set[Tensor] = field(default_factory=set)
+    effect: bool = False
+
+    def add(self, other: _Access) -> None:
+        self.produced |= other.produced
+        self.read |= other.read
+        self.written |= other.written
+        self.inputs |= other.inputs
+        self.effect |= other.effect
+
+    def after(self, earlier: _Access) -> bool:
+        """Whether this must stay after ``earlier``."""
+        return bool(
+            (self.inputs & earlier.produced)
+            or (self.read & earlier.written)
+            or (self.written & (earlier.read | earlier.written))
+            or (self.effect and earlier.effect)
+        )
+
+
+class _Reorder:
+    def __init__(self, ops: Sequence[Op]):
+        self.ops = ops
+        self._roots: dict[Tensor, tuple[Tensor, ...]] = {}
+        self._effects: dict[Graph, bool] = {}
+        self.access = {op: self._access(op) for op in ops}
+        self.keys = {op: self._key(op) for op in ops}
+
+    def _rooted(self, t: Tensor) -> tuple[Tensor, ...]:
+        found = self._roots.get(t)
+        if found is None:
+            found = self._roots[t] = roots(t)
+        return found
+
+    def _access(self, op: Op) -> _Access:
+        a = _Access(set(op.outputs), set(), set(), set(op.inputs), _op_effect(op, self._effects))
+        for t in op.inputs:
+            a.read.update(self._rooted(t))
+        for i in written_inputs(op):
+            a.written.update(self._rooted(op.inputs[i]))
+        return a
+
+    def _key(self, op: Op) -> Hashable | None:
+        """Ops with equal keys may form a group; None: never grouped."""
+        where = (op.execution_context, op.ipu, op.tile_set)
+        if op.opdef.special == "call":
+            graph = op.attrs["graphs"][0]
+            return ("call", id(graph), frozenset(op.modified_inputs), len(op.inputs), where)
+        opdef = op.opdef
+        if opdef.special is not None or opdef.lower is None or opdef.view_inverse is not None:
+            return None
+        if opdef.effect or any(k in opdef.key for k in _UNGROUPED_KEYS):
+            return None
+        if not any(isinstance(r, Variable) for t in op.inputs for r in self._rooted(t)):
+            return None
+        try:
+            attrs = tuple(sorted(op.attrs.items()))
+            hash(attrs)
+        except TypeError:
+            return None
+        specs = tuple((t.shape, t.dtype) for t in op.inputs)
+        return ("op", opdef.key, attrs, specs, len(op.outputs), where)
+
+    def units(self) -> list[tuple[Op, ...]]:
+        units: list[tuple[Op, ...]] = [(op,) for op in self.ops]
+        counts: dict[Hashable, int] = {}
+        for op in self.ops:
+            key = self.keys[op]
+            if key is not None:
+                counts[key] = counts.get(key, 0) + 1
+        for key, n in counts.items():
+            if n >= MIN_GROUP:
+                units = self._gather(units, key)
+        return units
+
+    def _gather(self, units: list[tuple[Op, ...]], key: Hashable) -> list[tuple[Op, ...]]:
+        """Bring the units that are single ops of ``key`` together, group by group."""
+        is_call = key[0] == "call"  # type: ignore[index]
+        start = 0
+        while True:
+            firsts = [i for i in range(start, len(units)) if self._single(units[i], key)]
+            if len(firsts) < MIN_GROUP:
+                return units
+            i, last = firsts[0], firsts[-1]
+            members, before, after = [units[i]], [], []
+            taint_m, taint_s = _Access(), _Access()
+            taint_m.add(self._union(units[i]))
+            for unit in units[i + 1 : last + 1]:
+                a = self._union(unit)
+                blocked = a.after(taint_s) or (not is_call and a.after(taint_m))
+                if self._single(unit, key) and not blocked:
+                    members.append(unit)
+                    taint_m.add(a)
+                elif a.after(taint_m) or a.after(taint_s):
+                    after.append(unit)
+                    taint_s.add(a)
+                else:
+                    before.append(unit)
+            group = tuple(op for u in members for op in u)
+            units = units[:i] + before + [group] + after + units[last + 1 :]
+            start = i + len(before) + 1
+
+    def _single(self, unit: tuple[Op, ...], key: Hashable) -> bool:
+        return len(unit) == 1 and self.keys[unit[0]] == key
+
+    def _union(self, unit: tuple[Op, ...]) -> _Access:
+        if len(unit) == 1:
+            return self.access[unit[0]]
+        total = _Access()
+        for op in unit:
+            total.add(self.access[op])
+        return total
+
+
+__all__ = ["schedule", "OpGroup", "has_effects", "GROUP_OPDEF"]
