@@ -37,6 +37,7 @@ from popxl_addons.transforms.repeat_graph import repeat_graph
 
 from . import _staged
 from ._anchors import LOSS_SCALE, UPDATED, Anchors
+from ._lowering_log import log_placements
 from ._staged import block_ranges
 from ._storage import (
     flush,
@@ -308,6 +309,7 @@ def build(
         plans = block_ranges(recorder.marks, fwd.graph)
         if plans:
             _staged.place_blocks(plans, options.strategy, recorder.marks)
+        log_placements(fwd.graph, plans, options.strategy)
         locations = _locations(options)
         named = _init(facts, options.random_seed, locations.weight)
         built = Built(

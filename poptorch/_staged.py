@@ -74,6 +74,10 @@ PIPELINE_INFERENCE_STEPS_MSG = (
 )
 
 
+# The block of the ops that run before the model starts one (PopTorch's initial IPU 0).
+DEFAULT_BLOCK = "<before the first block>"
+
+
 @dataclass
 class BlockPlan:
     """One block: its ops, its stage, phase and IPU."""
@@ -88,13 +92,16 @@ class BlockPlan:
 
 def block_ranges(marks: list[Mark], graph: popxl.Graph) -> list[BlockPlan]:
     """The blocks of ``graph`` as op ranges, from the recorded block starts (empty ranges
-    dropped; ops before the first start join the first block)."""
+    dropped). Ops before the first start form PopTorch's default block, on IPU 0 in stage
+    and phase 0."""
     mine = [m for m in marks if m.graph is graph]
     n = len(graph._ops)
     plans: list[BlockPlan] = []
+    if mine and mine[0].start > 0:
+        plans.append(BlockPlan(DEFAULT_BLOCK, 0, mine[0].start))
     for k, mark in enumerate(mine):
         stop = mine[k + 1].start if k + 1 < len(mine) else n
-        start = 0 if k == 0 else mark.start
+        start = mark.start
         if stop <= start:
             continue
         if plans and plans[-1].name == mark.user_id:
@@ -111,12 +118,13 @@ def _hints(marks: list[Mark]) -> dict[str, int | None]:
 def place_blocks(plans: list[BlockPlan], strategy: ExecutionStrategy, marks: list[Mark]) -> None:
     """Give each block its stage, phase and IPU as ``strategy`` says (in place)."""
     hints = _hints(marks)
+    placed = [p for p in plans if p.name != DEFAULT_BLOCK]  # the default stays at 0
     if isinstance(strategy, (SerialPhasedExecution, ParallelPhasedExecution)):
-        _place_phased(plans, strategy, hints)
+        _place_phased(placed, strategy, hints)
     elif strategy.stages:
-        _place_listed(plans, strategy, strategy.stages, hints)
+        _place_listed(placed, strategy, strategy.stages, hints)
     else:
-        _place_auto(plans, strategy.auto_stage, hints)
+        _place_auto(placed, strategy.auto_stage, hints)
     _check_order(plans)
 
 
@@ -145,11 +153,16 @@ def _place_listed(
 
 
 def _place_auto(plans: list[BlockPlan], auto: AutoStage, hints: dict[str, int | None]) -> None:
+    """``AutoIncrement``: each new block id gets the next stage, counting from 1 (the
+    default block holds stage 0), and by default the IPU of its stage number; ``SameAsIpu``:
+    the stage is the IPU, a block without one staying on the IPU before it."""
     ipu = 0
-    for i, p in enumerate(plans):
+    stages: dict[str, int] = {}
+    for p in plans:
         hint = hints.get(p.name)
         if auto == AutoStage.AutoIncrement:
-            p.stage, p.ipu = i, hint if hint is not None else i
+            p.stage = stages.setdefault(p.name, len(stages) + 1)
+            p.ipu = hint if hint is not None else p.stage
         else:
             ipu = hint if hint is not None else ipu
             p.stage = p.ipu = ipu

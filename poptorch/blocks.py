@@ -39,6 +39,12 @@ from typing import Any
 
 import popxl
 
+from .errors import Error
+
+ASSIGNED_MSG = (
+    "module has already been assigned to a block. It starts block (user_id, ipu_id) = "
+    "{mark}; call poptorch.removeBlocks(module) first to assign it another."
+)
 BEGIN_BLOCK_MSG = (
     "BeginBlock expects a torch.nn.Module, a popxl_addons Module (with a build method) or "
     "a function, got {got}."
@@ -96,6 +102,9 @@ def recording() -> Iterator[Recorder]:
 # block starts; the translator turns changes of that annotation into block marks.
 
 BLOCK_KEY = "poptorch_block"
+# The annotation after a ``with Block(...)`` ends in a torch model: no block is active, and an
+# op traced there is refused, as PopTorch refused it.
+NO_ACTIVE_BLOCK = ("", -1)
 _CAPTURE: contextvars.ContextVar[contextlib.ExitStack | None] = contextvars.ContextVar(
     "poptorch_block_capture", default=None
 )
@@ -128,6 +137,15 @@ def _begin_torch_block(user_id: str | None, ipu_id: int | None) -> None:
     from torch.fx import traceback as fx_traceback  # noqa: PLC0415 (torch models only)
 
     stack.enter_context(fx_traceback.annotate({BLOCK_KEY: (str(user_id), ipu_id)}))
+
+
+def _end_torch_block() -> None:
+    stack = _CAPTURE.get()
+    if stack is None:
+        return
+    from torch.fx import traceback as fx_traceback  # noqa: PLC0415 (torch models only)
+
+    stack.enter_context(fx_traceback.annotate({BLOCK_KEY: NO_ACTIVE_BLOCK}))
 
 
 def mark_node_block(recorder: Recorder | None, annotation: tuple[str, int | None]) -> None:
@@ -183,7 +201,9 @@ class Block(_Ids, contextlib.ContextDecorator):
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        """The block goes on until the next one starts."""
+        """In a torch model, the block ends here: the ops that follow must be in another
+        block. In a popxl_addons ``Module`` it goes on until the next one starts."""
+        _end_torch_block()
 
     @staticmethod
     def start(user_id: str | None = None, ipu_id: int | None = None) -> None:
@@ -227,8 +247,8 @@ class _BlockStartingFunction(_Ids):
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with Block(self.user_id, self.ipu_id):
-            return self.fn(*args, **kwargs)
+        Block.start(self.user_id, self.ipu_id)  # lasts until the next block, as in PopTorch
+        return self.fn(*args, **kwargs)
 
 
 class _BeginBlockHook:
@@ -256,9 +276,11 @@ def BeginBlock(  # noqa: N802 (PopTorch's name)
 
     Raises:
         TypeError: ``module`` is neither.
+        poptorch.Error: the torch module already starts a block (``removeBlocks`` first).
     """
     if _is_torch_module(module):
-        removeBlocks(module)
+        if "_poptorch_block_hook" in module.__dict__:
+            raise Error(ASSIGNED_MSG.format(mark=module.__dict__.get(_BLOCK_MARK)))
         handle = module.register_forward_pre_hook(_BeginBlockHook(user_id, ipu_id))
         module.__dict__["_poptorch_block_hook"] = handle
         module.__dict__[_BLOCK_MARK] = (user_id, ipu_id)

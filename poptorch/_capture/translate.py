@@ -33,7 +33,8 @@ from .._aten._registry import NodeContext, describe_node, popxl_dtype
 from .._fx import args_of, node_arg
 from .._popart_ir import MODULE_PATH
 from .._scopes import ATTRIBUTE_KEY, NAME_SCOPE_KEY, scope_path
-from ..blocks import BLOCK_KEY, current_recorder, mark_node_block
+from ..blocks import BLOCK_KEY, NO_ACTIVE_BLOCK, current_recorder, mark_node_block
+from ..errors import Error
 from . import control
 from .blocks import is_block_node
 from .export import Capture, signature
@@ -43,6 +44,11 @@ MISSING_OP_MSG = (
     "compiled for the IPU: rewrite that line with supported operations, or register a "
     "lowering for {op} with poptorch's ATen table (poptorch._aten.lowering). Nothing runs "
     "on the CPU in its place."
+)
+NO_ACTIVE_BLOCK_MSG = (
+    "No active Block, all the ops must belong to a Block: {where} runs after a "
+    "`with poptorch.Block(...)` ended and before another block started. Put it inside a "
+    "block, or start one with poptorch.Block.start(...) (which lasts until the next)."
 )
 OP_FAILED_MSG = "poptorch could not lower the ATen op {op} (used in {where}): {error}"
 UNSUPPORTED_INPUT_MSG = (
@@ -220,6 +226,8 @@ class Translator:
         for node in self.capture.program.graph.nodes:
             if node.op == "call_function":
                 annotation = (node.meta.get("custom") or {}).get(BLOCK_KEY)
+                if annotation is not None and tuple(annotation) == NO_ACTIVE_BLOCK:
+                    raise Error(NO_ACTIVE_BLOCK_MSG.format(where=describe_node(node)))
                 if annotation is not None and annotation != block:
                     mark_node_block(recorder, annotation)
                     block = annotation
