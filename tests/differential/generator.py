@@ -63,6 +63,7 @@ class Generator:
         self.modifiable: dict[int, bool] = {}
         self.leaves: list[Leaf] = []
         self.bodies: list[Block] = []
+        self.body_flags: dict[int, tuple[bool, bool]] = {}
         if replicas is None:
             replicas = int(self.rng.choice([2, 4])) if "replication" in self.features else 1
         self.replicas = replicas
@@ -558,7 +559,15 @@ class Generator:
         return [int(self.choice(cands)) for _ in range(k)]
 
     def call(self, scope: Scope) -> bool:
-        reuse = [b for b in self.bodies if self.rng.random() < 0.3]
+        # A body may be called again only where its own restrictions held (no in-place on
+        # inputs under autodiff, no collectives where they are not allowed).
+        reuse = [
+            b
+            for b in self.bodies
+            if self.rng.random() < 0.3
+            and (self.body_flags[id(b)][0] or not scope.in_grad)
+            and (scope.collectives or not self.body_flags[id(b)][1])
+        ]
         for block in reuse:
             args = []
             for pos, vid in enumerate(block.inputs):
@@ -585,6 +594,7 @@ class Generator:
             int(v) for v in self.rng.choice(inner.pool, min(n_out, len(inner.pool)), replace=False)
         ]
         self.bodies.append(block)
+        self.body_flags[id(block)] = (inner.in_grad, inner.collectives)
         self.emit_call(scope, block, args)
         return True
 
