@@ -140,6 +140,8 @@ class Program:
 
     def split(self, state: tuple) -> tuple[tuple, tuple]:
         """(written entries, read-only entries) of a full state tuple."""
+        if all(self.written):  # a training step writes every entry: nothing to sort out
+            return tuple(state), ()
         return (
             tuple(v for v, w in zip(state, self.written) if w),
             tuple(v for v, w in zip(state, self.written) if not w),
@@ -147,6 +149,8 @@ class Program:
 
     def merge(self, state: tuple, new_written: tuple) -> tuple:
         """``state`` with its written entries replaced by ``new_written``."""
+        if all(self.written):
+            return tuple(new_written)
         values = iter(new_written)
         return tuple(next(values) if w else v for v, w in zip(state, self.written))
 
