@@ -272,24 +272,22 @@ def _writes_are_private(
     calls: Sequence[Op], slots: Sequence[Slot], modified: Sequence[int]
 ) -> bool:
     """Storage a call writes (its by-ref inputs) is read by no other input of the run."""
-    written: list[set[Tensor]] = []
-    for index in modified:
+    owner: dict[Tensor, tuple[int, int]] = {}  # written root -> (input, call) writing it
+    for k, index in enumerate(modified):
         tensors = (
             [calls[0].inputs[index]]
             if slots[index].kind == "carry"
             else [op.inputs[index] for op in calls]
         )
-        written.extend(set(roots(t)) for t in tensors)
-    for a in range(len(written)):
-        for b in range(a + 1, len(written)):
-            if written[a] & written[b]:
-                return False
-    all_written = set().union(*written) if written else set()
+        for n, t in enumerate(tensors):
+            for r in roots(t):
+                if owner.setdefault(r, (k, n)) != (k, n):
+                    return False
     for index, slot in enumerate(slots):
         if index in modified:
             continue
         for op in calls[:1] if slot.kind != "stack" else calls:
-            if set(roots(op.inputs[index])) & all_written:
+            if any(r in owner for r in roots(op.inputs[index])):
                 return False
     return True
 

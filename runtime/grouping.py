@@ -17,8 +17,8 @@ ops (``OpGroup``) as one ``vmap`` of the op's lowering.
 
 A group of calls may chain (a call reads the previous one's outputs: the layers); a group
 of ops never does (its members are independent). Ops are grouped only when they read a
-main-graph variable (the updates of a program's state): grouping the activations' ops inside
-a layer would only add copies.
+main-graph variable or only feed ops that do (the updates of a program's state): grouping
+the activations' ops inside a layer would only add copies.
 """
 
 from __future__ import annotations
@@ -137,7 +137,8 @@ class _Access:
         return bool(
             (self.inputs & earlier.produced)
             or (self.read & earlier.written)
-            or (self.written & (earlier.read | earlier.written))
+            or (self.written & earlier.read)
+            or (self.written & earlier.written)
             or (self.effect and earlier.effect)
         )
 
@@ -148,7 +149,25 @@ class _Reorder:
         self._roots: dict[Tensor, tuple[Tensor, ...]] = {}
         self._effects: dict[Graph, bool] = {}
         self.access = {op: self._access(op) for op in ops}
+        self.updates = self._update_ops()
         self.keys = {op: self._key(op) for op in ops}
+
+    def _update_ops(self) -> set[Op]:
+        """Ops that read a main-graph variable, or whose outputs only feed such ops (a
+        gradient's scaling before the update that reads the variable)."""
+        consumers: dict[Tensor, list[Op]] = {}
+        for op in self.ops:
+            for t in op.inputs:
+                consumers.setdefault(t, []).append(op)
+        found: set[Op] = set()
+        for op in reversed(self.ops):
+            if any(isinstance(r, Variable) for t in op.inputs for r in self._rooted(t)):
+                found.add(op)
+                continue
+            users = [u for t in op.outputs for u in consumers.get(t, [])]
+            if users and all(u in found for u in users):
+                found.add(op)
+        return found
 
     def _rooted(self, t: Tensor) -> tuple[Tensor, ...]:
         found = self._roots.get(t)
@@ -175,7 +194,7 @@ class _Reorder:
             return None
         if opdef.effect or any(k in opdef.key for k in _UNGROUPED_KEYS):
             return None
-        if not any(isinstance(r, Variable) for t in op.inputs for r in self._rooted(t)):
+        if op not in self.updates:
             return None
         try:
             attrs = tuple(sorted(op.attrs.items()))

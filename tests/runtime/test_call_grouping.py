@@ -1,0 +1,177 @@
+"""Calls of one graph and identical variable updates grouped wherever they sit in the
+schedule (runtime/grouping.py, runtime/calls.py).
+
+Grouped lowering must compute what lowering every call and op in program order computes,
+and keep the order of what the program observes: in-place writes, host IO and random seeds
+between the grouped calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+import popxl
+import popxl.ops as ops
+from runtime import calls, grouping
+from runtime.program import abstract_inputs, abstract_state, build_program
+
+LAYERS, LR = 3, 0.5
+SHAPES = {"w": (4, 3), "b": (3,), "s": (2,)}
+
+
+def optimizer_program(inline: bool):
+    """Per-variable updates written the popxl-addons way: one graph per shape (cached),
+    called for every variable in variable order, so calls of one graph are interleaved
+    with calls of the others. Between them: a host store of a variable just updated, a
+    random draw from a seed, and (``inline``) the update written as ``scaled_add_``."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        rng = np.random.default_rng(0)
+        params = {
+            (i, k): popxl.variable(rng.normal(size=s).astype(np.float32), name=f"{k}{i}")
+            for i in range(LAYERS)
+            for k, s in SHAPES.items()
+        }
+        grads = {key: v * 0.5 + 1.0 for key, v in params.items()}  # computed from the params
+        seen = popxl.d2h_stream(SHAPES["b"], popxl.float32, "seen")
+        noise_out = popxl.d2h_stream((2,), popxl.float32, "noise")
+        seed = popxl.variable(np.array([7, 11], np.uint32), popxl.uint32, "seed")
+        graphs = {}
+
+        def sgd(w: popxl.TensorByRef, g: popxl.Tensor) -> None:
+            ops.scaled_add_(w, ops.sin(g), b=-LR)
+
+        for (i, k), v in params.items():
+            if inline:
+                ops.scaled_add_(v, ops.sin(grads[i, k]), b=-LR)
+            else:
+                if k not in graphs:
+                    graphs[k] = ir.create_graph(sgd, v, grads[i, k])
+                ops.call(graphs[k], v, grads[i, k])
+            if (i, k) == (1, "b"):  # must see layer 1's b updated, layer 2's not
+                ops.host_store(seen, v)
+                ops.host_store(noise_out, ops.random_normal(seed, (2,)))
+    return ir, params, grads, seen, noise_out
+
+
+def expected(params_before: dict) -> dict:
+    return {k: v - LR * np.sin(v * 0.5 + 1.0) for k, v in params_before.items()}
+
+
+def run(policy: str, inline: bool, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    monkeypatch.setattr(calls, "_policy", policy)
+    ir, params, _, seen, noise = optimizer_program(inline)
+    with popxl.Session(ir, "ipu_model") as session:
+        before = session.get_tensors_data(list(params.values()))
+        before = {k: before[v].copy() for k, v in params.items()}
+        outs = session.run()
+        data = session.get_tensors_data(list(params.values()))
+    return before, {k: data[v] for k, v in params.items()}, outs[seen], outs[noise], ir
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_interleaved_updates_match_program_order(inline, monkeypatch):
+    before, grouped, seen, noise, ir = run("scan", inline, monkeypatch)
+    _, plain, seen_plain, noise_plain, _ = run("inline", inline, monkeypatch)
+    want = expected(before)
+    for key in want:
+        np.testing.assert_allclose(grouped[key], want[key], rtol=1e-6)
+        np.testing.assert_array_equal(grouped[key], plain[key])
+    np.testing.assert_array_equal(seen, want[1, "b"])  # the store saw its own update only
+    np.testing.assert_array_equal(seen, seen_plain)
+    np.testing.assert_array_equal(noise, noise_plain)
+    order = grouping.schedule(ir.main_graph)
+    if inline:  # the updates of each shape became one group
+        groups = [g for g in order if isinstance(g, grouping.OpGroup)]
+        assert {len(g.ops) for g in groups if g.ops[0].opdef.key.startswith("scaled")} == {LAYERS}
+    else:  # the calls of each graph are consecutive
+        called = [op.attrs["graphs"][0] for op in order if op.opdef.special == "call"]
+        changes = sum(a is not b for a, b in zip(called, called[1:]))
+        assert changes == len(SHAPES) - 1
+
+
+def test_host_io_between_calls_of_an_effectful_graph_keeps_its_order(monkeypatch):
+    """Calls that load from a stream, with stores of what they loaded between them: the
+    loads and stores keep their order, so each store sees its own call's value."""
+    monkeypatch.setattr(calls, "_policy", "scan")
+    ir = popxl.Ir()
+    ir.num_host_transfers = 3
+    with ir.main_graph:
+        x = popxl.h2d_stream((2,), popxl.float32, "x")
+        y = popxl.d2h_stream((2,), popxl.float32, "y")
+        ws = [popxl.variable(np.zeros(2, np.float32), name=f"w{i}") for i in range(3)]
+
+        def load_into(w: popxl.TensorByRef) -> None:
+            ops.var_updates.copy_var_update_(w, ops.host_load(x))
+
+        graph = ir.create_graph(load_into, ws[0])
+        for w in ws:
+            ops.call(graph, w)
+            ops.host_store(y, w * 2.0)
+    with popxl.Session(ir, "ipu_model") as session:
+        out = session.run({x: np.arange(6, dtype=np.float32).reshape(3, 2)})[y]
+    np.testing.assert_array_equal(out, [[0, 2], [4, 6], [8, 10]])
+
+
+def test_dependent_op_between_chained_calls_moves_after_them(monkeypatch):
+    """A sum of the calls' side outputs between chained calls (autodiff's gradient of an
+    input shared by every layer) is moved after the chain, which becomes one scan."""
+    scans = []
+    original = calls.lower_run
+
+    def spy(ctx, env, run):
+        scans.append(len(run.ops))
+        return original(ctx, env, run)
+
+    monkeypatch.setattr(calls, "lower_run", spy)
+    results = {}
+    for policy in ("scan", "inline"):
+        monkeypatch.setattr(calls, "_policy", policy)
+        ir = popxl.Ir()
+        with ir.main_graph:
+            ws = [popxl.variable(np.full(3, i + 1.0, np.float32), name=f"w{i}") for i in range(4)]
+            x = popxl.variable(np.array([0.1, 0.2, 0.3], np.float32), name="x")
+            layer = ir.create_graph(lambda h, w: (ops.tanh(h * w), h + w), x, ws[0])
+            h, total = x, None
+            for w in ws:
+                h, side = ops.call(layer, h, w)
+                total = side if total is None else total + side
+            out = popxl.d2h_stream((3,), popxl.float32, "out")
+            ops.host_store(out, h + total)
+        with popxl.Session(ir, "ipu_model") as session:
+            results[policy] = session.run()[out]
+    assert scans == [4]
+    np.testing.assert_allclose(results["scan"], results["inline"], rtol=1e-6)
+
+
+def _count_primitive(jaxpr: Any, name: str) -> int:
+    """Equations of primitive ``name`` in ``jaxpr`` and the jaxprs nested in it."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == name
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(sub, "jaxpr", sub)  # a closed jaxpr, or a jaxpr
+                if hasattr(inner, "eqns"):
+                    count += _count_primitive(inner, name)
+    return count
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_each_graph_is_traced_once(inline, monkeypatch):
+    """The traced step holds one ``sin`` per shape (one body per graph, or per group of
+    inline updates), not one per variable; lowered in program order it holds one per
+    variable."""
+    counts = {}
+    for policy in ("scan", "inline"):
+        monkeypatch.setattr(calls, "_policy", policy)
+        ir, *_ = optimizer_program(inline)
+        program = build_program(ir)
+        state = program.split(abstract_state(program))
+        jaxpr = jax.make_jaxpr(program.step)(*state, abstract_inputs(program))
+        counts[policy] = _count_primitive(jaxpr.jaxpr, "sin")
+    assert counts == {"scan": len(SHAPES), "inline": len(SHAPES) * LAYERS}
