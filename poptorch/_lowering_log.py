@@ -37,6 +37,12 @@ _PHASE_STRIDE = {
 }
 # Phases PopART added after the forward so that no tensor is live into the backward.
 _OFF_CHIP_GAP = 3
+# Losses PopTorch lowered as several PopART ops: their types, the first taking the shape of
+# the loss's input, the others that of the loss.
+_POPART_PARTS = {
+    "aten::l1_loss": ("Sub", "L1", "IdentityLoss"),
+    "aten::mse_loss": ("Sub", "Mul", "IdentityLoss"),
+}
 _PHASED_LOCATIONS = (
     "location_activation",
     "location_weight",
@@ -56,10 +62,11 @@ def log_placements(graph: popxl.Graph, plans: Sequence[BlockPlan], strategy: Any
         logger.debug("%s set to value %s", name, value)
     ids: dict[str, int] = {}
     for scope, op, plan in _ops_with_plans(graph, plans):
-        names = ", ".join(_tensor_id(op_name(op, scope), i, ids) for i in range(len(op.outputs)))
-        shapes = ", ".join(_type_and_shape(t) for t in op.outputs)
         place = _placement(strategy, plan, stride)
-        logger.debug("%s was lowered to %s [%s,%s]", op.type, names, shapes, place)
+        for kind, name, outputs in _as_popart_ops(op, scope):
+            names = ", ".join(_tensor_id(name, i, ids) for i in range(len(outputs)))
+            shapes = ", ".join(_type_and_shape(t) for t in outputs)
+            logger.debug("%s was lowered to %s [%s,%s]", kind, names, shapes, place)
 
 
 def _strategy_options(
@@ -97,6 +104,17 @@ def _ops_with_plans(
         for called in op.called_graphs:
             for scope, inner in placed_ops(called, False, frame):
                 yield scope, inner, plan
+
+
+def _as_popart_ops(op: Op, scope: tuple[str, ...]) -> list[tuple[str, str, Sequence[popxl.Tensor]]]:
+    """``op`` as the PopART ops PopTorch logged for it: (type, name, outputs)."""
+    parts = _POPART_PARTS.get(op.type)
+    if parts is None or op.attrs.get("reduction", 1) == 0 or not op.inputs:
+        return [(op.type, op_name(op, scope), op.outputs)]
+    base = op_name(op, scope).rsplit(op.type, 1)[0]
+    first, *rest = parts
+    found = [(first, f"{base}{first}", [op.inputs[0]])]
+    return found + [(kind, f"{base}{kind}", op.outputs) for kind in rest]
 
 
 def _tensor_id(name: str, index: int, seen: dict[str, int]) -> str:

@@ -88,6 +88,7 @@ class BlockPlan:
     stage: int = 0
     phase: int = 0
     ipu: int = 0
+    hint: int | None = None  # the IPU its ``Block(ipu_id=...)`` asked for
 
 
 def block_ranges(marks: list[Mark], graph: popxl.Graph) -> list[BlockPlan]:
@@ -104,10 +105,10 @@ def block_ranges(marks: list[Mark], graph: popxl.Graph) -> list[BlockPlan]:
         start = mark.start
         if stop <= start:
             continue
-        if plans and plans[-1].name == mark.user_id:
+        if plans and plans[-1].name == mark.user_id and plans[-1].hint == mark.ipu_id:
             plans[-1].stop = stop
             continue
-        plans.append(BlockPlan(mark.user_id, start, stop, ipu=mark.ipu_id or 0))
+        plans.append(BlockPlan(mark.user_id, start, stop, ipu=mark.ipu_id or 0, hint=mark.ipu_id))
     return plans
 
 
@@ -174,13 +175,14 @@ def _place_phased(plans: list[BlockPlan], strategy: Any, hints: dict[str, int | 
     for phase_index, phase in enumerate(strategy.phases):
         for position, stage in enumerate(phase.stages):
             default = 2 * position + phase_index % 2 if parallel else position
-            ipu = stage.ipu_id if stage.ipu_id is not None else default
             for b in stage.blocks:
-                where[b] = (phase_index, ipu)
+                where[b] = (phase_index, stage.ipu_id, default)
     for p in plans:
         if p.name not in where:
             raise _unlisted(plans, strategy, p.name)
-        p.phase, p.ipu = where[p.name]
+        p.phase, stage_ipu, default = where[p.name]
+        # The stage's IPU if it names one, else the block's own, else the strategy's default.
+        p.ipu = next(i for i in (stage_ipu, p.hint, default) if i is not None)
         p.stage = p.phase
 
 

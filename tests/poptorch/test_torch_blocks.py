@@ -128,3 +128,30 @@ def test_phased_log_spreads_phases_by_liveness(capfd):
     assert log["settings"]["executionPhaseSettings.phases"] == "12"
     assert log["settings"]["executionPhaseSettings.stages"] == "1"
     assert log["ops"]["Mul:0/2"] == "mode(Phased), ipu(0), phase(8)"
+
+
+def test_a_block_id_reused_on_another_ipu_keeps_each_blocks_ipu(capfd):
+    class TwoIpus(torch.nn.Module):
+        def forward(self, x: torch.Tensor, target: torch.Tensor) -> tuple:
+            a, b = torch.split(x, 2)
+            with poptorch.Block("0", ipu_id=0):
+                a = torch.relu(a * 2)
+            with poptorch.Block("0", ipu_id=2):
+                b = torch.relu(b * 3)
+            with poptorch.Block("1", ipu_id=1):
+                out = a + b
+                return out, torch.nn.functional.l1_loss(out, target)
+
+    opts = poptorch.Options().setExecutionStrategy(poptorch.ParallelPhasedExecution("0", "1"))
+    x, target = torch.randn(4, 3), torch.randn(2, 3)
+    pm = poptorch.inferenceModel(TwoIpus(), opts)
+    log = _placements(capfd, lambda: pm(x, target))
+    assert log["ops"]["Relu:0"] == "mode(Phased), ipu(0), phase(0)"
+    assert log["ops"]["Relu:0/1"] == "mode(Phased), ipu(2), phase(0)"
+    # The loss reads as the PopART ops PopTorch lowered it to.
+    assert log["ops"]["L1:0"] == "mode(Phased), ipu(1), phase(1)"
+    assert log["ops"]["IdentityLoss:0"] == "mode(Phased), ipu(1), phase(1)"
+    out, loss = pm(x, target)
+    expected = torch.relu(x[:2] * 2) + torch.relu(x[2:] * 3)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(loss, torch.nn.functional.l1_loss(expected, target))
