@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
 
 import popxl
 import popxl.ops as ops
+import popxl_addons as addons
 from popxl import transforms
 from popxl.ops import collectives
+from popxl_addons.transforms.recomputation import recompute_graph
 
+from .generator_extras import ADDONS_SHIFT, written_args
 from .program import Block, Leaf, Node, Program
 
 DTYPES = {
@@ -56,6 +60,8 @@ class Builder:
     def __init__(self, ir: popxl.Ir) -> None:
         self.ir = ir
         self.graphs: dict[int, popxl.Graph] = {}
+        self.buffers: dict[int, popxl.RemoteBuffer] = {}
+        self.where: dict[str, int] = {}  # main-graph tensor id -> IPU, in placed programs
 
     def group(self, grouping: tuple[int, int] | None) -> Any:
         return None if grouping is None else self.ir.replica_grouping(*grouping)
@@ -63,16 +69,26 @@ class Builder:
     def program(self, program: Program) -> Built:
         built = Built(program)
         env: dict[int, Any] = {}
+        self.buffers = {}
         with self.ir.main_graph:
             for leaf in program.leaves:
-                env[leaf.vid] = self.leaf(program, leaf, built)
-            self.nodes(program.main.nodes, env)
+                with self.placed(leaf.ipu if program.ipus > 1 else None):
+                    env[leaf.vid] = self.leaf(program, leaf, built)
+                    self.where[_tensor(env[leaf.vid]).id] = leaf.ipu
+            # PopXL orders a load after a store of the same slot only in sequence.
+            stores = any(n.op in ("remote_store", "rts_store") for n in program.main.nodes)
+            with popxl.in_sequence(True) if stores else contextlib.nullcontext():
+                self.nodes(program.main.nodes, env)
             for vid in program.main.outputs:
                 t = env[vid]
-                d2h = popxl.d2h_stream(t.shape, t.dtype, f"out_v{vid}")
-                ops.host_store(d2h, t)
+                with self.placed(self.where.get(t.id) if program.ipus > 1 else None):
+                    d2h = popxl.d2h_stream(t.shape, t.dtype, f"out_v{vid}")
+                    ops.host_store(d2h, t)
                 built.out_streams.append(d2h)
         return built
+
+    def placed(self, ipu: int | None) -> Any:
+        return contextlib.nullcontext() if ipu is None else popxl.ipu(ipu)
 
     def leaf(self, program: Program, leaf: Leaf, built: Built) -> Any:
         spec = program.specs[leaf.vid]
@@ -83,22 +99,46 @@ class Builder:
             t = ops.host_load(h2d, f"v{leaf.vid}")
             built.leaf_tensors.append(None)
             return t
+        group = self.group(leaf.grouping)
         if leaf.kind == "remote":
-            buffer = popxl.remote_buffer(spec.shape, dt, 1)
-            var = popxl.remote_variable(leaf.data, buffer, 0, dt, f"v{leaf.vid}")
+            key, offset, entries = leaf.slot
+            if key not in self.buffers:
+                self.buffers[key] = popxl.remote_buffer(spec.shape, dt, entries)
+            buffer = self.buffers[key]
+            var = popxl.remote_variable(
+                leaf.data, buffer, offset, dt, f"v{leaf.vid}", replica_grouping=group
+            )
             built.leaf_tensors.append(var)
-            return (buffer, var)
-        var = popxl.variable(
-            leaf.data, dt, f"v{leaf.vid}", replica_grouping=self.group(leaf.grouping)
-        )
+            return (buffer, offset, var)
+        if leaf.kind == "rts":
+            buffer = popxl.replica_sharded_buffer(leaf.data.shape, dt, group)
+            var = popxl.remote_replica_sharded_variable(
+                leaf.data, buffer, 0, dt, f"v{leaf.vid}", replica_grouping=group
+            )
+            built.leaf_tensors.append(var)
+            return (buffer, 0, var)
+        var = popxl.variable(leaf.data, dt, f"v{leaf.vid}", replica_grouping=group)
         built.leaf_tensors.append(var)
         return var
 
     def nodes(self, nodes: list[Node], env: dict[int, Any]) -> None:
         for node in nodes:
-            outs = self.node(node, [env[v] for v in node.args])
+            xs = [env[v] for v in node.args]
+            ipu = node.attrs.get("ipu")
+            if ipu is not None:
+                kept = written_args(node)
+                xs = [x if p in kept else self.copied(x, ipu) for p, x in enumerate(xs)]
+            with self.placed(ipu):
+                outs = self.node(node, xs)
             for vid, t in zip(node.outs, outs):
                 env[vid] = t
+                if ipu is not None:
+                    self.where[t.id] = ipu
+
+    def copied(self, x: Any, ipu: int) -> Any:
+        """``x``, copied to ``ipu`` when it lives on another IPU."""
+        source = self.where[x.id]
+        return x if source == ipu else ops.ipu_copy(x, ipu, source)
 
     def graph(self, block: Block, program_specs: dict) -> popxl.Graph:
         key = id(block)
@@ -181,6 +221,28 @@ class Builder:
     def _accumulate_(self, node: Node, xs: list) -> tuple:
         return (ops.var_updates.accumulate_(xs[0], xs[1]),)
 
+    # Remote variables ------------------------------------------------------------------------
+
+    def _remote_load(self, node: Node, xs: list) -> tuple:
+        buffer, offset, _ = xs[0]
+        return (ops.remote_load(buffer, offset),)
+
+    _rts_load = _remote_load
+
+    def _remote_store(self, node: Node, xs: list) -> tuple:
+        (buffer, offset, _), value = xs
+        ops.remote_store(buffer, offset, value)
+        return ()
+
+    _rts_store = _remote_store
+
+    def _rts_gather(self, node: Node, xs: list) -> tuple:
+        group = self.group(node.attrs["group"])
+        return (collectives.replicated_all_gather(xs[0], group=group, output_shape="meta_shape"),)
+
+    def _rts_slice(self, node: Node, xs: list) -> tuple:
+        return (collectives.replica_sharded_slice(xs[0], self.group(node.attrs["group"])),)
+
     # Collectives --------------------------------------------------------------------------
 
     def _all_reduce(self, node: Node, xs: list) -> tuple:
@@ -224,6 +286,39 @@ class Builder:
         info = transforms.autodiff(fwd, grads_required=[fwd.inputs[p] for p in node.attrs["wrt"]])
         site = ops.call_with_info(fwd, *xs[:n_in])
         return ops.call(info.graph, *xs[n_in:], inputs_dict=info.inputs_dict(site))
+
+    def _addons_grad(self, node: Node, xs: list) -> tuple:
+        a = node.attrs
+        body = a["body"]
+        n_in = len(body.inputs)
+        fwd = addons.GraphWithNamedArgs(self.graph(body, self.specs))
+        inputs = fwd.graph.inputs
+        required = [inputs[p] for p in a["wrt"]]
+        accum = None
+        if a["acc"]:
+            factories, grad = addons.autodiff_with_accumulation(
+                fwd, [inputs[p] for p in a["acc"]], grads_required=required
+            )
+            accum = factories.init()
+        else:
+            grad = addons.autodiff(fwd, grads_required=required)
+        if a["recompute"]:
+            grad = recompute_graph(grad)
+        for step in range(a["steps"]):
+            args = list(xs[:n_in])
+            if step:
+                args[0] = args[0] + popxl.constant(step * ADDONS_SHIFT, popxl.float32)
+            info = fwd.call_with_info(*args)
+            bound = grad.bind(accum) if accum is not None else grad
+            outs = bound.call(*xs[n_in:], args=grad.grad_graph_info.inputs_dict(info))
+        totals = accum.to_dict() if accum is not None else {}
+        means = [ops.identity(totals[f"accum.{inputs[p].name}"]) for p in a["acc"]]
+        return (*outs, *means)
+
+
+def _tensor(value: Any) -> Any:
+    """The tensor of a leaf (a remote leaf is ``(buffer, offset, variable)``)."""
+    return value[2] if isinstance(value, tuple) else value
 
 
 def build_programs(programs: list[Program]) -> tuple[popxl.Ir, list[Built]]:

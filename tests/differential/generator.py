@@ -16,6 +16,7 @@ Features (each a flag the campaign selects):
     cond: ops.conditional
     autodiff: transforms.autodiff of subgraphs, gradients checked with jax.vjp
     replication: replicated programs, per-replica inputs, grouped variables and collectives
+    remote, rts, addons, placement: see ``generator_extras``
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .generator_extras import ExtraFeatures
 from .program import FLOATS, Block, Ids, Leaf, Node, Program, Spec
 
-FEATURES = ("core", "views", "inplace", "call", "repeat", "cond", "autodiff", "replication")
+FEATURES = ("core", "views", "inplace", "call", "repeat", "cond", "autodiff", "replication",
+            "remote", "rts", "addons", "placement")  # fmt: skip
 MANTISSA = {"float32": 22, "float16": 9, "int32": 30, "bool": 1}
 TAME = {"float32": 64.0, "float16": 8.0}
 
@@ -51,7 +54,7 @@ class Scope:
     depth: int = 0
 
 
-class Generator:
+class Generator(ExtraFeatures):
     def __init__(self, seed: int, features: tuple[str, ...], replicas: int | None = None) -> None:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
@@ -65,8 +68,10 @@ class Generator:
         self.bodies: list[Block] = []
         self.body_flags: dict[int, tuple[bool, bool]] = {}
         if replicas is None:
-            replicas = int(self.rng.choice([2, 4])) if "replication" in self.features else 1
+            replicated = self.features & {"replication", "rts"}
+            replicas = int(self.rng.choice([2, 4])) if replicated else 1
         self.replicas = replicas
+        self.ipus = 2 if "placement" in self.features else 1
 
     # Values -----------------------------------------------------------------------------------
 
@@ -148,9 +153,12 @@ class Generator:
         self.ops(scope, n_ops)
         n_out = min(len(scope.pool), int(self.rng.integers(1, 4)))
         outputs = [int(v) for v in self.rng.choice(scope.pool[-8:], n_out, replace=False)]
+        outputs += self.watched(scope.nodes, outputs)
         main = Block([], scope.nodes, outputs, name="main")
+        if self.ipus > 1:
+            self.place(main, self.ipus)
         return Program(self.specs, self.leaves, main, self.replicas,
-                       tuple(sorted(self.features)), self.seed)  # fmt: skip
+                       tuple(sorted(self.features)), self.seed, self.ipus)  # fmt: skip
 
     def leaf(self, scope: Scope) -> int:
         spec = Spec(self.shape(), self.dtype())
@@ -196,6 +204,13 @@ class Generator:
                 makers += [(self.grad, 2)]
         if "replication" in self.features and scope.collectives and self.replicas > 1:
             makers += [(self.collective, 3)]
+        if scope.depth == 0:
+            if "remote" in self.features:
+                makers += [(self.remote, 3)]
+            if "rts" in self.features and self.replicas > 1:
+                makers += [(self.rts, 3)]
+            if "addons" in self.features:
+                makers += [(self.addons_grad, 2)]
         weights = np.array([w for _, w in makers], float)
         done = 0
         while done < n:
@@ -685,21 +700,10 @@ class Generator:
         return True
 
     def grad(self, scope: Scope) -> bool:
-        args = list(dict.fromkeys(self.args(scope, int(self.rng.integers(1, 4)),
-                                            lambda v: self.specs[v].dtype == "float32")))  # fmt: skip
-        if not args:
+        made = self.grad_body(scope)
+        if made is None:
             return False
-        args = [self.tame(scope, a) for a in args]
-        block, inner = self.body(scope, args, set(), int(self.rng.integers(1, 7)),
-                                 in_grad=True, collectives=False, name="fwd")  # fmt: skip
-        floats = [v for v in inner.pool if self.specs[v].dtype == "float32"]
-        n_out = min(len(floats), int(self.rng.integers(1, 3)))
-        block.outputs = [int(v) for v in self.rng.choice(floats[-6:], n_out, replace=False)]
-        seeds = []
-        for v in block.outputs:
-            spec = self.specs[v]
-            seed = self.pick(scope, lambda u, spec=spec: self.specs[u] == spec)
-            seeds.append(self.tame(scope, seed) if seed is not None else self.const(scope, spec))
+        args, block, seeds = made
         k = int(self.rng.integers(1, len(args) + 1))
         wrt = tuple(sorted(int(p) for p in self.rng.choice(len(args), k, replace=False)))
         outs = tuple(self.value(self.specs[args[p]], 1e3, None) for p in wrt)

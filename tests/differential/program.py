@@ -23,7 +23,7 @@ INPLACE = frozenset(
 # Ops whose output is a view of input 0: writes through it reach the base.
 VIEWS = frozenset({"reshape_", "transpose_", "slice_"})
 # Ops whose effect must be kept even when no output is used.
-EFFECTFUL = INPLACE | {"call", "repeat", "remote_store"}
+EFFECTFUL = INPLACE | {"call", "repeat", "remote_store", "rts_store"}
 BODY_KEYS = ("body", "then", "else")
 
 
@@ -69,6 +69,8 @@ class Leaf:
     kind: str
     data: np.ndarray
     grouping: tuple[int, int] | None = None  # (stride, group_size) of a variable
+    slot: tuple[int, int, int] | None = None  # (buffer, offset, entries) of a remote leaf
+    ipu: int = 0
 
 
 @dataclass
@@ -119,9 +121,14 @@ def format_program(program: Program) -> str:
     """The program in the generator's own notation (the IR's schedule is printed by ``build``)."""
     blocks = all_blocks(program.main)
     names = {id(b): ("main" if i == 0 else f"{b.name}{i}") for i, b in enumerate(blocks)}
-    lines = [f"program seed={program.seed} replicas={program.replicas} features={program.features}"]
+    lines = [
+        f"program seed={program.seed} replicas={program.replicas} ipus={program.ipus} "
+        f"features={program.features}"
+    ]
     for leaf in program.leaves:
         extra = f" grouping={leaf.grouping}" if leaf.grouping else ""
+        extra += f" slot={leaf.slot}" if leaf.slot else ""
+        extra += f" ipu={leaf.ipu}" if program.ipus > 1 else ""
         lines.append(f"  leaf v{leaf.vid} {leaf.kind} {program.specs[leaf.vid]}{extra}")
     for b in blocks:
         ins = ", ".join(

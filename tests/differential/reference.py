@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .program import INPLACE, VIEWS, Block, Node, Program
+from .reference_extras import ExtraRules, group_members, rts_leaf_finals, rts_leaf_values, vjp
 
 NP_DTYPES = {
     "float32": np.float32,
@@ -200,18 +201,6 @@ def simple(xp: Any, node: Node, xs: list, out_dtype: Any) -> Any:
 # Collectives ------------------------------------------------------------------------------
 
 
-def group_members(replicas: int, grouping: tuple[int, int] | None) -> list[list[int]]:
-    """The members of each replica's group in rank order (PopXL's stride/group_size)."""
-    if grouping is None:
-        return [list(range(replicas))] * replicas
-    stride, size = grouping
-    out = []
-    for r in range(replicas):
-        block = r // (stride * size) * stride * size
-        out.append([block + r % stride + stride * k for k in range(size)])
-    return out
-
-
 def _fold(values: list, op: str) -> Any:
     stacked = np.stack([_up(np, v) for v in values])
     if op == "add":
@@ -255,7 +244,7 @@ def collective(node: Node, per_replica: list[list], replicas: int, out_dtype: An
 # Evaluation -------------------------------------------------------------------------------
 
 
-class Evaluator:
+class Evaluator(ExtraRules):
     """Evaluates a program's blocks for every replica."""
 
     def __init__(self, program: Program) -> None:
@@ -349,29 +338,14 @@ class Evaluator:
                 env.define(vid, v)
 
     def _grad(self, node: Node, envs: list[Env]) -> None:
-        import jax  # noqa: PLC0415
-        import jax.numpy as jnp  # noqa: PLC0415
-
         body = node.attrs["body"]
-        wrt = node.attrs["wrt"]
         n_in = len(body.inputs)
         for env in envs:
             vals = [env.vals[v] for v in node.args[:n_in]]
             seeds = [env.vals[v] for v in node.args[n_in:]]
-
-            def gradients(vals: list, seeds: list) -> Any:
-                def forward(*diff: Any) -> list:
-                    args = list(vals)
-                    for pos, d in zip(wrt, diff):
-                        args[pos] = d
-                    (outs,) = self.run_block(body, [Env(jnp)], [args])
-                    return outs
-
-                return jax.vjp(forward, *(vals[p] for p in wrt))[1](seeds)
-
-            grads = jax.jit(gradients)(vals, seeds)
+            grads = vjp(self, body, vals, seeds, node.attrs["wrt"])
             for vid, g in zip(node.outs, grads):
-                env.define(vid, np.asarray(g).astype(self.dtype(vid)))
+                env.define(vid, g.astype(self.dtype(vid)))
 
 
 def evaluate(program: Program) -> tuple[list[list], list[list]]:
@@ -379,10 +353,18 @@ def evaluate(program: Program) -> tuple[list[list], list[list]]:
     ev = Evaluator(program)
     envs = [Env(np) for _ in range(program.replicas)]
     for leaf in program.leaves:
-        for r, env in enumerate(envs):
-            env.define(leaf.vid, leaf_value(program, leaf, r))
+        values = [leaf_value(program, leaf, r) for r in range(program.replicas)]
+        if leaf.kind == "rts":
+            values = rts_leaf_values(program, leaf, values)
+        for env, value in zip(envs, values):
+            env.define(leaf.vid, value)
     outs = ev.run_block(program.main, envs, [[] for _ in envs])
     finals = [[env.vals[leaf.vid] for leaf in program.leaves] for env in envs]
+    for i, leaf in enumerate(program.leaves):
+        if leaf.kind == "rts":
+            full = rts_leaf_finals(program, leaf, [f[i] for f in finals])
+            for f, value in zip(finals, full):
+                f[i] = value
     return outs, finals
 
 
