@@ -18,10 +18,21 @@ timed in alternating rounds in this process; peak resident memory in separate pr
 ``--compile``: build + compile seconds of the project program at 12, 24 and 48 layers.
 
 Run: python bench/transformer_step.py [--size cpu|gpt2] [--dtype float32|float16|both]
-    [--rounds 7] [--repeats 3] [--no-memory] [--hlo] [--compile]
+    [--pattern NAME|all] [--rounds 7] [--repeats 3] [--no-memory] [--hlo] [--compile]
 ``--hlo``: compare the two compiled steps without timing them (XLA kernel counts by kind,
 copies, dynamic slices and updates, and XLA's memory analysis), which a loaded machine
 cannot disturb. The load average is printed with the timings.
+
+``--pattern``: the program above is pattern ``apps`` (the default, float32 and float16).
+The other patterns are ``bench/_gpt_program``'s (float32 only: per-variable Adam graphs
+cached by shape, per-layer Adam graphs, inline SGD and Adam updates, gradient accumulation,
+recomputation, pipelining, phased execution, replication), each timed against its own
+hand-written reference at this size; ``all`` runs every pattern and names the worst. Each
+pattern row also gives the ratio of CPU time (the process's, all threads) per step, which
+other processes on a shared machine disturb far less than wall time, and with ``--hlo`` the
+kernels XLA runs per step (instructions outside fusions, each loop body counted once per
+iteration): more kernels, or more copies, than the reference is a shortfall a quiet machine
+or a GPU will show, whatever the wall-clock noise of the moment.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -521,6 +533,74 @@ def time_both(cfg: Config, repeats: int, rounds: int = 7) -> tuple[float, float]
         )
 
 
+def compare_clocks(
+    project: Callable[[], Any], reference: Callable[[], Any], repeats: int, rounds: int
+) -> dict[str, tuple[float, float]]:
+    """``compare``, measuring wall and CPU seconds per step (fastest round of each):
+    ``{"wall": (project, reference), "cpu": (project, reference)}``."""
+    project()
+    reference()
+    best = {clock: [float("inf"), float("inf")] for clock in ("wall", "cpu")}
+    for _ in range(rounds):
+        for k, fn in enumerate((project, reference)):
+            wall, cpu = time.perf_counter(), time.process_time()
+            for _ in range(repeats):
+                fn()
+            best["wall"][k] = min(best["wall"][k], (time.perf_counter() - wall) / repeats)
+            best["cpu"][k] = min(best["cpu"][k], (time.process_time() - cpu) / repeats)
+    return {clock: (p, r) for clock, (p, r) in best.items()}
+
+
+# Patterns: bench/_gpt_program's spellings of the same model ----------------------------------
+
+APPS = "apps"  # this file's program (float16 too)
+
+
+def pattern_config(pattern: str, cfg: Config) -> Any:
+    """``bench/_gpt_program``'s configuration of ``pattern`` at this size (its own GA)."""
+    from bench import _gpt_program as gpt  # noqa: PLC0415
+
+    return gpt.config(
+        pattern, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, seq=cfg.seq,
+        vocab=cfg.vocab, micro_batch=cfg.micro_batch,
+    )  # fmt: skip
+
+
+class PatternPair:
+    """One pattern's project program and hand-written reference, both ready to step."""
+
+    def __init__(self, pattern: str, cfg: Config):
+        from bench import _gpt_program as gpt  # noqa: PLC0415
+
+        self.cfg = pattern_config(pattern, cfg)
+        self.program = gpt.Program(self.cfg)
+        self.session = self.program.session()
+        self.reference = gpt.Reference(self.cfg)
+        self.tokens, self.labels = gpt.make_batches(self.cfg)
+
+    def project_step(self) -> Any:
+        return self.program.run(self.session, self.tokens, self.labels)
+
+    def reference_step(self) -> Any:
+        return self.reference.run(self.tokens, self.labels)
+
+    def compiled(self) -> dict[str, Any]:
+        ref = self.reference
+        return {
+            "project": self.session._compiled(),
+            "reference": ref.fn.lower(ref.state, self.tokens, self.labels).compile(),
+        }
+
+
+def time_pattern(
+    pattern: str, cfg: Config, repeats: int, rounds: int
+) -> dict[str, tuple[float, float]]:
+    """Wall and CPU seconds per step of ``pattern`` and its reference, alternating."""
+    pair = PatternPair(pattern, cfg)
+    with pair.session:
+        return compare_clocks(pair.project_step, pair.reference_step, repeats, rounds)
+
+
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = .*? ([\w\-]+)\(")
 _FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant"}
 
@@ -540,16 +620,87 @@ def kernel_counts(hlo: str) -> collections.Counter:
     return counts
 
 
-def hlo_report(cfg: Config) -> None:
-    """Kernel counts and memory analysis of both compiled steps (no timing)."""
+_COMPUTATION = re.compile(r"^(ENTRY )?%?([\w.\-]+) ")
+_WHILE = re.compile(r"\bwhile\(.*\bbody=%?([\w.\-]+)")
+_CALLED = re.compile(r"\b(?:to_apply|true_computation|false_computation)=%?([\w.\-]+)")
+_BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+
+
+def kernels_per_step(hlo: str) -> collections.Counter:
+    """The kernels one step runs, by opcode: instructions outside fusions (as
+    ``kernel_counts``), each loop body's counted once per iteration of its loop (XLA's known
+    trip count; 1 where unknown), called computations and both branches once."""
+    bodies: dict[str, list[str]] = {}
+    entry, current = "", None
+    for line in hlo.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            match = _COMPUTATION.match(line)
+            current = bodies.setdefault(match.group(2), []) if match else None
+            if match and match.group(1):
+                entry = match.group(2)
+        elif current is not None and _INSTRUCTION.match(line):
+            current.append(line)
+    counts: collections.Counter = collections.Counter()
+
+    def walk(name: str, times: int) -> None:
+        for line in bodies.get(name, []):
+            op = _INSTRUCTION.match(line).group(1)  # type: ignore[union-attr]
+            if op not in _FREE:
+                counts[op] += times
+            loop = _WHILE.search(line) if op == "while" else None
+            if loop:
+                trips = _TRIPS.search(line)
+                walk(loop.group(1), times * (int(trips.group(1)) if trips else 1))
+            elif op in ("call", "conditional"):
+                called = _CALLED.findall(line)
+                for group in _BRANCHES.findall(line):
+                    called += [c.strip().lstrip("%") for c in group.split(",")]
+                for c in called:
+                    walk(c, times)
+
+    walk(entry, 1)
+    return counts
+
+
+def compiled_pair(cfg: Config) -> dict[str, Any]:
+    """This file's program and its reference, compiled (not run)."""
     program, ref = ProjectStep(cfg), ReferenceStep(cfg)
     tokens, labels = make_batches(cfg)
-    compiled = {
+    return {
         "project": program.session._compiled(),
         "reference": ref.fn.lower(ref.state, tokens, labels).compile(),
     }
+
+
+def pattern_hlo_rows(patterns: list[str], cfg: Config) -> None:
+    """Kernels per step (total, copies) and XLA temporaries of every pattern vs its
+    reference: the structural comparison no machine load disturbs."""
+    print(f"{'pattern':18s} {'kernels/step':>14s} {'ratio':>6s} {'copies/step':>12s} "
+          f"{'temp MB':>12s}")  # fmt: skip
+    for pattern in patterns:
+        try:
+            compiled = (
+                compiled_pair(cfg) if pattern == APPS else PatternPair(pattern, cfg).compiled()
+            )
+        except Exception as exc:  # a pattern the program cannot build yet: say so, go on
+            print(f"{pattern:18s} failed: {type(exc).__name__}: {str(exc)[:80]}")
+            continue
+        p, r = (kernels_per_step(c.as_text()) for c in compiled.values())
+        tp, tr = (c.memory_analysis().temp_size_in_bytes / 1e6 for c in compiled.values())
+        total_p, total_r = sum(p.values()), sum(r.values())
+        print(f"{pattern:18s} {total_p:6d} /{total_r:6d} {total_p / total_r:6.2f} "
+              f"{p['copy']:5d} /{r['copy']:5d} {tp:5.1f} /{tr:5.1f}")  # fmt: skip
+
+
+def hlo_report(cfg: Config) -> None:
+    """Kernel counts and memory analysis of both compiled steps (no timing)."""
+    compiled = compiled_pair(cfg)
     counts = {k: kernel_counts(c.as_text()) for k, c in compiled.items()}
     kinds = sorted(set().union(*counts.values()), key=lambda k: -counts["reference"][k])
+    per_step = [sum(kernels_per_step(c.as_text()).values()) for c in compiled.values()]
+    print(f"{cfg.dtype}: kernels per step (loop bodies once per iteration): "
+          f"project {per_step[0]}, reference {per_step[1]}")  # fmt: skip
     print(f"{cfg.dtype}: kernels by kind (outside fusions)")
     print(f"{'kind':24s} {'project':>8s} {'reference':>10s}")
     for kind in ["total", *kinds]:
@@ -571,8 +722,35 @@ def build_compile(cfg: Config) -> dict:
     return {"build_s": program.build_s, "compile_s": program.compile_s}
 
 
-def main() -> None:
+def time_patterns(patterns: list[str], cfg: Config, repeats: int, rounds: int) -> None:
+    """Speed of every pattern against its own reference (reference seconds / project
+    seconds per step: >= 1 is as fast), wall clock and CPU time; then the worst."""
+    print(f"{'pattern':18s} {'ms/step':>16s} {'speed (wall)':>12s} {'speed (CPU)':>12s}  load")
+    speeds = {}
+    for pattern in patterns:
+        try:
+            clocks = time_pattern(pattern, cfg, repeats, rounds)
+        except Exception as exc:  # a pattern the program cannot build yet: say so, go on
+            print(f"{pattern:18s} failed: {type(exc).__name__}: {str(exc)[:80]}")
+            continue
+        (p, r), (cp, cr) = clocks["wall"], clocks["cpu"]
+        speeds[pattern] = (r / p, cr / cp)
+        print(f"{pattern:18s} {p * 1e3:7.1f} /{r * 1e3:7.1f} {r / p:12.3f} {cr / cp:12.3f}  "
+              f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+    if speeds:
+        worst = min(speeds, key=lambda k: speeds[k][0])
+        print(f"worst pattern (wall): {worst}, {speeds[worst][0]:.3f} of the reference's speed "
+              f"(CPU time: {speeds[worst][1]:.3f})")  # fmt: skip
+
+
+def main() -> None:  # noqa: PLR0912 (one flag per branch)
+    from bench._gpt_program import PATTERNS  # noqa: PLC0415
+
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--pattern", choices=[APPS, *PATTERNS, "all"], default="all",
+        help=f"{APPS}: this file's program; all: it and every _gpt_program pattern",
+    )  # fmt: skip
     parser.add_argument("--size", choices=sorted(SIZES), default="cpu")
     parser.add_argument("--dtype", choices=["float32", "float16", "both"], default="both")
     parser.add_argument("--layers", type=int, help="override the size's layer count")
@@ -594,12 +772,22 @@ def main() -> None:
         return
     print(f"device: {device_name()}; {cfg}")
     dtypes = ["float32", "float16"] if args.dtype == "both" else [args.dtype]
+    patterns = [] if args.pattern == APPS else list(PATTERNS)
+    if args.pattern not in (APPS, "all"):
+        patterns = [args.pattern]
+    apps = args.pattern in (APPS, "all")
     if args.hlo:
-        for dtype in dtypes:
+        for dtype in dtypes if apps else []:
             hlo_report(replace(cfg, dtype=dtype))
+        if patterns:
+            print("float32 patterns, project / reference:")
+            pattern_hlo_rows(([APPS] if apps else []) + patterns, cfg)
         return
+    if patterns:
+        print(f"float32 patterns at this size, {args.rounds} alternating rounds, {load()}")
+        time_patterns(patterns, cfg, args.repeats, args.rounds)
     rows = []
-    for dtype in dtypes:
+    for dtype in dtypes if apps else []:
         c = replace(cfg, dtype=dtype)
         print(f"{dtype}: timing, {load()}")
         p, r = time_both(c, args.repeats, args.rounds)
@@ -612,7 +800,8 @@ def main() -> None:
         mp = run_variant(__file__, "--variant", "project", *common)
         mr = run_variant(__file__, "--variant", "jax", *common)
         rows.append((f"{dtype} peak RSS (MiB)", mp["peak_rss_mb"], mr["peak_rss_mb"], "MiB"))
-    report(rows)
+    if rows:
+        report(rows)
     if args.compile:
         figures = {}
         for layers in (12, 24, 48):
