@@ -62,33 +62,49 @@ class Builder:
         self.graphs: dict[int, popxl.Graph] = {}
         self.buffers: dict[int, popxl.RemoteBuffer] = {}
         self.where: dict[str, int] = {}  # main-graph tensor id -> IPU, in placed programs
+        self.pipeline: Any = None  # the PipelineContext while a pipelined program is built
+        self.copies: dict[tuple[str, int], Any] = {}
 
     def group(self, grouping: tuple[int, int] | None) -> Any:
         return None if grouping is None else self.ir.replica_grouping(*grouping)
 
     def program(self, program: Program) -> Built:
         built = Built(program)
-        env: dict[int, Any] = {}
-        self.buffers = {}
+        self.buffers, self.copies = {}, {}
         with self.ir.main_graph:
-            for leaf in program.leaves:
-                with self.placed(leaf.ipu if program.ipus > 1 else None):
-                    env[leaf.vid] = self.leaf(program, leaf, built)
-                    self.where[_tensor(env[leaf.vid]).id] = leaf.ipu
-            # PopXL orders a load after a store of the same slot only in sequence.
-            stores = any(n.op in ("remote_store", "rts_store") for n in program.main.nodes)
-            with popxl.in_sequence(True) if stores else contextlib.nullcontext():
-                self.nodes(program.main.nodes, env)
-            for vid in program.main.outputs:
-                t = env[vid]
-                with self.placed(self.where.get(t.id) if program.ipus > 1 else None):
-                    d2h = popxl.d2h_stream(t.shape, t.dtype, f"out_v{vid}")
-                    ops.host_store(d2h, t)
-                built.out_streams.append(d2h)
+            if program.steps > 1:
+                with addons.pipelined_execution(program.steps) as self.pipeline:
+                    self.main(program, built)
+                self.pipeline = None
+            else:
+                self.main(program, built)
         return built
 
+    def main(self, program: Program, built: Built) -> None:
+        env: dict[int, Any] = {}
+        for leaf in program.leaves:
+            with self.placed(leaf.ipu if program.ipus > 1 else None):
+                env[leaf.vid] = self.leaf(program, leaf, built)
+                self.where[_tensor(env[leaf.vid]).id] = leaf.ipu
+        # PopXL orders a load after a store of the same slot only in sequence.
+        stores = any(n.op in ("remote_store", "rts_store") for n in program.main.nodes)
+        with popxl.in_sequence(True) if stores else contextlib.nullcontext():
+            self.nodes(program.main.nodes, env)
+        for vid in program.main.outputs:
+            t = env[vid]
+            with self.placed(self.where.get(t.id) if program.ipus > 1 else None):
+                d2h = popxl.d2h_stream(t.shape, t.dtype, f"out_v{vid}")
+                ops.host_store(d2h, t)
+            built.out_streams.append(d2h)
+
     def placed(self, ipu: int | None) -> Any:
-        return contextlib.nullcontext() if ipu is None else popxl.ipu(ipu)
+        """The IPU context of ``ipu`` (and its pipeline stage in a pipelined program)."""
+        stack = contextlib.ExitStack()
+        if ipu is not None:
+            if self.pipeline is not None:
+                stack.enter_context(self.pipeline.stage(ipu))
+            stack.enter_context(popxl.ipu(ipu))
+        return stack
 
     def leaf(self, program: Program, leaf: Leaf, built: Built) -> Any:
         spec = program.specs[leaf.vid]
@@ -138,7 +154,16 @@ class Builder:
     def copied(self, x: Any, ipu: int) -> Any:
         """``x``, copied to ``ipu`` when it lives on another IPU."""
         source = self.where[x.id]
-        return x if source == ipu else ops.ipu_copy(x, ipu, source)
+        if source == ipu:
+            return x
+        if self.pipeline is None:
+            return ops.ipu_copy(x, ipu, source)
+        # Pipelined programs have no in-place ops, so one copy serves every reader.
+        key = (x.id, ipu)
+        if key not in self.copies:
+            with self.placed(source):
+                self.copies[key] = ops.ipu_copy(x, ipu, source)
+        return self.copies[key]
 
     def graph(self, block: Block, program_specs: dict) -> popxl.Graph:
         key = id(block)
@@ -324,6 +349,7 @@ def _tensor(value: Any) -> Any:
 def build_programs(programs: list[Program]) -> tuple[popxl.Ir, list[Built]]:
     """One Ir holding every program (all of one replication factor)."""
     ir = popxl.Ir(replication=programs[0].replicas)
+    ir.num_host_transfers = programs[0].steps
     builder = Builder(ir)
     built = []
     for program in programs:

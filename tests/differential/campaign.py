@@ -26,7 +26,7 @@ import time  # noqa: E402
 from collections import Counter  # noqa: E402
 
 from .generator import FEATURES, generate  # noqa: E402
-from .runner import check, check_batch  # noqa: E402
+from .runner import Outcome, batches, check, check_batch  # noqa: E402
 from .shrink import describe, shrink  # noqa: E402
 
 # Each feature alone (with the core ops), then everything together.
@@ -39,8 +39,9 @@ def feature_set(index: int, chosen: tuple[str, ...] | None) -> tuple[str, ...]:
 
 
 def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdout) -> dict:  # noqa: ANN001
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     counts: Counter[str] = Counter()
+    found: Counter[str] = Counter()
     failures: list[dict] = []
     index = 0
     while time.monotonic() - start < seconds:
@@ -50,21 +51,10 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
             batch.append(generate(seed * 1_000_003 + index, features))
             counts["+".join(features)] += 1
             index += 1
-        by_replicas: dict[int, list] = {}
-        for program in batch:
-            by_replicas.setdefault(program.replicas, []).append(program)
-        for group in by_replicas.values():
-            for k in range(0, len(group), BATCH):
-                for outcome in check_batch(group[k : k + BATCH]):
-                    small = shrink(outcome, check)
-                    text = describe(small)
-                    failures.append({"seed": outcome.program.seed, "report": text,
-                                     "features": outcome.program.features})  # fmt: skip
-                    print(
-                        f"DISAGREEMENT (program seed {outcome.program.seed})\n{text}\n",
-                        file=out,
-                        flush=True,
-                    )
+        for group in batches(batch, BATCH):
+            for outcome in check_batch(group):
+                failures.append(report(outcome, out))
+                found["+".join(outcome.program.features)] += 1
         print(f"{time.monotonic() - start:7.0f}s {index} programs, {len(failures)} disagreements",
               file=out, flush=True)  # fmt: skip
     summary = {
@@ -72,10 +62,20 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
         "programs": index,
         "per_feature_set": dict(counts),
         "disagreements": len(failures),
+        "disagreements_per_feature_set": dict(found),
         "seconds": round(time.monotonic() - start),
+        "cpu_seconds": round(time.process_time() - cpu),
     }
     print(json.dumps(summary, indent=1), file=out, flush=True)
     return {"summary": summary, "failures": failures}
+
+
+def report(outcome: Outcome, out) -> dict:  # noqa: ANN001
+    """Shrink a disagreement, print it, and return it as a record."""
+    text = describe(shrink(outcome, check))
+    seed = outcome.program.seed
+    print(f"DISAGREEMENT (program seed {seed})\n{text}\n", file=out, flush=True)
+    return {"seed": seed, "report": text, "features": outcome.program.features}
 
 
 def main(argv: list[str] | None = None) -> int:

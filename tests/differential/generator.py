@@ -16,7 +16,7 @@ Features (each a flag the campaign selects):
     cond: ops.conditional
     autodiff: transforms.autodiff of subgraphs, gradients checked with jax.vjp
     replication: replicated programs, per-replica inputs, grouped variables and collectives
-    remote, rts, addons, placement: see ``generator_extras``
+    remote, rts, addons, placement, pipeline: see ``generator_extras``
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .generator_extras import ExtraFeatures
 from .program import FLOATS, Block, Ids, Leaf, Node, Program, Spec
 
 FEATURES = ("core", "views", "inplace", "call", "repeat", "cond", "autodiff", "replication",
-            "remote", "rts", "addons", "placement")  # fmt: skip
+            "remote", "rts", "addons", "placement", "pipeline")  # fmt: skip
 MANTISSA = {"float32": 22, "float16": 9, "int32": 30, "bool": 1}
 TAME = {"float32": 64.0, "float16": 8.0}
 
@@ -72,6 +72,13 @@ class Generator(ExtraFeatures):
             replicas = int(self.rng.choice([2, 4])) if replicated else 1
         self.replicas = replicas
         self.ipus = 2 if "placement" in self.features else 1
+        self.requested = tuple(sorted(self.features))
+        self.steps = 1
+        alone = self.features <= {"core", "pipeline"}
+        if "pipeline" in self.features and (alone or self.rng.random() < 0.25):
+            # A pipelined program uses the core ops and out-of-place views only.
+            self.steps, self.replicas, self.ipus = int(self.rng.choice([4, 5, 6])), 1, 2
+            self.features &= {"core", "views"}
 
     # Values -----------------------------------------------------------------------------------
 
@@ -155,10 +162,12 @@ class Generator(ExtraFeatures):
         outputs = [int(v) for v in self.rng.choice(scope.pool[-8:], n_out, replace=False)]
         outputs += self.watched(scope.nodes, outputs)
         main = Block([], scope.nodes, outputs, name="main")
-        if self.ipus > 1:
+        if self.steps > 1:
+            self.stage(main)
+        elif self.ipus > 1:
             self.place(main, self.ipus)
-        return Program(self.specs, self.leaves, main, self.replicas,
-                       tuple(sorted(self.features)), self.seed, self.ipus)  # fmt: skip
+        return Program(self.specs, self.leaves, main, self.replicas, self.requested, self.seed,
+                       self.ipus, self.steps)  # fmt: skip
 
     def leaf(self, scope: Scope) -> int:
         spec = Spec(self.shape(), self.dtype())
@@ -167,6 +176,8 @@ class Generator(ExtraFeatures):
         grouping = None
         if kind == "stream":
             data = self.data(Spec((r, *spec.shape), spec.dtype)) if r > 1 else self.data(spec)
+            if self.steps > 1:
+                data = self.data(Spec((self.steps, *spec.shape), spec.dtype))
         else:
             grouping = self.grouping() if r > 1 and self.rng.random() < 0.5 else None
             groups = r // grouping[1] if grouping else 1
@@ -497,7 +508,7 @@ class Generator(ExtraFeatures):
                 bounds.append((start, stop, 1))
             attrs["bounds"] = tuple(bounds)
             shape = tuple(b - a for a, b, _ in bounds)
-        inplace = self.rng.random() < 0.5
+        inplace = self.rng.random() < 0.5 and self.steps == 1
         out = Spec(tuple(shape), spec.dtype)
         if not inplace:
             s = self.st(x)

@@ -10,6 +10,10 @@ addons: ``popxl_addons.autodiff`` / ``autodiff_with_accumulation`` over 1-3 step
     first input is shifted by ``step / 8``, optionally through ``recompute_graph``.
 placement: every main-graph op on a random one of two IPUs, ``ops.ipu_copy`` where an op
     reads a value from the other IPU; the result must equal the unplaced program.
+pipeline: ``popxl_addons.pipelined_execution`` of 4-6 micro-batches over two stages (stage
+    ``k`` on IPU ``k``, each op in the stage of its latest argument or the next); alone, or
+    in a quarter of the programs of a mixed feature set. Its programs use the core ops and
+    out-of-place views; the result must equal the program run once per micro-batch.
 """
 
 from __future__ import annotations
@@ -199,6 +203,20 @@ class ExtraFeatures:
             node.attrs["ipu"] = home.pop() if home else int(self.rng.integers(ipus))
             for vid in node.outs:
                 where.setdefault(self.root[vid], node.attrs["ipu"])
+
+    def stage(self: Generator, main: Block) -> None:
+        """Pipeline stages: leaves in stage 0, each op in its arguments' latest stage or,
+        sometimes, the next one."""
+        stage_of = {leaf.vid: 0 for leaf in self.leaves}
+        for leaf in self.leaves:
+            leaf.ipu = 0
+        for node in main.nodes:
+            s = max((stage_of[self.root[v]] for v in node.args), default=0)
+            if s == 0 and self.rng.random() < 0.35:
+                s = 1
+            node.attrs["ipu"] = s
+            for vid in node.outs:
+                stage_of.setdefault(self.root[vid], s)
 
 
 def written_args(node: Node) -> list[int]:

@@ -82,6 +82,7 @@ class Program:
     features: tuple[str, ...] = ()
     seed: int = 0
     ipus: int = 1
+    steps: int = 1  # micro-batches of a pipelined program (the Ir's num_host_transfers)
 
     def spec(self, vid: int) -> Spec:
         return self.specs[vid]
@@ -123,7 +124,7 @@ def format_program(program: Program) -> str:
     names = {id(b): ("main" if i == 0 else f"{b.name}{i}") for i, b in enumerate(blocks)}
     lines = [
         f"program seed={program.seed} replicas={program.replicas} ipus={program.ipus} "
-        f"features={program.features}"
+        f"steps={program.steps} features={program.features}"
     ]
     for leaf in program.leaves:
         extra = f" grouping={leaf.grouping}" if leaf.grouping else ""

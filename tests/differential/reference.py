@@ -349,11 +349,24 @@ class Evaluator(ExtraRules):
 
 
 def evaluate(program: Program) -> tuple[list[list], list[list]]:
-    """(each replica's main outputs, each replica's final leaf values)."""
+    """(each replica's main outputs, each replica's final leaf values).
+
+    A pipelined program is run once per micro-batch; its outputs are stacked.
+    """
+    if program.steps == 1:
+        return evaluate_step(program)
+    runs = [evaluate_step(program, m) for m in range(program.steps)]
+    outs = [[np.stack(vals) for vals in zip(*(run[0][0] for run in runs))]]
+    return outs, runs[-1][1]
+
+
+def evaluate_step(program: Program, micro_batch: int | None = None) -> tuple[list, list]:
     ev = Evaluator(program)
     envs = [Env(np) for _ in range(program.replicas)]
     for leaf in program.leaves:
         values = [leaf_value(program, leaf, r) for r in range(program.replicas)]
+        if micro_batch is not None and leaf.kind == "stream":
+            values = [leaf.data[micro_batch]]
         if leaf.kind == "rts":
             values = rts_leaf_values(program, leaf, values)
         for env, value in zip(envs, values):

@@ -82,6 +82,15 @@ def run_session(programs: list[Program]) -> list[tuple[list, list]]:
     return out
 
 
+def batches(programs: list[Program], size: int) -> list[list[Program]]:
+    """``programs`` in batches of at most ``size`` that can share one Ir (same replication
+    factor and micro-batch count)."""
+    groups: dict[tuple[int, int], list[Program]] = {}
+    for p in programs:
+        groups.setdefault((p.replicas, p.steps), []).append(p)
+    return [g[k : k + size] for g in groups.values() for k in range(0, len(g), size)]
+
+
 def check(program: Program) -> Outcome | None:
     """Run one program alone; a disagreement or crash as an ``Outcome``."""
     try:

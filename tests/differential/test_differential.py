@@ -3,31 +3,30 @@ reference. (The long campaign: ``python -m tests.differential.campaign --seconds
 
 import pytest
 
-from . import reference
+from . import reference, reference_extras
 from .campaign import FEATURE_SETS
 from .generator import generate
 from .program import count_nodes
-from .runner import check, check_batch
+from .runner import batches, check, check_batch
 from .shrink import describe, shrink
 
 PROGRAMS_PER_SET = 36
+# Sets whose programs compile slowly (multi-device placement, pipelines, many gradient
+# graphs) run fewer programs, keeping the sample under three minutes on two cores.
+SLOW_SETS = {"addons": 24, "pipeline": 24, "all": 24}
 BATCH = 12
 
 
-def _batches(programs):
-    by_replicas = {}
-    for p in programs:
-        by_replicas.setdefault(p.replicas, []).append(p)
-    for group in by_replicas.values():
-        for k in range(0, len(group), BATCH):
-            yield group[k : k + BATCH]
+def _count(features: tuple[str, ...]) -> int:
+    key = "all" if len(features) > 1 else features[0]
+    return SLOW_SETS.get(key, PROGRAMS_PER_SET)
 
 
 @pytest.mark.parametrize("features", FEATURE_SETS, ids="+".join)
 def test_random_programs_agree_with_the_reference(features):
     base = 10_000 * (FEATURE_SETS.index(features) + 1)
-    programs = [generate(base + i, features) for i in range(PROGRAMS_PER_SET)]
-    for batch in _batches(programs):
+    programs = [generate(base + i, features) for i in range(_count(features))]
+    for batch in batches(programs, BATCH):
         found = check_batch(batch)
         if found:
             pytest.fail("disagreement with the reference:\n" + describe(shrink(found[0], check)))
@@ -43,3 +42,25 @@ def test_a_wrong_reference_is_caught_and_shrunk(monkeypatch):
     assert count_nodes(small.program) <= 4
     text = describe(small)
     assert "= add(" in text and "Add." in text  # the generator's notation and the schedule
+
+
+def _wrong_shard(full, rank, size):
+    return _right_shard(full, size - 1 - rank, size)
+
+
+_right_shard = reference_extras.shard_of
+
+
+@pytest.mark.parametrize(
+    ("features", "name", "wrong"),
+    [
+        (("rts",), "shard_of", _wrong_shard),
+        (("remote",), "_remote_store", lambda self, node, envs: None),
+    ],
+    ids=["rts-shard-order", "remote-store-dropped"],
+)
+def test_a_wrong_remote_rule_is_caught(monkeypatch, features, name, wrong):
+    owner = reference_extras if name == "shard_of" else reference_extras.ExtraRules
+    monkeypatch.setattr(owner, name, wrong)
+    programs = [generate(seed, features) for seed in range(16)]
+    assert any(check_batch(b) for b in batches(programs, BATCH)), f"a wrong {name} went unnoticed"
