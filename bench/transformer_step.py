@@ -18,7 +18,7 @@ timed in alternating rounds in this process; peak resident memory in separate pr
 ``--compile``: build + compile seconds of the project program at 12, 24 and 48 layers.
 
 Run: python bench/transformer_step.py [--size cpu|gpt2] [--dtype float32|float16|both]
-    [--pattern NAME|all] [--rounds 7] [--repeats 3] [--no-memory] [--hlo] [--compile]
+    [--pattern NAME|all] [--layers N] [--hidden N] [--seq N] [--rounds 7] [--repeats 3] [--no-memory] [--hlo] [--compile]
 ``--hlo``: compare the two compiled steps without timing them (XLA kernel counts by kind,
 copies, dynamic slices and updates, and XLA's memory analysis), which a loaded machine
 cannot disturb. The load average is printed with the timings.
@@ -754,6 +754,8 @@ def main() -> None:  # noqa: PLR0912 (one flag per branch)
     parser.add_argument("--size", choices=sorted(SIZES), default="cpu")
     parser.add_argument("--dtype", choices=["float32", "float16", "both"], default="both")
     parser.add_argument("--layers", type=int, help="override the size's layer count")
+    parser.add_argument("--hidden", type=int, help="override the size's hidden width")
+    parser.add_argument("--seq", type=int, help="override the size's sequence length")
     parser.add_argument("--compile", action="store_true", help="build + compile at 12/24/48 layers")
     parser.add_argument("--repeats", type=int, default=3, help="steps per timed round")
     parser.add_argument("--rounds", type=int, default=7, help="alternating timed rounds")
@@ -763,8 +765,8 @@ def main() -> None:  # noqa: PLR0912 (one flag per branch)
     parser.add_argument("--what", default="step", help=argparse.SUPPRESS)
     args = parser.parse_args()
     cfg = SIZES[args.size]
-    if args.layers:
-        cfg = replace(cfg, layers=args.layers)
+    overrides = {k: getattr(args, k) for k in ("layers", "hidden", "seq") if getattr(args, k)}
+    cfg = replace(cfg, **overrides)
     if args.variant:
         cfg = replace(cfg, dtype=args.dtype)
         fn = build_compile if args.what == "compile" else (lambda c: variant(args.variant, c))
@@ -797,6 +799,7 @@ def main() -> None:  # noqa: PLR0912 (one flag per branch)
         if args.no_memory:
             continue
         common = ["--size", args.size, "--dtype", dtype, "--layers", str(c.layers)]
+        common += ["--hidden", str(c.hidden), "--seq", str(c.seq)]
         mp = run_variant(__file__, "--variant", "project", *common)
         mr = run_variant(__file__, "--variant", "jax", *common)
         rows.append((f"{dtype} peak RSS (MiB)", mp["peak_rss_mb"], mr["peak_rss_mb"], "MiB"))
