@@ -140,13 +140,19 @@ class _Plan:
         outputs = self.graph.graph.outputs
         self.stored = [
             t
-            for t in (*inputs, *outputs)
-            if not self._has_input_buffer(t)
+            for t in dict.fromkeys((*inputs, *outputs))
+            if not self._stored_where_loaded(t)
             and (t in self.store_streams or t in self.store_buffers)
         ]
 
-    def _has_input_buffer(self, t: popxl.Tensor) -> bool:
-        return t in self.load_handles and isinstance(self.load_handles[t], RemoteHandle)
+    def _stored_where_loaded(self, t: popxl.Tensor) -> bool:
+        """``t`` is loaded from a remote buffer and would only be stored back into it (an
+        output that is a loaded input but has a buffer of its own must still be stored)."""
+        load = self.load_handles.get(t)
+        if not isinstance(load, RemoteHandle) or t in self.store_streams:
+            return False
+        store = self.store_buffers.get(t)
+        return store is None or store.buffer is load.buffer
 
     def tiles(self) -> AbstractContextManager:
         return popxl.io_tiles() if self.use_io_tiles else nullcontext()

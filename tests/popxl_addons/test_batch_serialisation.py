@@ -212,6 +212,30 @@ def test_fwd_and_grad_match_jax_grad(io_mode, rng):
     np.testing.assert_allclose(dw, np.mean(grads, axis=0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("io_mode", IO_MODES)
+def test_an_output_that_is_a_loaded_input_is_stored_to_its_own_buffer(io_mode):
+    """A graph returning a loaded input unchanged stores it into the output's buffer (was
+    skipped as "already in a buffer": the outputs read zeros); found by differential testing."""
+    steps = 3
+    ir = _ir()
+    with ir.main_graph, popxl.in_sequence(True):
+        x = popxl.variable(np.array([1.0, 2.0, 3.0], np.float32))
+        graph = ir.create_graph(lambda t: t, x)
+        into = batch_serial_buffer(x, steps=steps)
+        for j in range(steps):
+            ops.remote_store(into, j, x + float(j))
+        out = batch_serial_buffer(graph.outputs[0], steps=steps)
+        handles = {graph.inputs[0]: RemoteHandle(into, 0)}
+        stores = {graph.outputs[0]: RemoteHandle(out, 0)}
+        wrapped = addons.GraphWithNamedArgs(graph)
+        batch_serialise(wrapped, steps, handles, {}, stores, io_mode=io_mode).graph.call(0)
+        y_out = popxl.d2h_stream((steps * 3,), popxl.float32, "y")
+        ops.host_store(y_out, ops.concat([ops.remote_load(out, j) for j in range(steps)], 0))
+    with popxl.Session(ir, "ipu_model") as session:
+        y = session.run()[y_out]
+    np.testing.assert_array_equal(y, (np.arange(1.0, 4.0) + np.arange(steps)[:, None]).ravel())
+
+
 def test_io_modes_need_io_tiles():
     ir = popxl.Ir()
     with ir.main_graph:
