@@ -12,9 +12,14 @@ import popxl.ops as ops
 import popxl_addons as addons
 from popxl import transforms
 from popxl.ops import collectives
+from popxl_addons.transforms.batch_serialisation import (
+    RemoteHandle,
+    batch_serial_buffer,
+    batch_serialise,
+)
 from popxl_addons.transforms.recomputation import recompute_graph
 
-from .generator_extras import ADDONS_SHIFT, written_args
+from .generator_extras import ADDONS_SHIFT, BATCH_SHIFT, written_args
 from .program import Block, Leaf, Node, Program
 
 DTYPES = {
@@ -340,6 +345,34 @@ class Builder:
         means = [ops.identity(totals[f"accum.{inputs[p].name}"]) for p in a["acc"]]
         return (*outs, *means)
 
+    def _batch_serial(self, node: Node, xs: list) -> tuple:
+        a = node.attrs
+        steps, n_load = a["steps"], a["n_load"]
+        graph = self.graph(a["body"], self.specs)
+        with popxl.in_sequence(True):
+            loads = {}
+            for t, x in zip(graph.inputs[:n_load], xs[:n_load]):
+                buffer = batch_serial_buffer(x, steps=steps)
+                for j in range(steps):
+                    shift = popxl.constant(
+                        j if x.dtype == popxl.int32 else j * BATCH_SHIFT, x.dtype
+                    )
+                    ops.remote_store(buffer, j, x + shift if j else x)
+                loads[t] = RemoteHandle(buffer, 0)
+            stores = {
+                t: RemoteHandle(batch_serial_buffer(t, steps=steps), 0) for t in graph.outputs
+            }
+            result = batch_serialise(
+                addons.GraphWithNamedArgs(graph), steps, loads, {}, stores, io_mode=a["io_mode"]
+            )
+            result.graph.call(0, *xs[n_load:])
+            outs = []
+            for t in graph.outputs:
+                buffer = stores[t].buffer
+                rows = [ops.remote_load(buffer, j).reshape((1, *t.shape)) for j in range(steps)]
+                outs.append(ops.concat(rows, 0) if steps > 1 else rows[0])
+        return tuple(outs)
+
 
 def _tensor(value: Any) -> Any:
     """The tensor of a leaf (a remote leaf is ``(buffer, offset, variable)``)."""
@@ -347,9 +380,10 @@ def _tensor(value: Any) -> Any:
 
 
 def build_programs(programs: list[Program]) -> tuple[popxl.Ir, list[Built]]:
-    """One Ir holding every program (all of one replication factor)."""
+    """One Ir holding every program (all of one replication factor and micro-batch count)."""
     ir = popxl.Ir(replication=programs[0].replicas)
     ir.num_host_transfers = programs[0].steps
+    ir._pb_ir.getSessionOptions().numIOTiles = 32  # batch serialisation's io modes
     builder = Builder(ir)
     built = []
     for program in programs:

@@ -16,7 +16,7 @@ Features (each a flag the campaign selects):
     cond: ops.conditional
     autodiff: transforms.autodiff of subgraphs, gradients checked with jax.vjp
     replication: replicated programs, per-replica inputs, grouped variables and collectives
-    remote, rts, addons, placement, pipeline: see ``generator_extras``
+    remote, rts, addons, placement, pipeline, batchser: see ``generator_extras``
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .generator_extras import ExtraFeatures
 from .program import FLOATS, Block, Ids, Leaf, Node, Program, Spec
 
 FEATURES = ("core", "views", "inplace", "call", "repeat", "cond", "autodiff", "replication",
-            "remote", "rts", "addons", "placement", "pipeline")  # fmt: skip
+            "remote", "rts", "addons", "placement", "pipeline", "batchser")  # fmt: skip
 MANTISSA = {"float32": 22, "float16": 9, "int32": 30, "bool": 1}
 TAME = {"float32": 64.0, "float16": 8.0}
 
@@ -222,6 +222,8 @@ class Generator(ExtraFeatures):
                 makers += [(self.rts, 3)]
             if "addons" in self.features:
                 makers += [(self.addons_grad, 2)]
+            if "batchser" in self.features:
+                makers += [(self.batch_serial, 2)]
         weights = np.array([w for _, w in makers], float)
         done = 0
         while done < n:

@@ -10,6 +10,10 @@ addons: ``popxl_addons.autodiff`` / ``autodiff_with_accumulation`` over 1-3 step
     first input is shifted by ``step / 8``, optionally through ``recompute_graph``.
 placement: every main-graph op on a random one of two IPUs, ``ops.ipu_copy`` where an op
     reads a value from the other IPU; the result must equal the unplaced program.
+batchser: ``popxl_addons.transforms.batch_serialisation.batch_serialise`` of a block over
+    1-3 steps: step ``j`` loads its first inputs plus ``j * BATCH_SHIFT`` (floats) or ``j``
+    (int32) from remote buffers filled in the main graph, passes the other inputs through,
+    and stores its outputs to remote buffers that the main graph reads back and stacks.
 pipeline: ``popxl_addons.pipelined_execution`` of 4-6 micro-batches over two stages (stage
     ``k`` on IPU ``k``, each op in the stage of its latest argument or the next); alone, or
     in a quarter of the programs of a mixed feature set. Its programs use the core ops and
@@ -27,8 +31,11 @@ if TYPE_CHECKING:
     from .generator import Generator, Scope
 
 ADDONS_SHIFT = 0.125  # step s reads its first input plus s * ADDONS_SHIFT
+BATCH_SHIFT = 0.125
+IO_MODES = ("compute", "io", "io_overlapped")
 # Ops of these features whose results are made program outputs (up to two per program).
-WATCHED = frozenset({"addons_grad", "remote_load", "rts_load", "rts_gather", "rts_slice"})
+WATCHED = frozenset({"addons_grad", "remote_load", "rts_load", "rts_gather", "rts_slice",
+                     "batch_serial"})  # fmt: skip
 
 
 def shard_spec(spec: Spec, group_size: int) -> Spec:
@@ -182,6 +189,39 @@ class ExtraFeatures:
             seed = self.pick(scope, lambda u, spec=spec: self.specs[u] == spec)
             seeds.append(self.tame(scope, seed) if seed is not None else self.const(scope, spec))
         return args, block, seeds
+
+    # Batch serialisation ----------------------------------------------------------------------
+
+    def batch_serial(self: Generator, scope: Scope) -> bool:
+        loadable = ("float32", "float16", "int32")
+        loads = list(dict.fromkeys(self.args(scope, int(self.rng.integers(1, 3)),
+                                             lambda v: self.specs[v].dtype in loadable)))  # fmt: skip
+        if not loads:
+            return False
+        loads = [self.tame(scope, v) for v in loads]
+        passed = [v for v in dict.fromkeys(self.args(scope, int(self.rng.integers(0, 3))))
+                  if v not in loads]  # fmt: skip
+        steps = int(self.rng.integers(1, 4))
+        saved = [(self.st(v), self.st(v).bound, self.st(v).bits) for v in loads]
+        for v in loads:  # the body sees the shifted loads of every step
+            st = self.st(v)
+            st.bound += steps
+            st.bits = None if st.bits is None else max(st.bits, 3)
+        block, inner = self.body(scope, loads + passed, set(), int(self.rng.integers(1, 5)),
+                                 collectives=False, name="bs")  # fmt: skip
+        for st, bound, bits in saved:
+            st.bound, st.bits = bound, bits
+        n_out = min(len(inner.pool), int(self.rng.integers(1, 3)))
+        block.outputs = [int(v) for v in self.rng.choice(inner.pool[-6:], n_out, replace=False)]
+        outs = []
+        for v in block.outputs:
+            spec, st = self.specs[v], self.st(v)
+            outs.append(self.value(Spec((steps, *spec.shape), spec.dtype), st.bound, st.bits))
+        attrs = {"body": block, "n_load": len(loads), "steps": steps,
+                 "io_mode": str(self.choice(list(IO_MODES)))}  # fmt: skip
+        scope.nodes.append(Node("batch_serial", (*loads, *passed), tuple(outs), attrs))
+        scope.pool.extend(outs)
+        return True
 
     # Placement ------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .generator_extras import ADDONS_SHIFT
+from .generator_extras import ADDONS_SHIFT, BATCH_SHIFT
 from .program import Block, Node
 
 if TYPE_CHECKING:
@@ -115,6 +115,29 @@ class ExtraRules:
             ]
             for vid, g in zip(node.outs, results):
                 env.define(vid, np.asarray(g).astype(self.dtype(vid)))
+
+    def _batch_serial(self: Evaluator, node: Node, envs: list[Env]) -> None:
+        from .reference import Env as Fresh  # noqa: PLC0415
+
+        a = node.attrs
+        n_load = a["n_load"]
+        for env in envs:
+            vals = [env.vals[v] for v in node.args]
+            per_step = []
+            for j in range(a["steps"]):
+                args = [shifted(x, j) for x in vals[:n_load]] + vals[n_load:]
+                ((outs,),) = [self.run_block(a["body"], [Fresh(np)], [args])]
+                per_step.append(outs)
+            for k, vid in enumerate(node.outs):
+                env.define(vid, np.stack([np.asarray(o[k]) for o in per_step]))
+
+
+def shifted(x: np.ndarray, step: int) -> np.ndarray:
+    """What batch-serial step ``step`` loads for ``x``."""
+    x = np.asarray(x)
+    if x.dtype == np.int32:
+        return (x + np.int32(step)).astype(np.int32)
+    return (x + x.dtype.type(step * BATCH_SHIFT)).astype(x.dtype)
 
 
 def rts_leaf_values(program: Any, leaf: Any, full: list[np.ndarray]) -> list[np.ndarray]:
