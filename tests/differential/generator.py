@@ -71,11 +71,14 @@ class Generator(ExtraFeatures):
             replicated = self.features & {"replication", "rts"}
             replicas = int(self.rng.choice([2, 4])) if replicated else 1
         self.replicas = replicas
-        self.ipus = 2 if "placement" in self.features else 1
+        # Placed programs compile several times slower; a mixed set places 15% of them.
+        alone = self.features <= {"core", "placement"}
+        placed = "placement" in self.features and (alone or self.rng.random() < 0.15)
+        self.ipus = 2 if placed else 1
         self.requested = tuple(sorted(self.features))
         self.steps = 1
         alone = self.features <= {"core", "pipeline"}
-        if "pipeline" in self.features and (alone or self.rng.random() < 0.25):
+        if "pipeline" in self.features and (alone or self.rng.random() < 0.15):
             # A pipelined program uses the core ops and out-of-place views only.
             self.steps, self.replicas, self.ipus = int(self.rng.choice([4, 5, 6])), 1, 2
             self.features &= {"core", "views"}
