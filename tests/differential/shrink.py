@@ -1,8 +1,10 @@
 """Shrink a failing program to a small one that still fails, and print it.
 
 Steps, repeated until none applies: replace an op by constants of its output specs (the
-program stays valid: later ops read the same value ids), lower repeat counts, drop
-outputs, then remove ops and leaves whose values nobody reads.
+program stays valid: later ops read the same value ids), lower repeat counts, fill a
+leaf's data with one repeated value, drop outputs, then remove ops and leaves whose values
+nobody reads. Shapes are not reduced: a shape flows through reshape, slice and concat
+attributes and constants, so changing one needs the generator's bookkeeping.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .build import build_programs
-from .program import EFFECTFUL, Node, Program, all_blocks, count_nodes, format_program
+from .program import EFFECTFUL, Node, Program, Spec, all_blocks, count_nodes, format_program
 from .runner import Outcome
 
 Check = Callable[[Program], "Outcome | None"]
@@ -24,6 +26,11 @@ def _filler(spec: object) -> np.ndarray:
     if dtype == "bool":
         return np.ones(shape, bool)
     return np.full(shape, 1 if dtype == "int32" else 0.5, dtype)
+
+
+def _filled(data: np.ndarray) -> np.ndarray:
+    """``data`` with every element replaced by the filler of its dtype."""
+    return _filler(Spec(data.shape, str(data.dtype)))
 
 
 def _used(program: Program) -> set[int]:
@@ -71,7 +78,11 @@ def _variants(program: Program) -> list[Callable[[Program], None]]:
             def replace(p: Program, b: int = b, i: int = i) -> None:
                 blk = all_blocks(p.main)[b]
                 old = blk.nodes[i]
-                consts = [Node("const", (), (v,), {"data": _filler(p.specs[v])}) for v in old.outs]
+                placed = {"ipu": old.attrs["ipu"]} if "ipu" in old.attrs else {}
+                consts = [
+                    Node("const", (), (v,), {"data": _filler(p.specs[v]), **placed})
+                    for v in old.outs
+                ]
                 blk.nodes[i : i + 1] = consts
 
             edits.append(replace)
@@ -81,6 +92,14 @@ def _variants(program: Program) -> list[Callable[[Program], None]]:
                     all_blocks(p.main)[b].nodes[i].attrs["count"] -= 1
 
                 edits.append(fewer)
+    for k, leaf in enumerate(program.leaves):
+        plain = _filled(leaf.data)
+        if not np.array_equal(leaf.data, plain):
+
+            def simpler(p: Program, k: int = k) -> None:
+                p.leaves[k].data = _filled(p.leaves[k].data)
+
+            edits.append(simpler)
     for k in range(len(program.main.outputs)):
         if len(program.main.outputs) > 1:
 
