@@ -2,9 +2,17 @@
 
     python -m tests.differential.campaign --seconds 600 --seed 1 [--features call repeat]
 
-Programs are generated from consecutive seeds, grouped by replication factor into batches
-that share one session (one compile), and compared with the reference. Every disagreement
-is shrunk and printed; the summary gives the programs run per feature set.
+Programs are generated from consecutive seeds, grouped by replication factor, micro-batch
+count and placement into batches that share one session (one compile), and compared with
+the reference. Every disagreement is shrunk and printed; the summary gives the programs
+run and the disagreements per feature set.
+
+Throughput: nearly all the time is the session tracing and XLA-compiling each batch (the
+reference takes about a tenth). Op-by-op dispatch (``jax.disable_jit``) measured 15x
+slower, larger batches gain nothing (trace and compile grow with the op count), and a
+persistent compilation cache cannot hit (no two programs are alike). Placed programs
+(several IPUs) compile 3-5x slower, so they are batched apart and mixed sets place only
+15% of their programs.
 """
 
 from __future__ import annotations
