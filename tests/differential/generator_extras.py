@@ -5,7 +5,7 @@ remote: ``popxl.remote_variable`` leaves (buffers of one or two slots, sometimes
     two variables), ``ops.remote_load`` and ``ops.remote_store`` in the main graph.
 rts: ``remote_replica_sharded_variable`` leaves sharded over their replica group, loaded
     shards, ``replicated_all_gather`` of a shard to the full tensor, ``replica_sharded_slice``
-    of a full tensor and stores of shards.
+    and ``replicated_reduce_scatter`` of a full tensor over the group, and stores of shards.
 addons: ``popxl_addons.autodiff`` / ``autodiff_with_accumulation`` over 1-3 steps whose
     first input is shifted by ``step / 8``, optionally through ``recompute_graph``.
 placement: every main-graph op on a random one of two IPUs, ``ops.ipu_copy`` where an op
@@ -136,10 +136,25 @@ class ExtraFeatures:
         if kind < 0.35:
             v = self.pick(scope, lambda u: self.specs[u] == shard)
             x = self.pick(scope, lambda u: self.specs[u] == full)
-            if x is not None and (v is None or self.rng.random() < 0.5):
-                sx = self.st(x)
-                (v,) = self.emit(scope, "rts_slice", (x,), [shard], [sx.bound], [sx.bits],
+            if x is None and self.rng.random() < 0.6:
+                (x,) = self.emit(scope, "rts_load", (leaf.vid,), [shard], [s.bound], [s.bits],
                                  group=group)  # fmt: skip
+                (x,) = self.emit(scope, "rts_gather", (x,), [full], [s.bound], [s.bits],
+                                 group=group)  # fmt: skip
+                x = self.changed(scope, x)
+            if x is not None and (v is None or self.rng.random() < 0.6):
+                x = self.tame(scope, x)
+                sx = self.st(x)
+                if self.rng.random() < 0.5 or full.dtype not in ("float32", "float16"):
+                    (v,) = self.emit(scope, "rts_slice", (x,), [shard], [sx.bound], [sx.bits],
+                                     group=group)  # fmt: skip
+                else:  # the sharded gradient's pattern: reduce over the group, keep one shard
+                    op = str(self.choice(["add", "mean"]))
+                    bound, bits = (
+                        (sx.bound * group[1], sx.bits) if op == "add" else (sx.bound, None)
+                    )
+                    (v,) = self.emit(scope, "reduce_scatter", (x,), [shard], [bound], [bits],
+                                     op=op, group=group)  # fmt: skip
             elif v is None:
                 (v,) = self.emit(scope, "rts_load", (leaf.vid,), [shard], [s.bound], [s.bits],
                                  group=group)  # fmt: skip
