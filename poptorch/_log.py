@@ -22,6 +22,16 @@ LEVELS: dict[str, tuple[int, int]] = {
 }
 _PUBLIC = ("DEBUG", "ERR", "INFO", "OFF", "TRACE", "WARN")
 
+# PopTorch's own numeric level: TRACE and DEBUG are both Python's DEBUG, but only TRACE writes
+# out PopART's IR.
+poptorch_level = {"value": LEVELS[os.environ.get("POPTORCH_LOG_LEVEL", "WARN")][0]}
+
+
+def trace_enabled() -> bool:
+    """Whether PopTorch's level is ``TRACE``."""
+    return poptorch_level["value"] == 0 and logger.isEnabledFor(logging.DEBUG)
+
+
 # Levels PopART's own log would use (``poptorch._logging.setPopartLogLevel``).
 popart_level = {"value": LEVELS[os.environ.get("POPART_LOG_LEVEL", "WARN")][0]}
 
@@ -68,6 +78,7 @@ def setLogLevel(level: str | int) -> None:  # noqa: N802 (PopTorch's name)
         names = ", ".join(_PUBLIC[:-1]) + " and " + _PUBLIC[-1]
         raise ValueError(f"Unknown log level: {level}. Valid values are {names}")
     logger.setLevel(LEVELS[level][1])
+    poptorch_level["value"] = LEVELS[level][0]
 
 
 def setPopartLogLevel(level: str) -> None:  # noqa: N802 (PopTorch's name)

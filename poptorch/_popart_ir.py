@@ -22,7 +22,7 @@ import popxl
 from popxl import _log as popart_log
 from popxl._op import REGISTRY
 
-from ._log import logger
+from ._log import logger, trace_enabled
 
 if TYPE_CHECKING:
     from popxl._op import Op
@@ -36,8 +36,23 @@ MODULE_PATH = "module_path"
 
 def popart_ir_json(ir: popxl.Ir) -> str:
     """``ir`` as PopART's serialized IR, compact JSON (``"name":"layer1/0/Conv"``)."""
-    records = [op_record(op, scope) for scope, op in placed_ops(ir.main_graph)]
+    session = ir._pb_ir.getSessionOptions()
+    records = [
+        _with_session_attributes(op_record(op, scope), op, session)
+        for scope, op in placed_ops(ir.main_graph)
+    ]
     return json.dumps({"maingraph": records}, separators=(",", ":"))
+
+
+def _with_session_attributes(record: dict[str, Any], op: Op, session: Any) -> dict[str, Any]:
+    """The attributes PopART's matmuls and convolutions took from the session options:
+    their partials type (``MatMulPartialsType::FLOAT``; ``partialsType[k]`` per convolution)."""
+    if record["type"] == "MatMul":
+        partials = op.attrs.get("partials_type") or session.partialsTypeMatMuls or "float"
+        record["attributes"]["partialsType"] = f"MatMulPartialsType::{str(partials).upper()}"
+    elif record["type"] == "Conv" and "partialsType" in session.convolutionOptions:
+        record["attributes"]["partialsType[0]"] = session.convolutionOptions["partialsType"]
+    return record
 
 
 def log_lowered(ir: popxl.Ir) -> None:
@@ -48,6 +63,8 @@ def log_lowered(ir: popxl.Ir) -> None:
     if not (debug_poptorch or debug_popart):
         return
     step = placed_ops(ir.main_graph)
+    if trace_enabled():  # PopTorch wrote PopART's IR out at its most verbose
+        logger.debug("Popart IR: %s", popart_ir_json(ir))
     if debug_poptorch:
         logger.debug("Graph lowered to PopART {")
         for scope, op in step:

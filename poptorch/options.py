@@ -596,6 +596,8 @@ class Options(_Base):
         so.enableGradientAccumulation = ga > 1
         so.enableStochasticRounding = self.precision.stochastic_rounding
         so.partialsTypeMatMuls = self.precision.partials_type
+        conv = self._Popart.options.get("convolutionOptions") or {}
+        so.convolutionOptions = {k: str(v) for k, v in conv.items()}
         so.enableEngineCaching = bool(self.executable_cache_dir)
         if self.executable_cache_dir:
             so.cachePath = self.executable_cache_dir

@@ -291,3 +291,29 @@ def test_a_name_scope_opened_in_a_submodule_sits_after_its_path():
     assert names["MatMul"] == "block/attention/proj/MatMul"
     assert names["Sub"] == "block/attention/Sub"
     assert names["Add"] == "Add"
+
+
+@pytest.mark.parametrize("ptype, name", [(torch.float16, "half"), (torch.float32, "float")])
+def test_partials_type_is_on_matmuls_and_convolutions_and_trace_logs_the_ir(capfd, ptype, name):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Conv1d(16, 16, 1))
+    x = torch.randn(1, 16, 16)
+    opts = poptorch.Options()
+    opts.Precision.setPartialsType(ptype)
+    pm = poptorch.inferenceModel(model, opts)
+    poptorch.setLogLevel("TRACE")
+    try:
+        torch.testing.assert_close(pm(x), model(x), rtol=1e-4, atol=1e-5)
+    finally:
+        poptorch.setLogLevel("WARN")
+    kinds = {op["type"]: op["attributes"] for op in _ops(pm)}
+    assert kinds["MatMul"]["partialsType"] == f"MatMulPartialsType::{name.upper()}"
+    assert kinds["Conv"]["partialsType[0]"] == name
+    out = capfd.readouterr().out
+    assert "Popart IR: " in out and f'"partialsType[0]":"{name}"' in out
+    # DEBUG (not TRACE) leaves the IR out of the log.
+    poptorch.setLogLevel("DEBUG")
+    try:
+        poptorch.inferenceModel(model, opts)(x)
+    finally:
+        poptorch.setLogLevel("WARN")
+    assert "Popart IR: " not in capfd.readouterr().out
