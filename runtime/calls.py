@@ -37,10 +37,11 @@ from jax import lax
 
 from popxl._op import Op
 from popxl.graph import Graph
-from popxl.tensor import Tensor
+from popxl.ops.collectives import sums_every_replica
+from popxl.tensor import Constant, Tensor
 from popxl.transforms._storage import roots
 
-from . import control, grouping
+from . import control, grouping, remote
 from .lowering import (
     Env,
     LoweringContext,
@@ -438,10 +439,13 @@ def _row_of(env: Env, t: Tensor) -> tuple[StackKey, int] | None:
 
 
 def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
+    stacked = [i for i, s in enumerate(run.slots) if s.kind == "stack"]
+    if stacked and not any(s.kind == "carry" for s in run.slots):
+        order = stack_order(env, [run.stacked(i) for i in stacked])
+        run = Run(tuple(run.ops[k] for k in order), run.slots, run.modified, run.ys)
     graph = run.graph
     calls = run.ops
     n = len(calls)
-    stacked = [i for i, s in enumerate(run.slots) if s.kind == "stack"]
     sources = {i: stack_of(env, run.stacked(i)) for i in stacked}
     reverse = sum(1 for s in sources.values() if s and s[1]) > sum(
         1 for s in sources.values() if s and not s[1]
@@ -568,6 +572,63 @@ def _lower_as_map(
     for i, value in zip(stacked_modified, finals):
         _write_stacked(env, run.stacked(i), sources[i], reverse, value)
     return True
+
+
+def _constant_offsets(ops: Sequence[Op], distinct: bool = False) -> list[int] | None:
+    """The constant offsets of remote loads or stores (``distinct``: all different), or
+    None."""
+    found = []
+    for op in ops:
+        t = op.inputs[1]
+        if not isinstance(t, Constant):
+            return None
+        found.append(int(np.asarray(t._data).reshape(())))
+    return found if not distinct or len(set(found)) == len(found) else None
+
+
+def _group_remote_load(ctx: LoweringContext, env: Env, ops: Sequence[Op]) -> bool:
+    """Loads of distinct slots of one buffer: one gather, the results a stack."""
+    offsets = _constant_offsets(ops)
+    if offsets is None:
+        return False
+    buffer = ctx.fx[remote.buffer_key(ops[0].attrs["buffer_id"])]
+    rows = [min(max(k, 0), buffer.shape[0] - 1) for k in offsets]
+    add_stack(env, [op.outputs[0] for op in ops], _take(buffer, rows))
+    return True
+
+
+def _group_remote_store(ctx: LoweringContext, env: Env, ops: Sequence[Op]) -> bool:
+    """Stores to distinct slots of one buffer: one scatter of the stacked values."""
+    offsets = _constant_offsets(ops, distinct=True)
+    if offsets is None:
+        return False
+    key = remote.buffer_key(ops[0].attrs["buffer_id"])
+    buffer = ctx.fx[key]
+    rows = [min(max(k, 0), buffer.shape[0] - 1) for k in offsets]
+    values = value_of(gather_rows(env, [op.inputs[0] for op in ops])).astype(buffer.dtype)
+    ctx.fx[key] = _put(buffer, rows, values)
+    return True
+
+
+def _group_all_reduce(ctx: LoweringContext, env: Env, ops: Sequence[Op]) -> bool:
+    """All-reduces of one kind act on every element alike: one all-reduce of the stacked
+    inputs (which keep their replica sums, ``replica_sums``)."""
+    first = ops[0]
+    value = gather_rows(env, [op.inputs[0] for op in ops])
+    impl = ctx.collective_impl
+    if isinstance(value, Deferred) and impl == "gather" and sums_every_replica(first):
+        value, impl = value.replica_sum(ctx.axis_name, ctx.replicas), "summed"
+    result = first.opdef.lower(value_of(value), **first.attrs, impl=impl)  # type: ignore[misc]
+    result = result[0] if isinstance(result, tuple) else result
+    add_stack(env, [op.outputs[0] for op in ops], result)
+    return True
+
+
+_GROUPED_EFFECTS = {
+    "remote_load": _group_remote_load,
+    "remote_store": _group_remote_store,
+    "replicated_all_reduce": _group_all_reduce,
+}
 
 
 def input_stacks(
@@ -792,15 +853,53 @@ def _pieces(env: Env, tensors: Sequence[Tensor]) -> dict[Any, tuple[list[int], l
     return pieces
 
 
+def _progression(rows: list[int]) -> tuple[int, int] | None:
+    """(first, step) when ``rows`` step evenly (a step of 0 never: rows are distinct)."""
+    if len(rows) == 1:
+        return rows[0], 1
+    step = rows[1] - rows[0]
+    ok = step != 0 and all(b - a == step for a, b in zip(rows, rows[1:]))
+    return (rows[0], step) if ok else None
+
+
 def _take(value: Any, rows: list[int]) -> Any:
-    """Rows of a stacked value: itself, a slice, or a gather (constant in the row count)."""
+    """Rows of a stacked value: itself, a (strided, reversed) slice, or a gather: a few ops
+    whatever the number of rows."""
     n = jax.tree_util.tree_leaves(value)[0].shape[0]
     if rows == list(range(n)):
         return value
-    if rows == list(range(rows[0], rows[0] + len(rows))):
-        return jax.tree_util.tree_map(lambda a: a[rows[0] : rows[0] + len(rows)], value)
+    even = _progression(rows)
+    if even is not None:
+        first, step = even
+        low = min(first, rows[-1])
+        sliced = jax.tree_util.tree_map(
+            lambda a: lax.slice_in_dim(a, low, low + abs(step) * (len(rows) - 1) + 1, abs(step)),
+            value,
+        )
+        return sliced if step > 0 else _reversed(sliced)
     index = jnp.asarray(rows, jnp.int32)
     return jax.tree_util.tree_map(lambda a: jnp.take(a, index, axis=0), value)
+
+
+def _put(stack: Array, rows: list[int], block: Array) -> Array:
+    """``stack`` with ``rows`` replaced by ``block``'s rows."""
+    if rows == list(range(stack.shape[0])):
+        return block
+    even = _progression(rows)
+    if even is not None and abs(even[1]) == 1:
+        low = min(rows[0], rows[-1])
+        block = block if even[1] > 0 else block[::-1]
+        return lax.dynamic_update_slice_in_dim(stack, block, low, 0)
+    return stack.at[jnp.asarray(rows, jnp.int32)].set(block)
+
+
+def stack_order(env: Env, inputs: Sequence[Sequence[Tensor]]) -> list[int]:
+    """An order for independent calls (or ops) whose stacked inputs are ``inputs`` (one
+    list per input, one tensor per call): the calls whose input comes from the same stack
+    together, by row, for the input spread over the most stacks, so it is read and written
+    as a few slices rather than a gather and a scatter that XLA turns into one copy per row."""
+    spread = max(inputs, key=lambda ts: len(_pieces(env, ts)))
+    return [k for positions, _ in _pieces(env, spread).values() for k in positions]
 
 
 def gather_rows(env: Env, tensors: Sequence[Tensor]) -> Array:
@@ -833,13 +932,7 @@ def scatter_rows(env: Env, tensors: Sequence[Tensor], value: Array) -> None:
             env.write(tensors[positions[0]], _index(block, 0))
             continue
         stack = env.read(key)  # type: ignore[arg-type]
-        block = value_of(block).astype(stack.dtype)
-        if rows == list(range(stack.shape[0])):
-            env.values[key] = block  # type: ignore[index]
-        elif rows == list(range(rows[0], rows[0] + len(rows))):
-            env.values[key] = lax.dynamic_update_slice_in_dim(stack, block, rows[0], 0)  # type: ignore[index]
-        else:
-            env.values[key] = stack.at[jnp.asarray(rows, jnp.int32)].set(block)  # type: ignore[index]
+        env.values[key] = _put(stack, rows, value_of(block).astype(stack.dtype))  # type: ignore[index]
 
 
 # Groups of identical ops ---------------------------------------------------------------------
@@ -852,6 +945,12 @@ def _lower_op_group(ctx: LoweringContext, env: Env, group: grouping.OpGroup) -> 
     ops = group.ops
     first = ops[0]
     opdef = first.opdef
+    lower_effects = _GROUPED_EFFECTS.get(opdef.key)
+    if lower_effects is not None:
+        if not lower_effects(ctx, env, ops):
+            for op in ops:
+                lower_op(ctx, env, op)
+        return
     slots = range(len(first.inputs))
     stacked = [j for j in slots if any(op.inputs[j] is not first.inputs[j] for op in ops)]
     deferred = opdef.key in LINEAR_ACCUMULATES and ctx.collective_impl == "gather"
@@ -859,6 +958,7 @@ def _lower_op_group(ctx: LoweringContext, env: Env, group: grouping.OpGroup) -> 
         for op in ops:
             lower_op(ctx, env, op)
         return
+    ops = tuple(ops[k] for k in stack_order(env, [[op.inputs[j] for op in ops] for j in stacked]))
     fixed = {j: env.read(first.inputs[j]) for j in slots if j not in stacked}
     xs = [value_of(gather_rows(env, [op.inputs[j] for op in ops])) for j in stacked]
 

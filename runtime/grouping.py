@@ -30,7 +30,7 @@ from typing import Any
 
 from popxl._op import Op, OpDef
 from popxl.graph import Graph
-from popxl.tensor import Tensor, Variable
+from popxl.tensor import Constant, Tensor, Variable
 from popxl.transforms._storage import roots, written_inputs
 
 MIN_GROUP = 2
@@ -115,22 +115,80 @@ def _op_effect(op: Op, seen: dict[Graph, bool]) -> bool:
     return any(has_effects(g, seen) for g in op.referenced_graphs)
 
 
+# Effects as storage the op reads or writes: ops on different streams or remote slots, or
+# loads of one slot, commute; every effectful op reads ``_ORDER`` and one whose effect is not
+# modelled (a print, a check) writes it. Collectives write nothing: the step is one SPMD
+# program, every replica runs the same (reordered) sequence of them, and each is a function
+# of its inputs on all replicas, so their order is not observable; their data dependencies
+# and their order against prints and checks are kept.
+_ORDER = ("effects in program order",)
+_GROUPED_EFFECTS = ("remote_load", "remote_store", "replicated_all_reduce")
+
+
+def _effect_tokens(op: Op, memo: dict[Graph, tuple[frozenset, frozenset]]) -> tuple[set, set]:
+    """(tokens read, tokens written) standing for ``op``'s effects."""
+    key, attrs = op.opdef.key, op.attrs
+    if op.referenced_graphs:
+        read: set = set()
+        written: set = set()
+        for g in op.referenced_graphs:
+            r, w = _graph_tokens(g, memo)
+            read |= r
+            written |= w
+        return read, written
+    if not (op.opdef.effect or op.opdef.special in _EFFECT_SPECIALS):
+        return set(), set()
+    if key in ("host_load", "host_store"):
+        return {_ORDER}, {("stream", attrs.get("stream_id"))}
+    if key.startswith("remote_load") or key == "remote_store":
+        return _remote_tokens(op)
+    if op.opdef.special == "collective" or key.startswith("replica"):
+        return {_ORDER}, set()  # see the note on collectives above
+    return {_ORDER}, {_ORDER}
+
+
+def _remote_tokens(op: Op) -> tuple[set, set]:
+    """Remote IO at a constant slot conflicts only with IO at that slot or at a slot known
+    only at run time (``"any"``); stores at constant slots also write ``"some"``, which IO
+    at run-time slots reads."""
+    buffer, offset = op.attrs["buffer_id"], op.inputs[1]
+    slot = int(offset._data.reshape(())) if isinstance(offset, Constant) else None
+    load = op.opdef.key != "remote_store"
+    if slot is None:
+        read = {_ORDER, (buffer, "some")} | ({(buffer, "any")} if load else set())
+        return read, set() if load else {(buffer, "any")}
+    read = {_ORDER, (buffer, "any")} | ({(buffer, slot)} if load else set())
+    return read, set() if load else {(buffer, slot), (buffer, "some")}
+
+
+def _graph_tokens(graph: Graph, memo: dict) -> tuple[frozenset, frozenset]:
+    if graph not in memo:
+        memo[graph] = (frozenset(), frozenset())  # recursion guard
+        read: set = set()
+        written: set = set()
+        for op in graph._ops:
+            r, w = _effect_tokens(op, memo)
+            read |= r
+            written |= w
+        memo[graph] = (frozenset(read), frozenset(written))
+    return memo[graph]
+
+
 @dataclass
 class _Access:
-    """What a unit of the schedule produces, reads, writes, and whether it has effects."""
+    """What a unit of the schedule produces, reads and writes (storage roots, and tokens
+    standing for its effects)."""
 
     produced: set[Tensor] = field(default_factory=set)
     read: set[Tensor] = field(default_factory=set)
     written: set[Tensor] = field(default_factory=set)
     inputs: set[Tensor] = field(default_factory=set)
-    effect: bool = False
 
     def add(self, other: _Access) -> None:
         self.produced |= other.produced
         self.read |= other.read
         self.written |= other.written
         self.inputs |= other.inputs
-        self.effect |= other.effect
 
     def after(self, earlier: _Access) -> bool:
         """Whether this must stay after ``earlier``."""
@@ -139,15 +197,24 @@ class _Access:
             or (self.read & earlier.written)
             or (self.written & earlier.read)
             or (self.written & earlier.written)
-            or (self.effect and earlier.effect)
         )
+
+
+def _data_only(a: _Access) -> _Access:
+    """``a`` without its effect tokens."""
+    return _Access(
+        a.produced,
+        {t for t in a.read if isinstance(t, Tensor)},
+        {t for t in a.written if isinstance(t, Tensor)},
+        a.inputs,
+    )
 
 
 class _Reorder:
     def __init__(self, ops: Sequence[Op]):
         self.ops = ops
         self._roots: dict[Tensor, tuple[Tensor, ...]] = {}
-        self._effects: dict[Graph, bool] = {}
+        self._tokens: dict[Graph, tuple[frozenset, frozenset]] = {}
         self.access = {op: self._access(op) for op in ops}
         self.updates = self._update_ops()
         self.keys = {op: self._key(op) for op in ops}
@@ -176,7 +243,8 @@ class _Reorder:
         return found
 
     def _access(self, op: Op) -> _Access:
-        a = _Access(set(op.outputs), set(), set(), set(op.inputs), _op_effect(op, self._effects))
+        read, written = _effect_tokens(op, self._tokens)
+        a = _Access(set(op.outputs), read, written, set(op.inputs))
         for t in op.inputs:
             a.read.update(self._rooted(t))
         for i in written_inputs(op):
@@ -190,12 +258,13 @@ class _Reorder:
             graph = op.attrs["graphs"][0]
             return ("call", id(graph), frozenset(op.modified_inputs), len(op.inputs), where)
         opdef = op.opdef
-        if opdef.special is not None or opdef.lower is None or opdef.view_inverse is not None:
-            return None
-        if opdef.effect or any(k in opdef.key for k in _UNGROUPED_KEYS):
-            return None
-        if op not in self.updates:
-            return None
+        if opdef.key not in _GROUPED_EFFECTS:
+            if opdef.special is not None or opdef.lower is None or opdef.view_inverse is not None:
+                return None
+            if opdef.effect or any(k in opdef.key for k in _UNGROUPED_KEYS):
+                return None
+            if op not in self.updates:
+                return None
         try:
             attrs = tuple(sorted(op.attrs.items()))
             hash(attrs)
@@ -226,14 +295,18 @@ class _Reorder:
                 return units
             i, last = firsts[0], firsts[-1]
             members, before, after = [units[i]], [], []
-            taint_m, taint_s = _Access(), _Access()
+            taint_m, taint_s, data_m = _Access(), _Access(), _Access()
             taint_m.add(self._union(units[i]))
+            data_m.add(_data_only(taint_m))
             for unit in units[i + 1 : last + 1]:
                 a = self._union(unit)
-                blocked = a.after(taint_s) or (not is_call and a.after(taint_m))
+                # Members of an op group are independent; their effects (one stream,
+                # buffer or collective) happen together, in order, when they are lowered.
+                blocked = a.after(taint_s) or (not is_call and _data_only(a).after(data_m))
                 if self._single(unit, key) and not blocked:
                     members.append(unit)
                     taint_m.add(a)
+                    data_m.add(_data_only(a))
                 elif a.after(taint_m) or a.after(taint_s):
                     after.append(unit)
                     taint_s.add(a)
