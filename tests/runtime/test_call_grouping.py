@@ -175,3 +175,65 @@ def test_each_graph_is_traced_once(inline, monkeypatch):
         jaxpr = jax.make_jaxpr(program.step)(*state, abstract_inputs(program))
         counts[policy] = _count_primitive(jaxpr.jaxpr, "sin")
     assert counts == {"scan": len(SHAPES), "inline": len(SHAPES) * LAYERS}
+
+
+def remote_program():
+    """Per-layer weights in one remote buffer: loaded, updated and stored back per layer,
+    with a load of layer 0's slot after its store (it must see the stored value)."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        buffer = popxl.remote_buffer((3,), popxl.float32, LAYERS)
+        init = np.arange(3 * LAYERS, dtype=np.float32).reshape(LAYERS, 3)
+        _ = [popxl.remote_variable(init[i], buffer, i, name=f"w{i}") for i in range(LAYERS)]
+        out = popxl.d2h_stream((3,), popxl.float32, "out")
+        for i in range(LAYERS):
+            w = ops.remote_load(buffer, i)
+            ops.remote_store(buffer, i, ops.sin(w) + 1.0)
+            if i == 0:
+                ops.host_store(out, ops.remote_load(buffer, 0))
+    return ir, init, out
+
+
+def test_remote_io_grouped_keeps_slot_order(monkeypatch):
+    results = {}
+    for policy in ("scan", "inline"):
+        monkeypatch.setattr(calls, "_policy", policy)
+        ir, init, out = remote_program()
+        with popxl.Session(ir, "ipu_model") as session:
+            results[policy] = session.run()[out]
+    np.testing.assert_allclose(results["scan"], np.sin(init[0]) + 1.0, rtol=1e-6)
+    np.testing.assert_array_equal(results["scan"], results["inline"])
+    groups = [g for g in grouping.schedule(ir.main_graph) if isinstance(g, grouping.OpGroup)]
+    assert {g.ops[0].opdef.key for g in groups} >= {"remote_store"}
+
+
+def test_all_reduces_grouped_under_replication(monkeypatch):
+    """Per-variable mean all-reduces of gradients, each followed by its update: grouped
+    into one all-reduce of the stack, with the same numbers."""
+    monkeypatch.setenv("POPXL_REPLICATION", "vmap")
+    results = {}
+    for policy in ("scan", "inline"):
+        monkeypatch.setattr(calls, "_policy", policy)
+        ir = popxl.Ir(replication=2)
+        with ir.main_graph:
+            x = popxl.h2d_stream((3,), popxl.float32, "x")
+            data = ops.host_load(x)
+            ws = [popxl.variable(np.ones(3, np.float32), name=f"w{i}") for i in range(LAYERS)]
+            for i, w in enumerate(ws):
+                g = ops.collectives.replicated_all_reduce(data * float(i + 1), op="mean")
+                ops.scaled_add_(w, g, b=-LR)
+        feed = np.arange(6, dtype=np.float32).reshape(2, 3)
+        with popxl.Session(ir, "ipu_model") as session:
+            session.run({x: feed})
+            values = session.get_tensors_data(ws)
+        results[policy] = np.stack([values[w] for w in ws])
+        if policy == "scan":
+            sizes = [
+                len(g.ops)
+                for g in grouping.schedule(ir.main_graph)
+                if isinstance(g, grouping.OpGroup) and "all_reduce" in g.ops[0].opdef.key
+            ]
+            assert sizes == [LAYERS]
+    want = np.stack([1.0 - LR * (i + 1) * feed.mean(0) for i in range(LAYERS)])
+    np.testing.assert_allclose(results["scan"].reshape(want.shape), want, rtol=1e-6)
+    np.testing.assert_array_equal(results["scan"], results["inline"])
