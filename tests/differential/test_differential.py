@@ -13,7 +13,7 @@ from .shrink import describe, shrink
 PROGRAMS_PER_SET = 36
 # Sets whose programs compile slowly (multi-device placement, pipelines, many gradient
 # graphs) run fewer programs, keeping the sample under three minutes on two cores.
-SLOW_SETS = {"addons": 24, "pipeline": 24, "all": 24}
+SLOW_SETS = {"addons": 24, "placement": 24, "pipeline": 16, "all": 24}
 BATCH = 12
 
 
