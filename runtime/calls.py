@@ -124,9 +124,12 @@ def _is_call(op: Op) -> bool:
 
 
 def _same_call(a: Op, b: Op) -> bool:
+    graph_a, graph_b = a.attrs["graphs"][0], b.attrs["graphs"][0] if _is_call(b) else None
+    same_graph = graph_b is graph_a or (
+        graph_b is not None and grouping.signature(graph_b) == grouping.signature(graph_a)
+    )
     return (
-        _is_call(b)
-        and b.attrs["graphs"][0] is a.attrs["graphs"][0]
+        same_graph
         and b.modified_inputs == a.modified_inputs
         and len(b.inputs) == len(a.inputs)
         and b.execution_context == a.execution_context

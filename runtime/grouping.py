@@ -28,6 +28,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from popxl._op import Op, OpDef
 from popxl.graph import Graph
 from popxl.tensor import Constant, Tensor, Variable
@@ -174,6 +176,61 @@ def _graph_tokens(graph: Graph, memo: dict) -> tuple[frozenset, frozenset]:
     return memo[graph]
 
 
+# Signatures by graph, least recently used first (holding the graph, so an id is never
+# reused while its entry lives).
+_SIGNATURES: OrderedDict[int, tuple[Graph, int, Hashable]] = OrderedDict()
+SIGNATURE_CACHE_SIZE = 4096
+
+
+def signature(graph: Graph) -> Hashable:
+    """What ``graph`` computes, up to the identity of its tensors: graphs with equal
+    signatures (the stash graphs a pipeline makes per activation, one per layer) lower to
+    the same function, so their calls are grouped like calls of one graph."""
+    cached = _SIGNATURES.get(id(graph))
+    if cached is not None and cached[0] is graph and cached[1] == len(graph._ops):
+        _SIGNATURES.move_to_end(id(graph))
+        return cached[2]
+    numbering: dict[Tensor, int] = {}
+
+    def num(t: Tensor) -> Hashable:
+        if isinstance(t, Constant) and t not in numbering:
+            data = np.ascontiguousarray(t._data)
+            return ("const", t.shape, t.dtype.name, data.tobytes())
+        return numbering.setdefault(t, len(numbering))
+
+    items: list[Hashable] = [tuple((num(t), t.shape, t.dtype.name) for t in graph._inputs)]
+    for op in graph._ops:
+        attrs = tuple(sorted((k, _attr_signature(v)) for k, v in op.attrs.items()))
+        items.append((
+            op.opdef.key, attrs, tuple(num(t) for t in op.inputs),
+            tuple(sorted(op.modified_inputs)),
+            tuple((num(t), t.shape, t.dtype.name) for t in op.outputs),
+            op.execution_context, op.ipu, op.tile_set,
+        ))  # fmt: skip
+    items.append(tuple(num(t) for t in graph._outputs))
+    found = tuple(items)
+    try:
+        hash(found)
+    except TypeError:
+        found = ("graph", id(graph))  # an attribute we cannot compare: only itself
+    _SIGNATURES[id(graph)] = (graph, len(graph._ops), found)
+    while len(_SIGNATURES) > SIGNATURE_CACHE_SIZE:
+        _SIGNATURES.popitem(last=False)
+    return found
+
+
+def _attr_signature(value: Any) -> Hashable:
+    if isinstance(value, Graph):
+        return ("graph", signature(value))
+    if isinstance(value, (tuple, list)):
+        return tuple(_attr_signature(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.shape, value.dtype.str, value.tobytes())
+    if callable(value) and not hasattr(value, "name"):
+        return ("callable", id(value))
+    return value
+
+
 @dataclass
 class _Access:
     """What a unit of the schedule produces, reads and writes (storage roots, and tokens
@@ -256,7 +313,7 @@ class _Reorder:
         where = (op.execution_context, op.ipu, op.tile_set)
         if op.opdef.special == "call":
             graph = op.attrs["graphs"][0]
-            return ("call", id(graph), frozenset(op.modified_inputs), len(op.inputs), where)
+            return ("call", signature(graph), frozenset(op.modified_inputs), len(op.inputs), where)
         opdef = op.opdef
         if opdef.key not in _GROUPED_EFFECTS:
             if opdef.special is not None or opdef.lower is None or opdef.view_inverse is not None:
@@ -328,4 +385,4 @@ class _Reorder:
         return total
 
 
-__all__ = ["schedule", "OpGroup", "has_effects", "GROUP_OPDEF"]
+__all__ = ["schedule", "signature", "OpGroup", "has_effects", "GROUP_OPDEF"]
