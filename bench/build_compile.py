@@ -13,7 +13,7 @@ used (all threads; the machine's load does not change it) and the compiled step'
 count. Hidden 128, 4 heads, sequence 64, vocabulary 1024, micro-batch 1.
 
 Run: python bench/build_compile.py [--pattern NAME|all] [--layers 12,48]
-The default pattern is the slowest to compile (``phased``).
+The default pattern is the slowest to compile (``pipelined``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from bench import _gpt_program as gpt  # noqa: E402
 from bench._common import device_name, run_variant, set_matmul_precision  # noqa: E402
 from bench.transformer_step import kernel_counts  # noqa: E402
 
-WORST = "phased"
+WORST = "pipelined"
 
 
 def _cpu() -> float:
