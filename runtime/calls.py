@@ -409,16 +409,20 @@ def _inline(ctx: LoweringContext, env: Env, op: Op) -> None:
     for key, by_ref in shared.items():
         if by_ref:
             env.values[key] = inner.values[key]  # type: ignore[index]
+    outer_values: dict[Any, Any] = env.values  # stack keys live beside tensors
+    inner_values: dict[Any, Any] = inner.values
     for t, g_out in zip(op.outputs, graph._outputs):
         row = _row_of(inner, g_out)
-        changed = (
-            row is not None and row[0] in shared and env.values[row[0]] is not inner.values[row[0]]
-        )  # type: ignore[index]
-        if row is None or (changed and not shared[row[0]]):
+        if row is None:
             env.values[t] = inner.read_raw(g_out)
             continue
-        env.values.setdefault(row[0], inner.values[row[0]])  # type: ignore[call-overload]
-        env.views[t] = _View(_Row(row[1]), _SetRow(row[1]), (row[0],), {})  # type: ignore[arg-type]
+        key, index = row
+        # A stack passed by value and written inside: the output is the callee's copy.
+        if key in shared and not shared[key] and outer_values[key] is not inner_values[key]:
+            env.values[t] = inner.read_raw(g_out)
+            continue
+        outer_values.setdefault(key, inner_values[key])
+        env.views[t] = _View(_Row(index), _SetRow(index), (key,), {})  # type: ignore[arg-type]
 
 
 def _shared_stacks(env: Env, op: Op) -> dict[StackKey, bool]:
@@ -620,7 +624,7 @@ def _group_all_reduce(ctx: LoweringContext, env: Env, ops: Sequence[Op]) -> bool
     value = gather_rows(env, [op.inputs[0] for op in ops])
     impl = ctx.collective_impl
     if isinstance(value, Deferred) and impl == "gather" and sums_every_replica(first):
-        value, impl = value.replica_sum(ctx.axis_name, ctx.replicas), "summed"
+        value, impl = value.replica_sum(str(ctx.axis_name), ctx.replicas), "summed"
     result = first.opdef.lower(value_of(value), **first.attrs, impl=impl)  # type: ignore[misc]
     result = result[0] if isinstance(result, tuple) else result
     add_stack(env, [op.outputs[0] for op in ops], result)
