@@ -440,6 +440,10 @@ class Generator(ExtraFeatures):
         to = str(self.choice(targets))
         if to == "int32" and not self.exact(x):
             to = "float16" if spec.dtype == "float32" else "float32"
+        if to == "float16" and scope.in_grad:
+            # A float16 derivative that saturates (1 - tanh(x)**2 with tanh(x) rounded to 1)
+            # is 0 where the float32 reference gives 2.5e-4: rounding, not a fault.
+            return False
         if to == spec.dtype:
             return False
         exact = self.exact(x) and (
