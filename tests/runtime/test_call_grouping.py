@@ -237,3 +237,41 @@ def test_all_reduces_grouped_under_replication(monkeypatch):
     want = np.stack([1.0 - LR * (i + 1) * feed.mean(0) for i in range(LAYERS)])
     np.testing.assert_allclose(results["scan"].reshape(want.shape), want, rtol=1e-6)
     np.testing.assert_array_equal(results["scan"], results["inline"])
+
+
+def test_structurally_identical_graphs_share_a_run(monkeypatch):
+    """Graphs built separately from the same function (a pipeline's stash graph per layer)
+    are grouped like one graph; a graph that computes something else is not."""
+    runs = []
+    original = calls.lower_run
+
+    def spy(ctx, env, run):
+        runs.append(len(run.ops))
+        return original(ctx, env, run)
+
+    monkeypatch.setattr(calls, "lower_run", spy)
+    results = {}
+    for policy in ("scan", "inline"):
+        monkeypatch.setattr(calls, "_policy", policy)
+        ir = popxl.Ir()
+        with ir.main_graph:
+            ws = [popxl.variable(np.full(2, i + 1.0, np.float32), name=f"w{i}") for i in range(4)]
+
+            def halve(w: popxl.TensorByRef) -> None:
+                ops.scaled_add_(w, ops.cos(w), a=0.5)
+
+            def double(w: popxl.TensorByRef) -> None:
+                ops.scaled_add_(w, ops.cos(w), a=2.0)
+
+            for w in ws:
+                ops.call(ir.create_graph(halve, w), w)
+            ops.call(ir.create_graph(double, ws[0]), ws[0])
+        with popxl.Session(ir, "ipu_model") as session:
+            session.run()
+            data = session.get_tensors_data(ws)
+        results[policy] = np.stack([data[w] for w in ws])
+    assert runs == [4]
+    np.testing.assert_array_equal(results["scan"], results["inline"])
+    halved = [0.5 * (i + 1.0) + np.cos(i + 1.0) for i in range(4)]
+    halved[0] = 2.0 * halved[0] + np.cos(halved[0])
+    np.testing.assert_allclose(results["scan"][:, 0], halved, rtol=1e-6)
