@@ -80,7 +80,7 @@ GROUP_OPDEF = OpDef(key="op_group", type="OpGroup", infer=None, special="op_grou
 # The schedule ------------------------------------------------------------------------------
 
 _SCHEDULES: OrderedDict[int, tuple[tuple[Op, ...], tuple[Any, ...]]] = OrderedDict()
-CACHE_SIZE = 64
+CACHE_SIZE = 256  # a pipelined program has ~100 graphs
 
 
 def schedule(graph: Graph) -> tuple[Any, ...]:
