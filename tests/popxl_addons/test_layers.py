@@ -161,27 +161,17 @@ def test_linear_gradients_through_autodiff_match_numpy(seeded):
     np.testing.assert_allclose(out[out_streams["bias"]], dy_data.sum(0), rtol=1e-5, atol=1e-6)
 
 
-class FakeTorchTensor:
-    """Enough of a torch tensor for torch_mapping: ``.detach().cpu().numpy()``."""
-
-    def __init__(self, array):
-        self._array = np.asarray(array)
-
-    def detach(self):
-        return self
-
-    def cpu(self):
-        return self
-
-    def numpy(self):
-        return self._array
+def torch_parameter(array):
+    """A torch parameter (it requires grad) holding ``array``, as torch_mapping gets them."""
+    torch = pytest.importorskip("torch")
+    return torch.nn.Parameter(torch.from_numpy(np.array(array)))
 
 
 def test_linear_torch_mapping_transposes_and_checks_shapes(seeded):
     x = np.random.rand(2, 3).astype(np.float32)
     torch_w = np.random.rand(4, 3)  # torch layout (out, in), float64 on purpose
     torch_b = np.random.rand(4)
-    layer = SimpleNamespace(weight=FakeTorchTensor(torch_w), bias=FakeTorchTensor(torch_b))
+    layer = SimpleNamespace(weight=torch_parameter(torch_w), bias=torch_parameter(torch_b))
 
     def mapping(variables):
         weights = Linear.torch_mapping(variables, layer)
@@ -211,7 +201,7 @@ def test_layer_norm_matches_numpy(seeded):
     x = (np.random.rand(4, 6) * 3).astype(np.float32)
     w_data = np.random.rand(6).astype(np.float32)
     b_data = np.random.rand(6).astype(np.float32)
-    torch_like = SimpleNamespace(weight=w_data.reshape(1, 6), bias=FakeTorchTensor(b_data))
+    torch_like = SimpleNamespace(weight=w_data.reshape(1, 6), bias=torch_parameter(b_data))
     (y,), variables, w, facts = run_layer(
         LayerNorm(), [x], eps=1e-3, weights=lambda v: LayerNorm.torch_mapping(v, torch_like)
     )
@@ -310,7 +300,7 @@ def test_embedding_float16_and_torch_mapping_pads_rows(seeded):
     indices = np.array([1, 9, 0], np.int32)
     table = np.random.rand(10, 4)
     layer = Embedding(popxl.float16, vocab_size=10, hidden_size=4)
-    torch_like = SimpleNamespace(weight=FakeTorchTensor(table))
+    torch_like = SimpleNamespace(weight=torch_parameter(table))
     (y,), _, w, _ = run_layer(
         layer, [indices], weights=lambda v: Embedding.torch_mapping(v, torch_like, popxl.float16)
     )
@@ -462,13 +452,13 @@ def test_conv2d_without_bias_and_torch_mapping(seeded):
     np.testing.assert_allclose(y, np_conv2d(x, w["weight"]), rtol=1e-4, atol=1e-5)
 
     torch_like = SimpleNamespace(
-        weight=FakeTorchTensor(np.random.rand(3, 2, 2, 2)), bias=FakeTorchTensor(np.arange(3.0))
+        weight=torch_parameter(np.random.rand(3, 2, 2, 2)), bias=torch_parameter(np.arange(3.0))
     )
     (y,), _, w, _ = run_layer(
         Conv2D(3, (2, 2)), [x], weights=lambda v: Conv2D.torch_mapping(v, torch_like)
     )
     np.testing.assert_array_equal(w["bias"], np.arange(3.0, dtype=np.float32).reshape(1, 3, 1, 1))
-    expected = np_conv2d(x, torch_like.weight.numpy()) + np.arange(3.0).reshape(1, 3, 1, 1)
+    expected = np_conv2d(x, torch_like.weight.detach().numpy()) + np.arange(3.0).reshape(1, 3, 1, 1)
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5)
 
 
