@@ -272,6 +272,12 @@ class ExtraFeatures:
             node.attrs["ipu"] = s
             for vid in node.outs:
                 stage_of.setdefault(self.root[vid], s)
+        # Both stages need ops: the first op may always run in stage 0 and the last in 1.
+        stages = {n.attrs["ipu"] for n in main.nodes}
+        if main.nodes and 0 not in stages:
+            main.nodes[0].attrs["ipu"] = 0
+        if main.nodes and 1 not in stages:
+            main.nodes[-1].attrs["ipu"] = 1
 
 
 def written_args(node: Node) -> list[int]:
