@@ -59,6 +59,11 @@ from bench._common import (  # noqa: E402
     run_variant,
     set_matmul_precision,
 )
+from bench._gpt_program import (  # noqa: E402  (the same weights as the patterns' programs)
+    LAYER_KEYS,
+    initial_weights,
+    reference_params,
+)
 
 
 @dataclass(frozen=True)
@@ -86,39 +91,6 @@ SIZES = {
     "gpt2": Config(layers=12, hidden=768, heads=12, seq=1024, vocab=50257, micro_batch=1),
     "tiny": Config(layers=3, hidden=16, heads=2, seq=8, vocab=32, micro_batch=2, ga=2),
 }
-LAYER_KEYS = {  # name: shape as a function of the hidden size
-    "ln1.weight": lambda h: (h,), "ln1.bias": lambda h: (h,),
-    "attn.qkv.weight": lambda h: (h, 3 * h), "attn.qkv.bias": lambda h: (3 * h,),
-    "attn.out.weight": lambda h: (h, h), "attn.out.bias": lambda h: (h,),
-    "ln2.weight": lambda h: (h,), "ln2.bias": lambda h: (h,),
-    "fc1.weight": lambda h: (h, 4 * h), "fc1.bias": lambda h: (4 * h,),
-    "fc2.weight": lambda h: (4 * h, h), "fc2.bias": lambda h: (h,),
-}  # fmt: skip
-
-
-def initial_weights(cfg: Config, seed: int = 0) -> dict[str, np.ndarray]:
-    """Every weight, keyed ``wte``, ``wpe``, ``ln_f.*``, ``head.weight``, ``h{i}.<layer key>``."""
-    rng = np.random.default_rng(seed)
-    h = cfg.hidden
-
-    def init(key: str, shape: tuple[int, ...]) -> np.ndarray:
-        if key.endswith("bias"):
-            return np.zeros(shape, np.float32)
-        if key.startswith("ln") or ".ln" in key:
-            return np.ones(shape, np.float32)
-        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
-
-    weights = {
-        "wte": init("wte", (cfg.vocab, h)),
-        "wpe": init("wpe", (cfg.seq, h)),
-        "ln_f.weight": init("ln_f.weight", (h,)),
-        "ln_f.bias": init("ln_f.bias", (h,)),
-        "head.weight": init("head.weight", (h, cfg.vocab)),
-    }
-    for i in range(cfg.layers):
-        for key, shape in LAYER_KEYS.items():
-            weights[f"h{i}.{key}"] = init(key, shape(h))
-    return weights
 
 
 def make_batches(cfg: Config, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -392,14 +364,6 @@ class ProjectStep:
 
 
 # The reference ----------------------------------------------------------------------------
-
-
-def reference_params(cfg: Config, weights: dict[str, np.ndarray]) -> dict[str, Any]:
-    layers = {
-        key: np.stack([weights[f"h{i}.{key}"] for i in range(cfg.layers)]) for key in LAYER_KEYS
-    }
-    rest = {k: v for k, v in weights.items() if not k.startswith("h") or k == "head.weight"}
-    return {"layers": layers, **rest}
 
 
 def reference_step_fn(cfg: Config):
