@@ -24,7 +24,8 @@ the activations' ops inside a layer would only add copies.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,13 +132,7 @@ def _effect_tokens(op: Op, memo: dict[Graph, tuple[frozenset, frozenset]]) -> tu
     """(tokens read, tokens written) standing for ``op``'s effects."""
     key, attrs = op.opdef.key, op.attrs
     if op.referenced_graphs:
-        read: set = set()
-        written: set = set()
-        for g in op.referenced_graphs:
-            r, w = _graph_tokens(g, memo)
-            read |= r
-            written |= w
-        return read, written
+        return _union(_graph_tokens(g, memo) for g in op.referenced_graphs)
     if not (op.opdef.effect or op.opdef.special in _EFFECT_SPECIALS):
         return set(), set()
     if key in ("host_load", "host_store"):
@@ -147,6 +142,16 @@ def _effect_tokens(op: Op, memo: dict[Graph, tuple[frozenset, frozenset]]) -> tu
     if op.opdef.special == "collective" or key.startswith("replica"):
         return {_ORDER}, set()  # see the note on collectives above
     return {_ORDER}, {_ORDER}
+
+
+def _union(pairs: Iterable[tuple[AbstractSet, AbstractSet]]) -> tuple[set, set]:
+    """The (read, written) token sets of several ops or graphs together."""
+    read: set = set()
+    written: set = set()
+    for r, w in pairs:
+        read |= r
+        written |= w
+    return read, written
 
 
 def _remote_tokens(op: Op) -> tuple[set, set]:
@@ -166,12 +171,7 @@ def _remote_tokens(op: Op) -> tuple[set, set]:
 def _graph_tokens(graph: Graph, memo: dict) -> tuple[frozenset, frozenset]:
     if graph not in memo:
         memo[graph] = (frozenset(), frozenset())  # recursion guard
-        read: set = set()
-        written: set = set()
-        for op in graph._ops:
-            r, w = _effect_tokens(op, memo)
-            read |= r
-            written |= w
+        read, written = _union(_effect_tokens(op, memo) for op in graph._ops)
         memo[graph] = (frozenset(read), frozenset(written))
     return memo[graph]
 
