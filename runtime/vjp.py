@@ -15,7 +15,7 @@ from popxl._op import Op
 from popxl.errors import InternalError
 from popxl.tensor import Tensor
 from popxl.transforms._grad_ops import VjpRecipe
-from popxl.transforms._storage import parents, roots
+from popxl.transforms._storage import parents, roots, written_inputs
 
 from .lowering import Env, LoweringContext, _checked, lower_op, special
 from .replica_sums import WeightGrad
@@ -65,8 +65,17 @@ def _lower_vjp(ctx: LoweringContext, env: Env, op: Op) -> None:
         sub.values.update(zip(recipe.roots, root_values))
         for h in forward_op.inputs:
             _link(sub, h, root_set)
-        lower_op(inner_ctx, sub, forward_op)
-        return tuple(sub.values[r] for r in results)
+        if not recipe.detached:
+            lower_op(inner_ctx, sub, forward_op)
+            return tuple(sub.values[r] for r in results)
+        # An op without a gradient: what it writes is a constant as far as gradients go.
+        for i in written_inputs(forward_op):
+            h = forward_op.inputs[i]
+            sub.write(h, jax.lax.stop_gradient(jnp.zeros(h.shape, h.dtype._np_device)))
+        return tuple(
+            sub.values[r] if r in sub.values else jnp.zeros(r.shape, r.dtype._np_device)
+            for r in results
+        )
 
     primals, pullback = jax.vjp(forward, *values)
     supplied = iter(cot_inputs)

@@ -47,6 +47,10 @@ class VjpRecipe:
         present: for each forward result (written roots, then new outputs), whether a
             cotangent input is connected.
         grad_for: indices into ``roots`` that the gradient op outputs gradients for.
+        detached: the forward op has no gradient (a variable update, host or remote IO)
+            but writes a view of a larger storage: the recipe writes a constant through
+            that view instead of running the op, so the gradient op passes on the gradient
+            of the parts of the storage the op leaves alone.
     """
 
     op: Op
@@ -54,6 +58,7 @@ class VjpRecipe:
     needs_values: bool
     present: tuple[bool, ...]
     grad_for: tuple[int, ...]
+    detached: bool = False
 
     @classmethod
     def capture(
@@ -63,11 +68,13 @@ class VjpRecipe:
         needs_values: bool,
         present: tuple[bool, ...],
         grad_for: tuple[int, ...],
+        detached: bool = False,
     ) -> VjpRecipe:
         """The recipe of ``op`` over ``roots``, snapshotted (see the class docstring)."""
         copies: dict[Tensor, Tensor] = {r: _detached(r, None) for r in roots}
         forward = _detached_op(op, tuple(_copy_handle(h, copies) for h in op.inputs))
-        return cls(forward, tuple(copies[r] for r in roots), needs_values, present, grad_for)
+        snapshot = tuple(copies[r] for r in roots)
+        return cls(forward, snapshot, needs_values, present, grad_for, detached)
 
     @property
     def results(self) -> tuple[Tensor, ...]:
@@ -98,6 +105,7 @@ class VjpRecipe:
             self.needs_values,
             self.present,
             self.grad_for,
+            self.detached,
         )
 
     def _chain(self, h: Tensor, attr_key: Callable[[Any], Any]) -> Any:

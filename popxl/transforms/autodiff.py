@@ -31,7 +31,16 @@ from ..ops.call import call
 from ..ops.host_io import init
 from ..tensor import Constant, Tensor, constant, graph_input
 from ._grad_ops import VjpRecipe, grad_opdef
-from ._storage import Analysis, Step, Version, analyse, modifies_graph_input, move_before, parents
+from ._storage import (
+    Analysis,
+    Step,
+    Version,
+    analyse,
+    modifies_graph_input,
+    move_before,
+    parents,
+    written_inputs,
+)
 from .grad_graph_info import ExpectedConnection, ExpectedConnectionType, GradGraphInfo
 
 MODIFYING_OP_MSG = (
@@ -498,7 +507,32 @@ def _print_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Co
 
 
 def _no_grad(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Contribution:
-    return []
+    """Ops without a gradient pass none to what they read or overwrite. One that writes a
+    view of a larger storage (``accumulate_`` on a slice) still passes on the gradient of
+    the parts it leaves alone, through a gradient op that masks out the written part."""
+    op = step.op
+    partial = {
+        r
+        for i in written_inputs(op)
+        if parents(op.inputs[i]) is not None
+        for r in _roots_of(op.inputs[i])
+    }
+    written_cots = cots[: len(step.written)]
+    if not partial or all(c is None for c in written_cots):
+        return []
+    grad_for = tuple(
+        k for k, v in enumerate(step.befores) if v.root in partial and _is_float(v.root)
+    )
+    if not grad_for:
+        return []
+    present = tuple(c is not None for c in written_cots) + (False,) * len(step.new_outputs)
+    roots = tuple(v.root for v in step.befores)
+    recipe = VjpRecipe.capture(op, roots, False, present, grad_for, detached=True)
+    specs = [step.befores[k].root.spec for k in grad_for]
+    names = [f"Gradient___{step.befores[k].root.name}" for k in grad_for]
+    inputs = tuple(c for c in written_cots if c is not None)
+    grad_op = add_op(d.grad, grad_opdef(op.opdef), inputs, {"recipe": recipe}, specs, names)
+    return [(step.befores[k], out) for k, out in zip(grad_for, grad_op.outputs)]
 
 
 RULES: dict[str, Callable[[_Differentiator, Step, list], Contribution]] = {

@@ -168,6 +168,33 @@ def test_detach_inplace_blocks_only_later_uses():
     np.testing.assert_allclose(grads[0], np.full(3, 11.0))
 
 
+
+@pytest.mark.parametrize("update", ["accumulate_", "copy_var_update_"])
+def test_variable_update_through_a_view_blocks_only_the_written_part(update):
+    """A variable-update op has no gradient: where it writes a slice of an intermediate,
+    the rest of that intermediate still passes its gradient on (differential campaign,
+    seed 302004027: the whole concat lost its gradient)."""
+    x = np.array([-0.375, 0.875], np.float32)
+    c = np.array([-1.875], np.float32)
+
+    def build(x):
+        y = ops.concat([x, x * 1.0], 0)
+        s = ops.slice_(y, [2], [3], axis=[0])
+        getattr(ops.var_updates, update)(s, popxl.constant(c))
+        return ops.relu(y), s
+
+    def reference(x):
+        y = jnp.concatenate([x, x])
+        new = y[2:3] + c if update == "accumulate_" else jnp.asarray(c)
+        y = y.at[2:3].set(jax.lax.stop_gradient(new))
+        return jax.nn.relu(y), y[2:3]
+
+    seeds = [np.array([-1.625, -0.625, 1.0, 0.25], np.float32), np.array([-0.625], np.float32)]
+    outs, grads = _run_grads(build, [x], seeds)
+    want = _jax_grads(reference, [x], seeds)[0]
+    np.testing.assert_allclose(outs[0], reference(x)[0])
+    np.testing.assert_allclose(grads[0], want)
+    assert np.any(want != 0)
 def test_expected_connections_for_custom_grads():
     ir = popxl.Ir()
     with ir.main_graph:
