@@ -168,7 +168,6 @@ def test_detach_inplace_blocks_only_later_uses():
     np.testing.assert_allclose(grads[0], np.full(3, 11.0))
 
 
-
 @pytest.mark.parametrize("update", ["accumulate_", "copy_var_update_"])
 def test_variable_update_through_a_view_blocks_only_the_written_part(update):
     """A variable-update op has no gradient: where it writes a slice of an intermediate,
@@ -195,6 +194,8 @@ def test_variable_update_through_a_view_blocks_only_the_written_part(update):
     np.testing.assert_allclose(outs[0], reference(x)[0])
     np.testing.assert_allclose(grads[0], want)
     assert np.any(want != 0)
+
+
 def test_expected_connections_for_custom_grads():
     ir = popxl.Ir()
     with ir.main_graph:
