@@ -21,7 +21,7 @@ call site of the forward graph gains the matching outputs.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from .._op import Op, core_error
 from ..graph import Graph
@@ -36,6 +36,7 @@ from ._storage import (
     Step,
     Version,
     analyse,
+    is_identity_alias,
     modifies_graph_input,
     move_before,
     parents,
@@ -188,8 +189,10 @@ class _Differentiator:
                     _rewire(op, k, copy)
         # Seeds of views go to a copy; the expected inputs keep naming the graph's own outputs.
         self.seed_handles = list(self.provided)
+        # So do seeds of in-place aliases of views (``add_`` on a slice): their gradient
+        # belongs to the part of the root the view covers.
         for i, t in enumerate(self.provided):
-            if parents(t) is not None and cast(Op, t._producer).opdef.view_inverse is not None:
+            if not is_identity_alias(t):
                 self.seed_handles[i] = self._identity(t, before=None)
 
     def _identity(self, h: Tensor, before: Op | None) -> Tensor:

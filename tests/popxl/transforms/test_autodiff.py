@@ -454,3 +454,22 @@ def test_call_reading_a_view_or_an_inplace_alias(kind):
         return jnp.sum(2 * jnp.sin(jax.nn.sigmoid(s) if kind == "inplace" else s))
 
     np.testing.assert_allclose(got, jax.grad(reference)(jnp.arange(4.0)), rtol=1e-5)
+
+
+def test_seed_of_an_inplace_op_on_a_view_reaches_only_the_view():
+    """The seed of an output that an in-place op made from a slice belongs to the slice's
+    part of the root (differential campaign, seed 401003470: the session failed on a
+    (1, 1) gradient added to the (3, 2) root's)."""
+    x = _rand(3, 2)
+
+    def build(x):
+        y = x * 2.0
+        s = ops.slice_(y, [2, 1], [3, 2])
+        return ops.add_(s, s), ops.tanh(y)
+
+    def reference(x):
+        y = jnp.asarray(x) * 2.0
+        s = y[2:3, 1:2] * 2
+        return s, jnp.tanh(y.at[2:3, 1:2].set(s))
+
+    _check(build, reference, [x], n_outputs=2)
