@@ -165,11 +165,16 @@ def _call_op(graph: Graph, parents: list[Tensor]) -> Op:
     specs = [spec(t.shape, t.dtype, t.meta_shape) for t in graph._outputs]
     names = [t.name for t in graph._outputs]
     op = add_call_like(CALL, (graph,), (0,), parents, specs, names)
-    info = CallSiteInfo(op)
-    for t in graph._inputs:
-        if t in graph._by_ref_inputs:
-            info.set_parent_input_modified(parents[graph._inputs.index(t)])
+    mark_by_ref_inputs(op, graph, 0)
     return op
+
+
+def mark_by_ref_inputs(op: Op, graph: Graph, offset: int) -> None:
+    """Record that ``op`` writes back the inputs that ``graph`` (fed from op input
+    ``offset`` on) takes by reference."""
+    by_ref = graph._by_ref_inputs
+    if by_ref:
+        op.modified_inputs.update(offset + k for k, t in enumerate(graph._inputs) if t in by_ref)
 
 
 def call(

@@ -9,7 +9,13 @@ from .. import context
 from .._op import core_error, define
 from ..tensor import Tensor, TensorLike
 from ._base import spec
-from .call import CallSiteInfo, add_call_like, check_callable, prepare_inputs
+from .call import (
+    CallSiteInfo,
+    add_call_like,
+    check_callable,
+    mark_by_ref_inputs,
+    prepare_inputs,
+)
 
 if TYPE_CHECKING:
     from ..graph import Graph
@@ -74,10 +80,8 @@ def repeat_with_info(
     op = add_call_like(
         REPEAT, (graph,), (0,), parents, specs, names, repeat_count=int(repeat_count)
     )
-    info = CallSiteInfo(op)
-    for t in graph._by_ref_inputs:
-        info.set_parent_input_modified(parents[graph._inputs.index(t)])
-    return info
+    mark_by_ref_inputs(op, graph, 0)
+    return CallSiteInfo(op)
 
 
 __all__ = ["repeat", "repeat_with_info"]
