@@ -722,17 +722,29 @@ def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
 @special("conditional")
 def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
     """``control``'s branches, except that inputs of a branch which are all the rows of a
-    stack enter it as the one stacked array (see ``_lower_repeat``)."""
+    stack enter it as the one stacked array (see ``_lower_repeat``); a stack the branch
+    takes by reference leaves it as the one stacked array too."""
     graphs = op.attrs["graphs"]
     offsets = op.attrs["input_offsets"]
     spans = [range(at, at + len(g._inputs)) for g, at in zip(graphs, offsets)]
+    modified = op.modified_input_indices()
     groups = []
     if policy() != "inline" and ctx.placement is None:
-        groups = [input_stacks(env, op.inputs, span, set()) for span in spans]
+        groups = [input_stacks(env, op.inputs, span, modified) for span in spans]
     if not any(groups):
         control._lower_conditional(ctx, env, op)
         return
+    grouped_all = {i for stacks in groups for _, indices, _ in stacks for i in indices}
+    in_stacks = {op.inputs[i] for i in grouped_all}
+    loose = {op.inputs[i] for span in spans for i in span if i not in grouped_all}
+    written = [t for t in control.modified_parents(op) if t not in in_stacks]
+    if any(t in loose for t in control.modified_parents(op) if t in in_stacks):
+        control._lower_conditional(ctx, env, op)  # written both as a row and on its own
+        return
     predicate = env.read(op.inputs[0]).reshape(())
+    current = [env.read(t) for t in written]
+    stack_keys = list(dict.fromkeys(key for stacks in groups for key, _, ref in stacks if ref))
+    stack_now = [env.values[key] for key in stack_keys]  # type: ignore[index]
 
     def branch(graph: Graph, span: range, stacks: list) -> Any:
         grouped = {i for _, indices, _ in stacks for i in indices}
@@ -741,14 +753,21 @@ def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
 
         def run(fx: Any) -> tuple:
             ctx.fx = fx
-            outs, _, _ = lower_graph_with_stacks(ctx, graph, values, stacked)
-            return tuple(outs), ctx.fx
+            outs, finals, stack_finals = lower_graph_with_stacks(ctx, graph, values, stacked)
+            kept = control.branch_finals(op, span.start, finals, written, current)
+            new_stacks = {key: f for (key, _, ref), f in zip(stacks, stack_finals) if ref}
+            stacks_out = [new_stacks.get(key, now) for key, now in zip(stack_keys, stack_now)]
+            return tuple(outs), tuple(kept), tuple(stacks_out), ctx.fx
 
         return run
 
     then_branch, else_branch = (branch(g, s, k) for g, s, k in zip(graphs, spans, groups))
     with body_traced():
-        outs, ctx.fx = lax.cond(predicate, then_branch, else_branch, ctx.fx)
+        outs, finals, stack_finals, ctx.fx = lax.cond(predicate, then_branch, else_branch, ctx.fx)
+    for t, value in zip(written, finals):
+        env.write(t, value)
+    for key, value in zip(stack_keys, stack_finals):
+        env.values[key] = value  # type: ignore[index]
     for t, value in zip(op.outputs, outs):
         env.values[t] = value
 

@@ -6,12 +6,18 @@ threaded through loops and branches as part of their carry.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from jax import lax
 
 from popxl._op import Op
+from popxl.tensor import Tensor
 
 from .lowering import Env, LoweringContext, lower_graph, special
 from .replica_sums import body_traced
+
+Array = Any
 
 
 @special("call")
@@ -66,25 +72,57 @@ def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
 
 @special("conditional")
 def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
+    """``lax.cond`` over the two branches. Inputs a branch takes by reference are written
+    back: each branch returns the final value of every modified input (unchanged where
+    that branch does not take it by reference)."""
     then_graph, else_graph = op.attrs["graphs"]
     then_at, else_at = op.attrs["input_offsets"]
     predicate = env.read(op.inputs[0]).reshape(())
+    written = modified_parents(op)
+    current = [env.read(t) for t in written]
 
     def branch(graph, offset):  # noqa: ANN001, ANN202
         values = [env.read(t) for t in op.inputs[offset : offset + len(graph._inputs)]]
 
         def run(fx):  # noqa: ANN001, ANN202
             ctx.fx = fx
-            outs, _, _ = lower_graph(ctx, graph, values)
+            outs, finals, _ = lower_graph(ctx, graph, values)
+            kept = branch_finals(op, offset, finals, written, current)
             if ctx.placement is not None:  # both branches must agree where outputs live
                 outs = ctx.placement.settle(outs, [None] * len(outs))
-            return tuple(outs), ctx.fx
+                kept = ctx.placement.settle(kept, ctx.placement.homes_of(current))
+            return tuple(outs), tuple(kept), ctx.fx
 
         return run
 
     with body_traced():
-        outs, ctx.fx = lax.cond(
+        outs, finals, ctx.fx = lax.cond(
             predicate, branch(then_graph, then_at), branch(else_graph, else_at), ctx.fx
         )
+    for t, value in zip(written, finals):
+        env.write(t, value)
     for t, value in zip(op.outputs, outs):
         env.values[t] = value
+
+
+def modified_parents(op: Op) -> list[Tensor]:
+    """The tensors a conditional writes (inputs of a branch taken by reference), once each."""
+    return list(dict.fromkeys(op.inputs[i] for i in sorted(op.modified_input_indices())))
+
+
+def branch_finals(
+    op: Op,
+    offset: int,
+    finals: Sequence[Array | None],
+    written: Sequence[Tensor],
+    current: Sequence[Array],
+) -> list[Array]:
+    """For each of ``written``: its final value in the branch whose inputs start at op
+    input ``offset`` if that branch writes it back, else its value before the conditional."""
+    modified = op.modified_input_indices()
+    by_parent = {
+        op.inputs[offset + k]: final
+        for k, final in enumerate(finals)
+        if offset + k in modified and final is not None
+    }
+    return [by_parent.get(t, value) for t, value in zip(written, current)]

@@ -9,16 +9,18 @@ from .. import context, dtypes
 from .._op import core_error, define
 from ..tensor import Tensor, TensorLike
 from ._base import check_in_graph, spec
-from .call import CallSiteInfo, add_call_like, check_callable, prepare_inputs
+from .call import (
+    CallSiteInfo,
+    add_call_like,
+    check_callable,
+    mark_by_ref_inputs,
+    prepare_inputs,
+)
 
 if TYPE_CHECKING:
     from ..graph import Graph
 
 CONDITIONAL = define("conditional", "If", lambda *_, **__: [], special="conditional", grad="repeat")
-BY_REF_MSG = (
-    "TensorByRef is not implemented for the conditional op. Graph {g} has by-reference "
-    "inputs; pass them by value and return the updated values as outputs instead."
-)
 
 
 class ConditionalSiteInfo(CallSiteInfo):
@@ -81,7 +83,14 @@ class ConditionalSiteInfo(CallSiteInfo):
     def set_parent_input_modified(
         self, parent_tensor: Tensor, infer_modified_regions: bool = False
     ) -> None:
-        raise NotImplementedError(BY_REF_MSG.format(g=self.called_graph[0].id))
+        """Write the final value of the branch input(s) fed by ``parent_tensor`` back to it
+        (from the branch that ran; the other branch leaves it unchanged)."""
+        fed = [i for i, t in enumerate(self._op.inputs) if t is parent_tensor and i > 0]
+        if not fed:
+            raise ValueError(
+                f"Tensor {parent_tensor.name} is not a parent graph input of the call site."
+            )
+        self._op.modified_inputs.update(fed)
 
 
 def conditional(
@@ -122,9 +131,6 @@ def conditional_with_info(
             f"`cond` must be a single-element bool tensor, got {cond.dtype.name}{cond.shape}. "
             "Use ops.cast or ops.equal/ops.greater to make one."
         )
-    for graph in (then_branch, else_branch):
-        if graph._by_ref_inputs:
-            raise NotImplementedError(BY_REF_MSG.format(g=graph.id))
     if len(then_branch.outputs) != len(else_branch.outputs):
         raise ValueError(
             "then_branch graph and else_branch graph must have the same number of outputs: "
@@ -149,6 +155,8 @@ def conditional_with_info(
         specs,
         names,
     )
+    for graph, at in zip((then_branch, else_branch), offsets):
+        mark_by_ref_inputs(op, graph, at)
     return ConditionalSiteInfo(op)
 
 

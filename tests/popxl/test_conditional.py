@@ -127,10 +127,10 @@ def test_conditional_site_info_tensor_maps():
         info.parent_to_graph(cond)
     with pytest.raises(ValueError):
         info.graph_to_parent(cond)
-    with pytest.raises(
-        NotImplementedError, match="TensorByRef is not implemented for the conditional op"
-    ):
-        info.set_parent_input_modified(a)
+    info.set_parent_input_modified(a)
+    assert info._op.modified_inputs == {1, 4}  # a feeds both branches
+    with pytest.raises(ValueError, match="not a parent graph input"):
+        info.set_parent_input_modified(cond)
 
 
 # Errors ------------------------------------------------------------------------------------------
@@ -160,18 +160,108 @@ def test_branch_outputs_must_agree():
                 ops.conditional(flag, same, other, [x], [x])
 
 
-def test_by_ref_branch_inputs_are_not_implemented():
-    def by_ref(t: popxl.TensorByRef):
-        return t + 1
+@pytest.mark.parametrize("flag", [True, False])
+def test_by_ref_branch_inputs_are_written_back_from_the_branch_that_ran(flag):
+    """A branch taking an input by reference writes it (an extension: PopXL left this
+    unimplemented); the other branch leaves it as it was."""
+
+    def bump(t: popxl.TensorByRef, k: popxl.Tensor):
+        ops.var_updates.accumulate_(t, k)
+        return t * 2.0
 
     ir = popxl.Ir()
     with ir.main_graph:
-        flag = popxl.variable(True, popxl.bool)
-        x = popxl.variable(np.ones(2, np.float32))
-        plain = ir.create_graph(lambda t: t + 1, x)
-        ref = ir.create_graph(by_ref, x)
-        with pytest.raises(NotImplementedError, match="TensorByRef"):
-            ops.conditional(flag, plain, ref, [x], [x])
+        h = popxl.h2d_stream((), popxl.bool, "flag")
+        x = popxl.variable(np.array([1.0, 2.0], np.float32), name="x")
+        y = popxl.variable(np.array([5.0, 7.0], np.float32), name="y")
+        k = popxl.constant(np.array([10.0, 20.0], np.float32))
+        then_g = ir.create_graph(bump, x, k)
+        else_g = ir.create_graph(lambda t: t + 0.5, y)
+        (out,) = ops.conditional(ops.host_load(h), then_g, else_g, [x, k], [x])
+        d = popxl.d2h_stream((2,), popxl.float32, "out")
+        ops.host_store(d, out)
+        y_after = y + 0.0  # y was never passed by reference: untouched
+    with popxl.Session(ir, "ipu_model") as session:
+        result = session.run({h: np.array(flag)})
+        final_x = session.get_tensor_data(x)
+    if flag:
+        np.testing.assert_allclose(result[d], [22.0, 44.0])
+        np.testing.assert_allclose(final_x, [11.0, 22.0])
+    else:
+        np.testing.assert_allclose(result[d], [1.5, 2.5])
+        np.testing.assert_allclose(final_x, [1.0, 2.0])
+    del y_after
+
+
+@pytest.mark.parametrize("policy", ["scan", "inline"])
+def test_by_ref_rows_of_a_stack_inside_a_loop(policy):
+    """Per-layer weights bound to one layer graph and updated in a branch inside a loop
+    (a pipeline stage's shape): with the scan policy the rows enter and leave the branch as
+    one stacked array; both policies give NumPy's results."""
+    from runtime import calls
+
+    layers, steps = 4, 3
+    w0 = [np.full((2, 2), 0.1 * (i + 1), np.float32) for i in range(layers)]
+    x0 = np.array([[1.0, -1.0]], np.float32)
+    w2 = popxl.TensorSpec((2, 2), popxl.float32)
+    calls.set_policy(policy)
+    try:
+        ir = popxl.Ir()
+        with ir.main_graph:
+            ws = [popxl.variable(w, name=f"w{i}") for i, w in enumerate(w0)]
+            x = popxl.variable(x0, name="x")
+
+            def layer(w: popxl.TensorByRef, x: popxl.Tensor):
+                y = ops.tanh(x @ w)
+                ops.var_updates.accumulate_(w, ops.transpose(x) @ y * 0.1)
+                return y
+
+            layer_g = ir.create_graph(layer, w2, x)
+            stage = ir.create_empty_graph("stage")
+            with stage:
+                h = popxl.graph_input((1, 2), popxl.float32, "x")
+                refs = [
+                    popxl.graph_input((2, 2), popxl.float32, f"w{i}", by_ref=True)
+                    for i in range(layers)
+                ]
+                for w in refs:
+                    (h,) = ops.call(layer_g, w, h)
+                popxl.graph_output(h)
+            skip = ir.create_graph(lambda t: t * 1.0, x)
+            cycle = ir.create_empty_graph("cycle")
+            with cycle:
+                c = popxl.graph_input((), popxl.int32, "c")
+                h = popxl.graph_input((1, 2), popxl.float32, "x")
+                refs = [
+                    popxl.graph_input((2, 2), popxl.float32, f"w{i}", by_ref=True)
+                    for i in range(layers)
+                ]
+                odd = ops.equal(
+                    ops.fmod(c, popxl.constant(2, popxl.int32)), popxl.constant(1, popxl.int32)
+                )
+                (h,) = ops.conditional(odd, stage, skip, [h, *refs], [h])
+                popxl.graph_output(c + popxl.constant(1, popxl.int32))
+                popxl.graph_output(h)
+            _, out = ops.repeat(cycle, steps, popxl.constant(0, popxl.int32), x, *ws)
+            d = popxl.d2h_stream((1, 2), popxl.float32, "out")
+            ops.host_store(d, out)
+        with popxl.Session(ir, "ipu_model") as session:
+            got = session.run()[d]
+            got_w = [session.get_tensor_data(w) for w in ws]
+    finally:
+        calls.set_policy(None)
+    want_w, h = [w.copy() for w in w0], x0.copy()
+    for c in range(steps):
+        if c % 2 == 1:
+            for w in want_w:
+                y = np.tanh(h @ w)
+                w += h.T @ y * 0.1
+                h = y
+        else:
+            h = h * 1.0
+    np.testing.assert_allclose(got, h, rtol=1e-6)
+    for g, w in zip(got_w, want_w):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
 
 
 def test_condition_checks():
