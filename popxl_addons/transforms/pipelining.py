@@ -4,11 +4,17 @@ Ops created inside ``pipelined_execution`` are tagged with a pipeline stage
 (``pipeline.stage(i)``). When the context closes they are moved out of the graph into one
 subgraph per stage and kind (host loads, compute, host stores; every ``ipu_copy`` goes
 into one shared copies graph) and the graph gains one call of a ``pipeline_graph`` that
-runs the classic schedule over ``steps`` micro-batches:
+runs the classic schedule over ``steps`` micro-batches in ``steps + S - 1`` cycles:
 
-* **fill** (ramp up): cycles ``1 .. S-1`` run stages ``0 .. i-1``;
-* **main**: a ``repeat`` of ``steps - (S-1)`` cycles running every stage;
-* **flush** (ramp down): cycles run stages ``i .. S-1``.
+* **fill** (ramp up): cycles ``0 .. S-2``, where stage ``s`` runs from cycle ``s`` on;
+* **main**: cycles ``S-1 .. steps-1``, running every stage;
+* **flush** (ramp down): cycles ``steps .. steps+S-2``, where stage ``s`` has finished
+  once its last micro-batch ran (cycle ``steps-1+s``).
+
+All cycles are one ``repeat`` of one cycle graph: each stage's pieces are called through
+``guarded_<piece>``, a conditional that skips them in cycles where the stage has no
+micro-batch, so every stage is compiled once however many cycles the ramps have (PopART
+unrolled the ramps instead).
 
 In one cycle stage ``s`` works on micro-batch ``cycle - s``; tensors pass between stages
 through ``ipu_copy`` (copied at the end of the cycle, consumed in the next) or through a
@@ -72,12 +78,14 @@ class PipelineContext:
         self.steps = steps
         self._stage: int | None = None
         self.ops: dict[int, list[Op]] = defaultdict(list)
+        self._stage_of: dict[Op, int] = {}
         self.pipeline: _Pipeline | None = None
 
     def hook(self, op: Op) -> None:
         if self._stage is None:
             raise RuntimeError(NO_STAGE_MSG.format(op=op))
         self.ops[self._stage].append(op)
+        self._stage_of[op] = self._stage
 
     @contextmanager
     def stage(self, i: int) -> Iterator[None]:
@@ -89,10 +97,7 @@ class PipelineContext:
             self._stage = prev
 
     def stage_of(self, op: Op) -> int | None:
-        for stage, stage_ops in self.ops.items():
-            if op in stage_ops:
-                return stage
-        return None
+        return self._stage_of.get(op)
 
     def _is_external_input(self, t: popxl.Tensor) -> bool:
         return t._producer is None or self.stage_of(t._producer) is None
@@ -291,7 +296,6 @@ class _Pipeline:
         for op in graph._ops:
             if op in stage_of:
                 self._piece_for(op, stage_of[op]).ops.append(op)
-        self.cycles: list[tuple[str, int, int]] = []
 
     def _piece_for(self, op: Op, stage: int) -> _Piece:
         kind = _kind(op)
@@ -423,63 +427,99 @@ class _Pipeline:
                 values[t] = ops.init(t.shape, t.dtype, "dummy__" + t.name, "zero")
         return values[t]
 
-    def _cycle(self, start: int, end: int, values: dict, last: bool = False) -> None:
-        for p in self.cycle_order(start, end, last):
-            self._call_piece(p, values)
-        self.cycles.append(("", start, end))
-
     def _write_schedule(self, values: dict[popxl.Tensor, popxl.Tensor]) -> None:
+        """One ``repeat`` of ``steps + stages - 1`` cycles. Every cycle calls every piece;
+        a stage's pieces run only in the cycles where its micro-batch exists (``cycle -
+        stage`` in ``0 .. steps-1``), so the ramps (fill and flush) reuse the main cycle
+        and each stage is compiled once."""
         n = self.num_stages
-        with popxl.in_sequence(True):
-            for i in range(1, n):
-                self._cycle(0, i, values)
-                self.cycles[-1] = ("fill", 0, i)
-            self._main_loop(values)
-            for i in range(1, n):
-                self._cycle(i, n, values, last=i == n - 1)
-                self.cycles[-1] = ("flush", i, n)
-
-    def _main_loop(self, values: dict[popxl.Tensor, popxl.Tensor]) -> None:
-        count = self.steps - (self.num_stages - 1)
+        ipus = sorted({_main_ipu(p.ops) for p in self.pieces.values() if p.stage is not None})
+        counters = []
+        for ipu in ipus:
+            with popxl.ipu(ipu):
+                counters.append(ops.init((), popxl.int32, f"cycle_ipu{ipu}", "zero"))
         carried = [self._value(t, values) for t in self.carried]
         fixed = [values[t] for t in self.externals]
-        body = self.ir.create_empty_graph("main_cycle")
+        body = self.cycle_graph = self.ir.create_empty_graph("pipeline_cycle")
         with body:
+            cycle = {}
+            for ipu in ipus:
+                cycle[ipu] = popxl.graph_input((), popxl.int32, f"cycle_ipu{ipu}")
             inner = {t: self._input_like(t, False) for t in self.carried}
             for t in self.externals:
                 inner[t] = self._input_like(t, t in self.modified_externals)
-            self._cycle(0, self.num_stages, inner)
-            self.cycles[-1] = ("main", 0, self.num_stages)
+            active: dict[int, popxl.Tensor] = {}
+            for p in self.cycle_order(0, n, last=False):
+                if p.stage is None:  # the copies: harmless in cycles where nothing reads them
+                    self._call_piece(p, inner)
+                    continue
+                ipu = _main_ipu(p.ops)
+                if p.stage not in active:
+                    active[p.stage] = self._is_active(cycle[ipu], p.stage, ipu)
+                self._call_guarded(p, inner, active[p.stage])
+            for ipu in ipus:
+                with popxl.ipu(ipu):
+                    popxl.graph_output(cycle[ipu] + popxl.constant(1, popxl.int32))
             for t in self.carried:
                 popxl.graph_output(inner[t])
         with popxl.ipu(0):
-            outs = ops.repeat(body, count, *carried, *fixed)
-        for t in list(values):
-            if t not in self.externals:
-                del values[t]
-        values.update(zip(self.carried, outs))
+            outs = ops.repeat(body, self.steps + n - 1, *counters, *carried, *fixed)
+        values.update(zip(self.carried, outs[len(ipus) :]))
+
+    def _is_active(self, cycle: popxl.Tensor, stage: int, ipu: int) -> popxl.Tensor:
+        """Whether ``stage`` has a micro-batch in ``cycle``: ``stage <= cycle < steps + stage``."""
+        with popxl.ipu(ipu):
+            started = ops.greater(cycle, popxl.constant(stage - 1, popxl.int32))
+            ended = ops.greater(cycle, popxl.constant(self.steps + stage - 1, popxl.int32))
+            return ops.logical_and(started, ops.logical_not(ended))
+
+    def _call_guarded(self, p: _Piece, values: dict, active: popxl.Tensor) -> None:
+        graph = self._guarded_graph(p)
+        args = [self._value(t, values) for t in p.reads]
+        with popxl.ipu(_main_ipu(p.ops)):
+            outs = ops.call(graph, active, *args)
+        values.update(zip(p.outputs, outs))
+
+    def _guarded_graph(self, p: _Piece) -> popxl.Graph:
+        """``<piece>_guarded(active, reads...)``: a conditional between the piece and a skip
+        that returns zeros (never read: the consumers of a skipped stage are skipped too).
+        The inputs the piece modifies pass by reference through both. It is one call, so
+        placed on several devices it runs on the stage's device as a unit."""
+        graph = p.built()
+        with popxl.ipu(_main_ipu(p.ops)):
+            skip = self.ir.create_empty_graph(f"{p.name}_skip")
+            with skip:
+                for t in p.outputs:
+                    popxl.graph_output(ops.init(t.shape, t.dtype, f"skipped__{t.name}", "zero"))
+            guarded = self.ir.create_empty_graph(f"{p.name}_guarded")
+            with guarded:
+                active = popxl.graph_input((), popxl.bool, "active")
+                ins = [self._input_like(t, t in p.modified) for t in p.reads]
+                for out in ops.conditional(active, graph, skip, then_inputs=ins):
+                    popxl.graph_output(out)
+        return guarded
 
     def describe(self) -> str:
         n = self.num_stages
         count = self.steps - (n - 1)
         lines = [
-            f"Pipeline: {n} stages over {self.steps} steps: {n - 1} fill, {count} main "
-            f"(one repeated cycle), {n - 1} flush cycles",
+            f"Pipeline: {n} stages over {self.steps} steps: {n - 1} fill, {count} main, "
+            f"{n - 1} flush cycles, all one repeated cycle (a stage is skipped where it has "
+            "no micro-batch)",
             "cycle    phase  " + "".join(f"{'stage ' + str(s):>10}" for s in range(n)),
         ]
-        cycle = 0
-        for phase, start, end in self.cycles:
-            if phase == "main":
-                label = f"{cycle}..{cycle + count - 1}"
-                cells = ["mb c" if s == 0 else f"mb c-{s}" for s in range(n)]
-                cycle += count
-            else:
-                label = str(cycle)
-                cells = [f"mb {cycle - s}" if start <= s < end else "." for s in range(n)]
-                cycle += 1
-            lines.append(f"{label:<9}{phase:<7}" + "".join(f"{c:>10}" for c in cells))
+        for c in range(n - 1):
+            cells = [f"mb {c - s}" if s <= c else "." for s in range(n)]
+            lines.append(f"{c:<9}{'fill':<7}" + "".join(f"{x:>10}" for x in cells))
+        cells = ["mb c" if s == 0 else f"mb c-{s}" for s in range(n)]
+        label = f"{n - 1}..{self.steps - 1}"
+        lines.append(f"{label:<9}{'main':<7}" + "".join(f"{x:>10}" for x in cells))
+        for c in range(self.steps, self.steps + n - 1):
+            cells = [f"mb {c - s}" if c - s < self.steps else "." for s in range(n)]
+            lines.append(f"{c:<9}{'flush':<7}" + "".join(f"{x:>10}" for x in cells))
         lines.append("")
         lines.append(self.pipeline_graph.print_schedule())
+        lines.append(self.cycle_graph.print_schedule())
         for p in self.pieces.values():
             lines.append(p.built().print_schedule())
         return "\n".join(lines)
