@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from .errors import InternalError
+
 if TYPE_CHECKING:
     from .ir import Ir
 
@@ -230,7 +232,7 @@ class ReplicaGrouping:
                 candidate = _const_assignment(replicas, stride, size)
                 if candidate is not None and self._refined_by(candidate):
                     return ReplicaGrouping._create(self._ir, candidate, stride if size > 1 else 1)
-        raise AssertionError("the all-singletons grouping always refines")
+        raise InternalError(f"no constant grouping refines {self}; the all-singletons one should")
 
     def _refined_by(self, finer: list[int]) -> bool:
         return all(len({self._assignment[r] for r in group}) == 1 for group in _members(finer))

@@ -140,9 +140,11 @@ def _checked(value: Array, t: Tensor) -> Array:
     if value.dtype != want:
         value = value.astype(want)
     if tuple(value.shape) != t.shape:
-        raise AssertionError(
-            f"lowering of {t._producer} produced shape {tuple(value.shape)} but inference "
-            f"said {t.shape} for {t.id}"
+        raise InternalError(
+            f"the lowering produced shape {tuple(value.shape)} but shape inference said "
+            f"{t.shape} for {t.id}",
+            t._producer,
+            t._graph,
         )
     return value
 

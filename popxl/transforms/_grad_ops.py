@@ -15,7 +15,7 @@ _GRAD_OPDEFS: dict[str, OpDef] = {}
 
 
 def _no_infer(*_: Any, **__: Any) -> list:
-    raise AssertionError("gradient ops are created with explicit output specs")
+    raise InternalError("gradient ops are created with explicit output specs")
 
 
 def grad_opdef(forward: OpDef) -> OpDef:

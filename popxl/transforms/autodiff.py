@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._op import Op, core_error
+from ..errors import InternalError
 from ..graph import Graph
 from ..ops import elementwise
 from ..ops._base import add_op, spec
@@ -271,7 +272,7 @@ class _Differentiator:
         for v in step.befores:
             if v.root is h:
                 return v
-        raise AssertionError(f"{h.id} is not read by {step.op}")
+        raise InternalError(f"{h.id} is not read by the op", step.op, step.op.graph)
 
 
 def _rewire(op: Op, k: int, new: Tensor) -> None:
