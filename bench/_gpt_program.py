@@ -27,7 +27,10 @@ replicated          per-variable-adam on 2 replicas, gradients mean-all-reduced 
 ==================  ==========================================================================
 
 All patterns compute the same update as ``reference_step`` for their configuration (Adam or
-SGD, ``ga`` micro-batches averaged, ``replicas`` replicas averaged).
+SGD, ``ga`` micro-batches averaged, ``replicas`` replicas averaged). With ``dtype="float16"``
+the weights stay float32 (master weights, optimizer state and updates) and every part casts
+them to float16 where it uses them: activations and matmuls are float16 (float32 partials,
+PopXL's default), the logits are cast to float32 for the loss.
 
 Used by ``bench/build_compile.py`` (time to first step) and ``bench/transformer_step.py``.
 """
@@ -76,6 +79,7 @@ class Config:
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-5
+    dtype: str = "float32"  # the compute type; weights are float32 either way
 
     @property
     def optimizer(self) -> str:
@@ -180,9 +184,13 @@ def _modules(cfg: Config) -> dict[str, Any]:
     import popxl_addons as addons
 
     H, heads, S, B = cfg.hidden, cfg.heads, cfg.seq, cfg.micro_batch
+    compute = _compute_dtype(cfg)
 
     def zeros(*shape: int) -> np.ndarray:
         return np.zeros(shape, np.float32)
+
+    def cast(t: popxl.Tensor) -> popxl.Tensor:
+        return t if t.dtype == compute else ops.cast(t, compute)
 
     class Linear(addons.Module):
         def __init__(self, out_features: int):
@@ -192,13 +200,13 @@ def _modules(cfg: Config) -> dict[str, Any]:
         def build(self, x: popxl.Tensor) -> popxl.Tensor:
             w = self.add_variable_input("weight", partial(zeros, x.shape[-1], self.out_features))
             b = self.add_variable_input("bias", partial(zeros, self.out_features))
-            return x @ w + b
+            return x @ cast(w) + cast(b)
 
     class LayerNorm(addons.Module):
         def build(self, x: popxl.Tensor) -> popxl.Tensor:
             w = self.add_variable_input("weight", partial(np.ones, (H,), np.float32))
             b = self.add_variable_input("bias", partial(zeros, H))
-            return ops.layer_norm(x, w, b)
+            return ops.layer_norm(x, cast(w), cast(b))
 
     class Attention(addons.Module):
         def __init__(self):
@@ -230,7 +238,7 @@ def _modules(cfg: Config) -> dict[str, Any]:
         def build(self, tokens: popxl.Tensor) -> popxl.Tensor:
             wte = self.add_variable_input("wte", partial(zeros, cfg.vocab, H))
             wpe = self.add_variable_input("wpe", partial(zeros, S, H))
-            return (ops.gather(wte, tokens) + wpe).reshape((B * S, H))
+            return cast((ops.gather(wte, tokens) + wpe).reshape((B * S, H)))
 
     class Head(addons.Module):
         def __init__(self):
@@ -239,7 +247,8 @@ def _modules(cfg: Config) -> dict[str, Any]:
 
         def build(self, x: popxl.Tensor) -> popxl.Tensor:
             w = self.add_variable_input("weight", partial(zeros, H, cfg.vocab))
-            return self.ln_f(x) @ w
+            logits = self.ln_f(x) @ cast(w)
+            return logits if logits.dtype == popxl.float32 else ops.cast(logits, popxl.float32)
 
     class GPT(addons.Module):
         """The whole model as one graph; the layers are calls of one bound layer graph."""
@@ -249,7 +258,7 @@ def _modules(cfg: Config) -> dict[str, Any]:
             self.embedding, self.head = Embedding(), Head()
 
         def build(self, tokens: popxl.Tensor) -> popxl.Tensor:
-            mask = popxl.constant(_mask(S), name="mask")
+            mask = popxl.constant(_mask(S), compute, name="mask")
             x = self.embedding(tokens)
             facts, layer = Decoder().create_graph(x, mask)
             for i in range(cfg.layers):
@@ -257,6 +266,12 @@ def _modules(cfg: Config) -> dict[str, Any]:
             return self.head(x)
 
     return {"Decoder": Decoder, "Embedding": Embedding, "Head": Head, "GPT": GPT}
+
+
+def _compute_dtype(cfg: Config) -> Any:
+    import popxl
+
+    return {"float32": popxl.float32, "float16": popxl.float16}[cfg.dtype]
 
 
 def _mask(seq: int) -> np.ndarray:
@@ -439,8 +454,9 @@ def _build_parts(program: Program) -> None:  # noqa: PLR0915 (one program, top t
     mods = _modules(cfg)
     H, S, B = cfg.hidden, cfg.seq, cfg.micro_batch
     tokens_stream, labels_stream = program.streams
-    x_spec = popxl.TensorSpec((B * S, H), popxl.float32)
-    mask = popxl.constant(_mask(S), name="mask")
+    compute = _compute_dtype(cfg)
+    x_spec = popxl.TensorSpec((B * S, H), compute)
+    mask = popxl.constant(_mask(S), compute, name="mask")
     emb_facts, emb = mods["Embedding"]().create_graph(popxl.TensorSpec((B, S), popxl.int32))
     layer_facts, layer = mods["Decoder"]().create_graph(x_spec, mask)
     head_facts, head = mods["Head"]().create_graph(x_spec)
@@ -517,7 +533,7 @@ def _build_parts(program: Program) -> None:  # noqa: PLR0915 (one program, top t
             n = cfg.layers
             e_v, e_a, l_v, l_a = inner[0], inner[1], inner[2 : 2 + n], inner[2 + n : 2 + 2 * n]
             h_v, h_a = inner[-2], inner[-1]
-            m = popxl.constant(_mask(S), name="mask")
+            m = popxl.constant(_mask(S), compute, name="mask")
             tokens, labels = ops.host_load(tokens_stream), ops.host_load(labels_stream)
             e_info = emb.bind(e_v).call_with_info(tokens)
             x, infos = e_info.outputs[0], []
@@ -652,6 +668,13 @@ def reference_step(cfg: Config) -> Any:
     import jax.numpy as jnp
 
     H, heads, S, B = cfg.hidden, cfg.heads, cfg.seq, cfg.micro_batch
+    compute = jnp.dtype(cfg.dtype)
+
+    def mm(a, b):
+        """PopXL's matmul: float16 operands, float32 partials (its default)."""
+        if compute == jnp.float16:
+            return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(compute)
+        return a @ b
 
     def layer_norm(x, w, b):
         mean = x.mean(-1, keepdims=True)
@@ -659,27 +682,31 @@ def reference_step(cfg: Config) -> Any:
         return (x - mean) / jnp.sqrt(var + 1e-5) * w + b
 
     def decoder(x, p, mask):
+        p = jax.tree_util.tree_map(lambda a: a.astype(compute), p)
         h = layer_norm(x, p["ln1.weight"], p["ln1.bias"])
-        q, k, v = jnp.split(h @ p["attn.qkv.weight"] + p["attn.qkv.bias"], 3, axis=-1)
+        q, k, v = jnp.split(mm(h, p["attn.qkv.weight"]) + p["attn.qkv.bias"], 3, axis=-1)
 
         def split_heads(t):
             return t.reshape(B, S, heads, H // heads).transpose(0, 2, 1, 3)
 
-        s = split_heads(q) @ split_heads(k).transpose(0, 1, 3, 2) / np.sqrt(H // heads) + mask
-        z = (jax.nn.softmax(s, axis=-1) @ split_heads(v)).transpose(0, 2, 1, 3)
-        x = x + z.reshape(B * S, H) @ p["attn.out.weight"] + p["attn.out.bias"]
+        s = mm(split_heads(q), split_heads(k).transpose(0, 1, 3, 2))
+        s = s * jnp.asarray(1.0 / np.sqrt(H // heads), compute) + mask
+        z = mm(jax.nn.softmax(s, axis=-1), split_heads(v)).transpose(0, 2, 1, 3)
+        x = x + mm(z.reshape(B * S, H), p["attn.out.weight"]) + p["attn.out.bias"]
         h = layer_norm(x, p["ln2.weight"], p["ln2.bias"])
-        h = jax.nn.gelu(h @ p["fc1.weight"] + p["fc1.bias"], approximate=True)
-        return x + h @ p["fc2.weight"] + p["fc2.bias"]
+        h = jax.nn.gelu(mm(h, p["fc1.weight"]) + p["fc1.bias"], approximate=True)
+        return x + mm(h, p["fc2.weight"]) + p["fc2.bias"]
 
     layer_fn = jax.checkpoint(decoder) if cfg.recompute else decoder
 
     def loss_fn(params, tokens, labels):
-        mask = jnp.asarray(_mask(S))
-        x = (params["wte"][tokens] + params["wpe"]).reshape(B * S, H)
+        mask = jnp.asarray(_mask(S)).astype(compute)
+        x = (params["wte"][tokens] + params["wpe"]).reshape(B * S, H).astype(compute)
         x, _ = jax.lax.scan(lambda c, p: (layer_fn(c, p, mask), None), x, params["layers"])
-        h = layer_norm(x, params["ln_f.weight"], params["ln_f.bias"])
-        logp = jax.nn.log_softmax(h @ params["head.weight"], axis=-1)
+        ln_f = (params["ln_f.weight"].astype(compute), params["ln_f.bias"].astype(compute))
+        h = layer_norm(x, *ln_f)
+        logits = mm(h, params["head.weight"].astype(compute)).astype(jnp.float32)
+        logp = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.mean(jnp.take_along_axis(logp, labels.reshape(B * S, 1), axis=-1))
 
     grad_fn = jax.value_and_grad(loss_fn)

@@ -24,7 +24,8 @@ copies, dynamic slices and updates, and XLA's memory analysis), which a loaded m
 cannot disturb. The load average is printed with the timings.
 
 ``--pattern``: the program above is pattern ``apps`` (the default, float32 and float16).
-The other patterns are ``bench/_gpt_program``'s (float32 only: per-variable Adam graphs
+The other patterns are ``bench/_gpt_program``'s (float32 and float16 with float32 master
+weights, as ``--dtype`` says; ``--hlo`` compares them in float32: per-variable Adam graphs
 cached by shape, per-layer Adam graphs, inline SGD and Adam updates, gradient accumulation,
 recomputation, pipelining, phased execution, replication), each timed against its own
 hand-written reference at this size; ``all`` runs every pattern and names the worst. Each
@@ -526,7 +527,7 @@ def pattern_config(pattern: str, cfg: Config) -> Any:
 
     return gpt.config(
         pattern, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, seq=cfg.seq,
-        vocab=cfg.vocab, micro_batch=cfg.micro_batch,
+        vocab=cfg.vocab, micro_batch=cfg.micro_batch, dtype=cfg.dtype,
     )  # fmt: skip
 
 
@@ -749,9 +750,9 @@ def main() -> None:  # noqa: PLR0912 (one flag per branch)
             print("float32 patterns, project / reference:")
             pattern_hlo_rows(([APPS] if apps else []) + patterns, cfg)
         return
-    if patterns:
-        print(f"float32 patterns at this size, {args.rounds} alternating rounds, {load()}")
-        time_patterns(patterns, cfg, args.repeats, args.rounds)
+    for dtype in dtypes if patterns else []:
+        print(f"{dtype} patterns at this size, {args.rounds} alternating rounds, {load()}")
+        time_patterns(patterns, replace(cfg, dtype=dtype), args.repeats, args.rounds)
     rows = []
     for dtype in dtypes if apps else []:
         c = replace(cfg, dtype=dtype)
