@@ -339,6 +339,11 @@ def _concat_inputs(ts: Iterable[Tensor], axis: int) -> tuple[dict, dict]:
             f"All inputs to a concat operation must have the same type: {types}. Cast them to "
             "one dtype first (ops.cast; float8 data via ops.pow2scale_cast_from_fp8)."
         )
+    if tensors[0].rank == 0:
+        raise ValueError(
+            f"concat: axis {axis} is out of range for scalar (rank 0) tensors; reshape them "
+            "to shape (1,) to join them."
+        )
     ax = normalize_axis(axis, tensors[0].rank)
     return {f"t{i}": t for i, t in enumerate(tensors)}, {"axis": ax}
 

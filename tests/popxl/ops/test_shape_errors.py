@@ -32,6 +32,18 @@ def test_concat_of_different_dtypes(concat, first, second):
         assert concat([a, a], 0).shape == (4, 2)
 
 
+@pytest.mark.parametrize("concat", [ops.concat, ops.concat_])
+def test_concat_of_scalars_is_refused(concat):
+    # Found by the differential tests' invalid programs: an IndexError from shape inference.
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(1.0, popxl.float32)
+        before = len(ir.main_graph._ops)
+        with pytest.raises(ValueError, match=r"concat: axis 0 is out of range for scalar"):
+            concat([a, a], 0)
+        assert len(ir.main_graph._ops) == before
+
+
 @pytest.mark.parametrize("perm", [(0, 0, 1), (0, 1), (0, 1, 3), (0, 1, -4)])
 def test_transpose_permutation_must_name_each_axis_once(perm):
     # PopART failed on these too (wrong rank, or a repeated/missing axis at lowering).
