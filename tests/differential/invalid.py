@@ -184,16 +184,16 @@ class Mutations:
             return None
         return "conditional on a float", lambda: ops.conditional(a, g, g, [a], [a])
 
-    def cond_by_ref(self, env: list) -> Any:
+    def cond_branch_outputs(self, env: list) -> Any:
         a = _float(env, self.rng)
         if a is None:
             return None
         flag = popxl.constant(True)
-        g = self.ir.create_empty_graph("by_ref")
-        with g:
-            x = popxl.graph_input(a.shape, a.dtype, "x", by_ref=True)
-            popxl.graph_output(ops.add_(x, x))
-        return "conditional with a by-ref branch", lambda: ops.conditional(flag, g, g, [a], [a])
+        same = self.ir.create_graph(lambda t: t * 2.0, a)
+        other = self.ir.create_graph(lambda t: t.reshape((1, *t.shape)), a)
+        return "conditional branches with different outputs", lambda: ops.conditional(
+            flag, same, other, [a], [a]
+        )
 
     def bad_grouping(self, env: list) -> Any:
         r = self.ir.replication_factor
