@@ -99,6 +99,8 @@ def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
         outs, finals, ctx.fx = lax.cond(
             predicate, branch(then_graph, then_at), branch(else_graph, else_at), ctx.fx
         )
+    if ctx.placement is not None:  # written inputs stay where they lived
+        finals = ctx.placement.adopt(finals, ctx.placement.homes_of(current))
     for t, value in zip(written, finals):
         env.write(t, value)
     for t, value in zip(op.outputs, outs):

@@ -201,3 +201,34 @@ def test_copies_of_one_call_travel_in_one_transfer(monkeypatch):
         got = session.run()
     np.testing.assert_array_equal(got[out1], [11.0, 21.0])
     np.testing.assert_array_equal(got[out0], [301.0, 401.0])
+
+
+@pytest.mark.parametrize("placement", ["off", "on"])
+@pytest.mark.parametrize("flag", [True, False])
+def test_conditional_writing_a_by_ref_input_on_another_ipu(monkeypatch, placement, flag):
+    """A branch that updates a variable of IPU 1 by reference, placed or not."""
+    monkeypatch.setenv("POPXL_PLACEMENT", placement)
+
+    def bump(t: popxl.TensorByRef, k: popxl.Tensor):
+        ops.var_updates.accumulate_(t, k)
+        return t * 2.0
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        h = popxl.h2d_stream((), popxl.bool, "flag")
+        with popxl.ipu(0):
+            k = popxl.variable(np.array([10.0, 20.0], np.float32), name="k") * 1.0
+            cond = ops.host_load(h)
+            k = k.copy_to_ipu(1)
+        with popxl.ipu(1):
+            w = popxl.variable(np.array([1.0, 2.0], np.float32), name="w")
+            then_g = ir.create_graph(bump, w, k)
+            else_g = ir.create_graph(lambda t, _: t + 0.5, w, k)
+            (out,) = ops.conditional(cond, then_g, else_g, [w, k], [w, k])
+        d = popxl.d2h_stream((2,), popxl.float32, "out")
+        ops.host_store(d, out)
+    with popxl.Session(ir, "ipu_model") as session:
+        got = session.run({h: np.array(flag)})[d]
+        final = session.get_tensor_data(w)
+    np.testing.assert_allclose(got, [22.0, 44.0] if flag else [1.5, 2.5])
+    np.testing.assert_allclose(final, [11.0, 22.0] if flag else [1.0, 2.0])
