@@ -701,13 +701,21 @@ class Generator(ExtraFeatures):
             return False
         then_args = list(dict.fromkeys(self.args(scope, int(self.rng.integers(1, 3)))))
         else_args = list(dict.fromkeys(self.args(scope, int(self.rng.integers(0, 3)))))
-        then, t_scope = self.body(scope, then_args, set(), int(self.rng.integers(1, 4)),
+        then_ref, else_ref = (
+            self.branch_by_ref(scope, then_args),
+            self.branch_by_ref(scope, else_args),
+        )
+        then, t_scope = self.body(scope, then_args, then_ref, int(self.rng.integers(1, 4)),
                                   collectives=False, name="then")  # fmt: skip
         then.outputs = [
             int(v) for v in self.rng.choice(t_scope.pool, min(2, len(t_scope.pool)), replace=False)
         ]
-        other, e_scope = self.body(scope, else_args, set(), int(self.rng.integers(0, 4)),
+        other, e_scope = self.body(scope, else_args, else_ref, int(self.rng.integers(0, 4)),
                                    collectives=False, name="else")  # fmt: skip
+        for block, args in ((then, then_args), (other, else_args)):
+            for pos in block.by_ref:  # either branch may have written it
+                parent, inner = self.st(args[pos]), self.st(block.inputs[pos])
+                parent.bound, parent.bits = max(parent.bound, inner.bound), None
         other.outputs = self.outputs_for(e_scope, [self.specs[v] for v in then.outputs])
         outs = []
         for tv, ev in zip(then.outputs, other.outputs):
@@ -718,6 +726,13 @@ class Generator(ExtraFeatures):
         scope.nodes.append(Node("cond", (flag, *then_args, *else_args), tuple(outs), attrs))
         scope.pool.extend(outs)
         return True
+
+    def branch_by_ref(self, scope: Scope, args: list[int]) -> set[int]:
+        """Inputs a conditional's branch takes by reference (ops.conditional writes them
+        back from the branch that ran)."""
+        if scope.in_grad or "inplace" not in self.features:
+            return set()
+        return {p for p, a in enumerate(args) if self.modifiable[a] and self.rng.random() < 0.4}
 
     def grad(self, scope: Scope) -> bool:
         made = self.grad_body(scope)

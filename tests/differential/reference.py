@@ -333,7 +333,8 @@ class Evaluator(ExtraRules):
             flag = bool(np.asarray(env.vals[node.args[0]]).reshape(()))
             body = node.attrs["then" if flag else "else"]
             args = node.args[1 : 1 + n_then] if flag else node.args[1 + n_then :]
-            (outs,), _ = self._enter([env], body, args)
+            (outs,), sub = self._enter([env], body, args)
+            self._write_back([env], sub, body, args)
             for vid, v in zip(node.outs, outs):
                 env.define(vid, v)
 
