@@ -417,8 +417,9 @@ def _inline(ctx: LoweringContext, env: Env, op: Op) -> None:
             env.values[t] = inner.read_raw(g_out)
             continue
         key, index = row
-        # A stack passed by value and written inside: the output is the callee's copy.
-        if key in shared and not shared[key] and outer_values[key] is not inner_values[key]:
+        # A row of a stack the caller passed in (an input passed through): the output is a
+        # new tensor, so it is a copy; as a view it would share the caller's storage.
+        if key in shared:
             env.values[t] = inner.read_raw(g_out)
             continue
         outer_values.setdefault(key, inner_values[key])
@@ -522,9 +523,9 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
     for (key, _), value in zip(carried_stacks, final_stacks):
         env.values[key] = value  # type: ignore[index]
     for m, value in zip(run.ys, ys):
+        # Every call's output, the last call's carried one too, is a row of the stack: a
+        # later in-place write to it must reach the row that other readers see.
         add_stack(env, _in_scan_order([op.outputs[m] for op in calls], reverse), value)
-        if m in {s.source for _, s in carry_in}:
-            env.values[calls[-1].outputs[m]] = _index(value, 0 if reverse else n - 1)
     for i, value in zip(stacked_modified, finals):
         _write_stacked(env, run.stacked(i), sources[i], reverse, value)
 

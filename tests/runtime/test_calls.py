@@ -348,3 +348,58 @@ def test_calls_inside_loops_and_branches_scan_stored_stacks(kind, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     if kind == "repeat":  # the accumulators and weights moved
         assert not np.allclose(vars_scan[0], vars_inline[0] * 0)
+
+
+# Found by the differential campaign (seeds 601003681 and 601005329) -----------------------
+
+
+@pytest.mark.parametrize("policy", ["scan", "inline"])
+def test_call_output_passing_an_input_through_is_a_copy(policy, monkeypatch):
+    """A called graph returns its input; an in-place op on that output must not reach the
+    caller's variable (a row of the variables' stack under the scan policy)."""
+    monkeypatch.setattr(calls, "_policy", policy)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v0 = popxl.variable(np.float32(2.0), name="v0")
+        v1 = popxl.variable(np.float32(1.1), name="v1")
+
+        def g(a):
+            ops.cast(a, popxl.float16)
+            return a + a, a
+
+        graph = ir.create_graph(g, v1)
+        _, out = ops.call(graph, v1)
+        before = ops.cast(v1, popxl.int32)
+        ops.exp_(out)
+        popxl.constant(np.ones(3, np.float32)) * 1.0
+        streams = [popxl.d2h_stream(t.shape, t.dtype) for t in (before, v0)]
+        for s, t in zip(streams, (before, v0)):
+            ops.host_store(s, t)
+    with popxl.Session(ir, "ipu_model") as session:
+        result = session.run()
+        v1_after = session.get_tensor_data(v1)
+    assert result[streams[0]] == 1  # cast before exp_, of the caller's unchanged v1
+    assert result[streams[1]] == np.float32(2.0)
+    assert v1_after == np.float32(1.1)
+
+
+@pytest.mark.parametrize("policy", ["scan", "inline"])
+def test_in_place_write_to_a_scanned_chain_output_that_is_also_carried(policy, monkeypatch):
+    """The second output of a chain of calls feeds the next call and is also read after
+    the run: an in-place write to the last call's one must be what a later read sees."""
+    monkeypatch.setattr(calls, "_policy", policy)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.full((3,), 7.0, np.float16))
+
+        def g(a):
+            return a, ops.identity(popxl.constant(np.full((3,), 0.5, np.float16)))
+
+        graph = ir.create_graph(g, x)
+        _, b1 = ops.call(graph, x)
+        _, b2 = ops.call(graph, b1)
+        ops.var_updates.accumulate_(b2, b1)
+        d = popxl.d2h_stream((3,), popxl.float16)
+        ops.host_store(d, b2)
+    with popxl.Session(ir, "ipu_model") as session:
+        np.testing.assert_array_equal(session.run()[d], np.ones(3, np.float16))
