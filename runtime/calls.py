@@ -743,7 +743,6 @@ def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
         control._lower_conditional(ctx, env, op)  # written both as a row and on its own
         return
     predicate = env.read(op.inputs[0]).reshape(())
-    current = [env.read(t) for t in written]
     stack_keys = list(dict.fromkeys(key for stacks in groups for key, _, ref in stacks if ref))
     stack_now = [env.values[key] for key in stack_keys]  # type: ignore[index]
 
@@ -755,7 +754,7 @@ def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
         def run(fx: Any) -> tuple:
             ctx.fx = fx
             outs, finals, stack_finals = lower_graph_with_stacks(ctx, graph, values, stacked)
-            kept = control.branch_finals(op, span.start, finals, written, current)
+            kept = control.branch_finals(env, op, span.start, finals, written)
             new_stacks = {key: f for (key, _, ref), f in zip(stacks, stack_finals) if ref}
             stacks_out = [new_stacks.get(key, now) for key, now in zip(stack_keys, stack_now)]
             return tuple(outs), tuple(kept), tuple(stacks_out), ctx.fx

@@ -79,7 +79,7 @@ def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
     then_at, else_at = op.attrs["input_offsets"]
     predicate = env.read(op.inputs[0]).reshape(())
     written = modified_parents(op)
-    current = [env.read(t) for t in written]
+    current = [env.read(t) for t in written]  # for the homes of the written tensors
 
     def branch(graph, offset):  # noqa: ANN001, ANN202
         values = [env.read(t) for t in op.inputs[offset : offset + len(graph._inputs)]]
@@ -87,7 +87,7 @@ def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
         def run(fx):  # noqa: ANN001, ANN202
             ctx.fx = fx
             outs, finals, _ = lower_graph(ctx, graph, values)
-            kept = branch_finals(op, offset, finals, written, current)
+            kept = branch_finals(env, op, offset, finals, written)
             if ctx.placement is not None:  # both branches must agree where outputs live
                 outs = ctx.placement.settle(outs, [None] * len(outs))
                 kept = ctx.placement.settle(kept, ctx.placement.homes_of(current))
@@ -113,18 +113,20 @@ def modified_parents(op: Op) -> list[Tensor]:
 
 
 def branch_finals(
+    env: Env,
     op: Op,
     offset: int,
     finals: Sequence[Array | None],
     written: Sequence[Tensor],
-    current: Sequence[Array],
 ) -> list[Array]:
-    """For each of ``written``: its final value in the branch whose inputs start at op
-    input ``offset`` if that branch writes it back, else its value before the conditional."""
+    """The value of each of ``written`` after the branch whose inputs start at op input
+    ``offset``: its write-backs are applied to a scratch copy of ``env`` and every written
+    tensor read from it, so tensors sharing storage (an in-place op's output and its input,
+    views) come back consistent and write back in any order."""
     modified = op.modified_input_indices()
-    by_parent = {
-        op.inputs[offset + k]: final
-        for k, final in enumerate(finals)
-        if offset + k in modified and final is not None
-    }
-    return [by_parent.get(t, value) for t, value in zip(written, current)]
+    scratch = Env(env.graph)
+    scratch.values, scratch.views = dict(env.values), dict(env.views)
+    for k, final in enumerate(finals):
+        if offset + k in modified and final is not None:
+            scratch.write(op.inputs[offset + k], final)
+    return [scratch.read(t) for t in written]

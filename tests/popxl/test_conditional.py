@@ -291,3 +291,30 @@ def test_branch_inputs_are_validated_per_branch():
             ops.conditional(flag, g, g, [x], [])
         with pytest.raises(ValueError, match="Too many inputs"):
             ops.conditional(flag, g, g, [x, x], [x])
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_by_ref_inputs_sharing_storage_write_back_consistently(flag):
+    """The branches take an in-place op's output and its input (one storage) by reference:
+    the write-back of the branch that ran is not undone by the other's unchanged value
+    (differential campaign, seed 702008181)."""
+
+    def double(t: popxl.TensorByRef):
+        ops.var_updates.accumulate_(t, t)
+        return t + 0.0
+
+    def halve(t: popxl.TensorByRef):
+        ops.var_updates.accumulate_(t, t * -0.5)
+        return t + 0.0
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        h = popxl.h2d_stream((), popxl.bool, "flag")
+        x = popxl.variable(np.array([1.0, 2.0], np.float32), name="x")
+        alias = ops.relu_(x)
+        then_g, else_g = ir.create_graph(double, alias), ir.create_graph(halve, x)
+        ops.conditional(ops.host_load(h), then_g, else_g, [alias], [x])
+    with popxl.Session(ir, "ipu_model") as session:
+        session.run({h: np.array(flag)})
+        final = session.get_tensor_data(x)
+    np.testing.assert_allclose(final, [2.0, 4.0] if flag else [0.5, 1.0])
