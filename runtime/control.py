@@ -73,8 +73,8 @@ def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
 @special("conditional")
 def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
     """``lax.cond`` over the two branches. Inputs a branch takes by reference are written
-    back: each branch returns the final value of every modified input (unchanged where
-    that branch does not take it by reference)."""
+    back: each branch returns the value of every written input after its own write-backs
+    (see ``branch_finals``), so the branch that did not run leaves them unchanged."""
     then_graph, else_graph = op.attrs["graphs"]
     then_at, else_at = op.attrs["input_offsets"]
     predicate = env.read(op.inputs[0]).reshape(())
