@@ -25,8 +25,16 @@ def _lower_call(ctx: LoweringContext, env: Env, op: Op) -> None:
     graph = op.attrs["graphs"][0]
     inputs = [env.read_raw(t) for t in op.inputs]
     outs, finals, _ = lower_graph(ctx, graph, inputs, raw_outputs=True)
+    placement = ctx.placement
     for index in sorted(op.modified_inputs):
+        if placement is None:
+            env.write(op.inputs[index], finals[index])
+            continue
+        # The caller's storage is rewritten where the callee left the new value.
+        home = placement.home(finals[index])
+        placement.localise(env, op.inputs[index : index + 1], home)
         env.write(op.inputs[index], finals[index])
+        placement.mark(env, op.inputs[index : index + 1], home)
     for t, value in zip(op.outputs, outs):
         env.values[t] = value
 

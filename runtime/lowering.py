@@ -258,6 +258,9 @@ def lower_graph(
     for op in schedule(ctx, graph) if ops is None else ops:
         lower_op(ctx, env, op)
     read = env.read_raw if raw_outputs else env.read
+    placement = ctx.placement
+    if placement is not None:  # a value read from a view keeps its storage's home
+        read = placement.reader(env, read)
     outs = [read(t) for t in graph._outputs]
     final_inputs = [read(t) for t in graph._inputs]
     return outs, final_inputs, [env.read(t) for t in read_back]

@@ -195,6 +195,16 @@ class Placement:
                 if value is not None and hasattr(value, "dtype"):
                     env.values[r] = self.move(value, self.home(value), dest)
 
+    def reader(self, env: Env, read: Callable[[Tensor], Array]) -> Callable[[Tensor], Array]:
+        """``read`` whose values carry the home of the storage they were read from (a
+        view read at a graph's end is a new array, valid only where its base is)."""
+
+        def placed_read(t: Tensor) -> Array:
+            home = self.home_in(env, t)
+            return self.register(read(t), home)
+
+        return placed_read
+
     def mark(self, env: Env, tensors: Iterable[Tensor], home: int | None) -> None:
         for t in tensors:
             for r in self.storage(env, t):

@@ -232,3 +232,58 @@ def test_conditional_writing_a_by_ref_input_on_another_ipu(monkeypatch, placemen
         final = session.get_tensor_data(w)
     np.testing.assert_allclose(got, [22.0, 44.0] if flag else [1.5, 2.5])
     np.testing.assert_allclose(final, [11.0, 22.0] if flag else [1.0, 2.0])
+
+
+@pytest.mark.parametrize("placement", ["off", "on"])
+def test_view_returned_by_a_call_lowered_op_by_op_keeps_its_device(monkeypatch, placement):
+    """Campaign seed 702010505: a call's output that is a view of its input, read at the
+    call's end, is valid only on the call's device; it was taken as valid everywhere and
+    the host store read another device's zeros."""
+    monkeypatch.setenv("POPXL_PLACEMENT", placement)
+
+    def tail(t: popxl.Tensor):
+        ops.collectives.replicated_reduce_scatter(t, op="mean")
+        return ops.slice_(t, start=[2], stop=[4])
+
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        x_in = popxl.h2d_stream((4,), popxl.float32, "x")
+        with popxl.ipu(1):
+            x = ops.maximum(ops.host_load(x_in), popxl.constant(0.0)).copy_to_ipu(0)
+        with popxl.ipu(0):
+            (y,) = ops.call(ir.create_graph(tail, x), x)
+        out = popxl.d2h_stream((2,), popxl.float32, "y")
+        ops.host_store(out, y)
+    x = np.array([[1, -2, 3, 4], [5, 6, -7, 8]], np.float32)
+    with popxl.Session(ir, "ipu_model") as session:
+        got = session.run({x_in: x})[out]
+    np.testing.assert_array_equal(got, [[3.0, 4.0], [0.0, 8.0]])
+
+
+@pytest.mark.parametrize("placement", ["off", "on"])
+def test_by_ref_view_written_by_a_call_lowered_op_by_op(monkeypatch, placement):
+    """A call on IPU 0 holding a collective writes, by reference, a slice of a variable of
+    IPU 0 with a value computed on IPU 1; the variable keeps the write on its device."""
+    monkeypatch.setenv("POPXL_PLACEMENT", placement)
+
+    def add_summed(t: popxl.TensorByRef, k: popxl.Tensor):
+        ops.var_updates.accumulate_(t, ops.collectives.replicated_all_reduce(k))
+
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        x_in = popxl.h2d_stream((4,), popxl.float32, "x")
+        with popxl.ipu(1):
+            k = (ops.host_load(x_in) * 2.0).copy_to_ipu(0)
+        with popxl.ipu(0):
+            w = popxl.variable(np.zeros(6, np.float32), name="w")
+            part = ops.slice_(w, start=[1], stop=[5])
+            ops.call(ir.create_graph(add_summed, part, k), part, k)
+        out = popxl.d2h_stream((6,), popxl.float32, "w")
+        ops.host_store(out, w)
+    x = np.array([[1, 2, 3, 4], [10, 20, 30, 40]], np.float32)
+    with popxl.Session(ir, "ipu_model") as session:
+        got = session.run({x_in: x})[out]
+        final = session.get_tensor_data(w)
+    want = np.array([0, 22, 44, 66, 88, 0], np.float32)
+    np.testing.assert_array_equal(got, [want, want])
+    np.testing.assert_array_equal(final, want)
