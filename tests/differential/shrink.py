@@ -110,9 +110,31 @@ def _variants(program: Program) -> list[Callable[[Program], None]]:
     return edits
 
 
+def _builds(program: Program) -> bool:
+    """Whether PopXL accepts ``program`` (an edit can make an invalid one: a constant where
+    an in-place op needs a variable's storage, a value on no IPU)."""
+    try:
+        build_programs([program])
+    except Exception:  # noqa: BLE001 (any refusal: the candidate is not a reproduction)
+        return False
+    return True
+
+
+def _kind(message: str) -> str:
+    """A failure's kind: the exception's type for a crash, else the disagreement's first
+    words (``output values``, ``final shape``)."""
+    if message.startswith("session failed"):
+        last = message.rstrip().splitlines()[-1]
+        return "crash " + last.split(":", 1)[0]
+    where, what = message.split(":", 2)[:2]
+    return f"{where.split()[0]} {what.split()[0]}"
+
+
 def shrink(outcome: Outcome, check: Check, budget: int = 300) -> Outcome:
-    """A smaller program that still fails ``check``."""
+    """A smaller program that still fails ``check`` the same way: a candidate PopXL refuses
+    to build, or that fails otherwise (a crash for a wrong value), is not a reproduction."""
     best = outcome
+    kind = _kind(outcome.message)
     tries = 0
     progress = True
     while progress and tries < budget:
@@ -122,8 +144,10 @@ def shrink(outcome: Outcome, check: Check, budget: int = 300) -> Outcome:
             edit(candidate)
             candidate = _dead_code(candidate)
             tries += 1
+            if not _builds(candidate):
+                continue
             result = check(candidate)
-            if result is not None:
+            if result is not None and _kind(result.message) == kind:
                 best, progress = result, True
                 break
             if tries >= budget:

@@ -4,10 +4,11 @@ reference. (The long campaign: ``python -m tests.differential.campaign --seconds
 import pytest
 
 from . import reference, reference_extras
+from . import shrink as shrink_module
 from .campaign import FEATURE_SETS
 from .generator import generate
 from .program import count_nodes
-from .runner import batches, check, check_batch
+from .runner import Outcome, batches, check, check_batch
 from .shrink import describe, shrink
 
 PROGRAMS_PER_SET = 36
@@ -64,3 +65,26 @@ def test_a_wrong_remote_rule_is_caught(monkeypatch, features, name, wrong):
     monkeypatch.setattr(owner, name, wrong)
     programs = [generate(seed, features) for seed in range(16)]
     assert any(check_batch(b) for b in batches(programs, BATCH)), f"a wrong {name} went unnoticed"
+
+
+def test_shrinking_keeps_the_failure_and_a_buildable_program(monkeypatch):
+    """A smaller program counts only if PopXL builds it and it fails the same way: a crash
+    does not reproduce a wrong value, and an edit PopXL refuses is no reproduction at all."""
+    original = generate(3, ("call",))
+    wrong = Outcome(original, "output v1: values differ:\n  got  [0.]\n  want [1.]")
+    crash = "session failed:\nTraceback ...\nValueError: bad program"
+    shrunk = shrink(wrong, lambda p: Outcome(p, crash))
+    assert shrunk.program is original  # every candidate crashed: none reproduces the value
+
+    real_build = shrink_module.build_programs
+
+    def refuse_smaller(programs):
+        if count_nodes(programs[0]) < count_nodes(original):
+            raise ValueError("refused")
+        return real_build(programs)
+
+    monkeypatch.setattr(shrink_module, "build_programs", refuse_smaller)
+    assert shrink(wrong, lambda p: Outcome(p, wrong.message)).program is original
+    monkeypatch.undo()
+    smallest = shrink(wrong, lambda p: Outcome(p, wrong.message)).program
+    assert count_nodes(smallest) < count_nodes(original)
