@@ -921,11 +921,36 @@ def _put(stack: Array, rows: list[int], block: Array) -> Array:
 
 def stack_order(env: Env, inputs: Sequence[Sequence[Tensor]]) -> list[int]:
     """An order for independent calls (or ops) whose stacked inputs are ``inputs`` (one
-    list per input, one tensor per call): the calls whose input comes from the same stack
-    together, by row, for the input spread over the most stacks, so it is read and written
-    as a few slices rather than a gather and a scatter that XLA turns into one copy per row."""
-    spread = max(inputs, key=lambda ts: len(_pieces(env, ts)))
-    return [k for positions, _ in _pieces(env, spread).values() for k in positions]
+    list per input, one tensor per call), so that their stacks are read and written as a
+    few slices rather than gathers and scatters (which XLA turns into one copy per row).
+    Candidates: program order, and each input's order (by stack, then by row); the one
+    whose gathers over all inputs move the fewest elements wins (a gather of scalars is
+    cheaper than one of weight rows), program order on a tie."""
+    n = len(inputs[0])
+    candidates = [list(range(n))]
+    for ts in inputs:
+        by_stack = [p for ps, rows in _pieces(env, ts).values() for _, p in sorted(zip(rows, ps))]
+        if by_stack not in candidates:
+            candidates.append(by_stack)
+    if len(candidates) == 1:
+        return candidates[0]
+
+    def gathers(order: list[int]) -> int:
+        return sum(_gathers(env, [ts[k] for k in order]) for ts in inputs)
+
+    return min(candidates, key=gathers)
+
+
+def _gathers(env: Env, tensors: Sequence[Tensor]) -> int:
+    """The elements ``gather_rows`` gathers to read ``tensors`` in this order: those of
+    each stack whose rows do not step evenly, and all of them when the stacks interleave."""
+    size = max(1, tensors[0].nelms)
+    moved, order = 0, []
+    for key, (positions, rows) in _pieces(env, tensors).items():
+        if isinstance(key, StackKey) and _progression(rows) is None:
+            moved += size * len(rows)
+        order += positions
+    return moved + (size * len(order) if order != sorted(order) else 0)
 
 
 def gather_rows(env: Env, tensors: Sequence[Tensor]) -> Array:

@@ -48,8 +48,13 @@ def variable_groups(
         if any((t.shape, t.dtype, compatible(t)) != key for t in members):
             continue
         # In creation order (layer 0 first, usually), whichever run met them first: the
-        # forward and gradient runs then scan the same stack in opposite directions.
-        groups.append(tuple(sorted(index[t] for t in members)))
+        # forward and gradient runs then scan the same stack in opposite directions. When
+        # the run takes them in neither that order nor its reverse (variables created in
+        # name order: layer 10 before layer 2), in the run's order, which every step
+        # would otherwise rebuild with a gather.
+        order = [index[t] for t in members]
+        ascending = sorted(order)
+        groups.append(tuple(ascending if order in (ascending, ascending[::-1]) else order))
         taken.update(members)
     return groups
 
