@@ -126,9 +126,13 @@ def _lower_softmax(ctx: NodeContext, x: popxl.Tensor, dim: int, half_to_float: b
 
 
 def _safe_softmax(x: Any, *, axis: int) -> Any:
-    masked = jnp.all(x == -jnp.inf, axis=axis, keepdims=True)
-    out = jax.nn.softmax(jnp.where(masked, 0.0, x), axis=axis)
-    return jnp.where(masked, 0.0, out)
+    # A row is all -inf exactly when its maximum is: its exponentials are then all 0, and
+    # dividing by 1 instead of their sum gives the zeros (no extra pass over the scores).
+    top = jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
+    masked = top == -jnp.inf
+    e = jnp.exp(x - jnp.where(masked, 0, top))
+    total = jnp.sum(e, axis=axis, keepdims=True)
+    return e / jnp.where(masked, 1, total)
 
 
 @lowering(aten._safe_softmax.default, preserve=True)
