@@ -286,6 +286,10 @@ def written_args(node: Node) -> list[int]:
         return [0]
     if node.op in ("call", "repeat"):
         return sorted(node.attrs["body"].by_ref)
+    if node.op == "cond":  # arguments: the predicate, the then inputs, the else inputs
+        n_then = node.attrs["n_then"]
+        then, other = node.attrs["then"].by_ref, node.attrs["else"].by_ref
+        return sorted({1 + p for p in then} | {1 + n_then + p for p in other})
     if node.op in ("remote_store", "rts_store", "remote_load", "rts_load"):
         return [0]  # a remote buffer is used on the IPU of its variable
     return []
