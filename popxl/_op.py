@@ -80,6 +80,12 @@ class OpDef:
     grad_needs: str = "inputs"
     doc: str = field(default="", repr=False)
 
+    def __post_init__(self) -> None:
+        # An op without a gradient passes none wherever it is differentiated: also inside
+        # a loop or call body that a gradient op differentiates as a whole with jax.vjp.
+        if self.grad == "none" and self.lower is not None:
+            object.__setattr__(self, "lower", _without_gradient(self.lower))
+
     @property
     def is_view(self) -> bool:
         return self.view_inverse is not None
@@ -87,6 +93,26 @@ class OpDef:
     @property
     def is_inplace(self) -> bool:
         return bool(self.modifies)
+
+
+def _without_gradient(lower: Lower) -> Lower:
+    """``lower`` whose floating-point results stop gradients (identity when run)."""
+    if getattr(lower, "stops_gradient", False):
+        return lower
+
+    def lowered(*arrays: Any, **attrs: Any) -> Any:
+        import jax  # noqa: PLC0415 (lowering runs under JAX; building an IR does not)
+
+        def stop(x: Any) -> Any:
+            dtype = getattr(x, "dtype", None)
+            inexact = dtype is not None and jax.numpy.issubdtype(dtype, jax.numpy.inexact)
+            return jax.lax.stop_gradient(x) if inexact else x
+
+        return jax.tree.map(stop, lower(*arrays, **attrs))
+
+    lowered.stops_gradient = True  # type: ignore[attr-defined]
+    lowered.__doc__ = lower.__doc__
+    return lowered
 
 
 REGISTRY: dict[str, OpDef] = {}

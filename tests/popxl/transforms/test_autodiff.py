@@ -196,6 +196,37 @@ def test_variable_update_through_a_view_blocks_only_the_written_part(update):
     assert np.any(want != 0)
 
 
+@pytest.mark.parametrize("update", ["accumulate_", "detach_"])
+def test_op_without_gradient_inside_a_repeat_passes_none(update):
+    """A loop body is differentiated as a whole (``jax.vjp`` of the body): an op without a
+    gradient there stops it as it does outside a loop (differential campaign, seed
+    821006298: ``accumulate_`` in a repeated body passed the gradient of what it wrote)."""
+    x = _rand(4)
+
+    def body(a):
+        m = a * a
+        if update == "accumulate_":
+            ops.var_updates.accumulate_(m, m)
+        else:
+            ops.detach_(m)
+        return ops.tanh(m) + a
+
+    def build(x):
+        (r,) = ops.repeat(popxl.gcg().ir.create_graph(body, x), 1, x)
+        return r
+
+    def reference(x):
+        m = x * x
+        m = jax.lax.stop_gradient(m + m if update == "accumulate_" else m)
+        return jnp.tanh(m) + x
+
+    seeds = [np.ones(4, np.float32)]
+    outs, grads = _run_grads(build, [x], seeds)
+    np.testing.assert_allclose(outs[0], reference(x), rtol=1e-6)
+    np.testing.assert_allclose(grads[0], _jax_grads(reference, [x], seeds)[0], rtol=1e-6)
+    np.testing.assert_allclose(grads[0], np.ones(4))
+
+
 def test_expected_connections_for_custom_grads():
     ir = popxl.Ir()
     with ir.main_graph:
