@@ -9,6 +9,7 @@ no JAX objects.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -110,8 +111,8 @@ def _without_gradient(lower: Lower) -> Lower:
 
         return jax.tree.map(stop, lower(*arrays, **attrs))
 
+    functools.update_wrapper(lowered, lower)  # its module and name are the op's own
     lowered.stops_gradient = True  # type: ignore[attr-defined]
-    lowered.__doc__ = lower.__doc__
     return lowered
 
 
