@@ -14,6 +14,7 @@ Gradients at the kinks follow torch (``x > 0`` picks the positive branch).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -125,14 +126,29 @@ def _lower_softmax(ctx: NodeContext, x: popxl.Tensor, dim: int, half_to_float: b
     return ops.softmax(x, dim) if x.rank else ops.identity(ctx.tensor(1.0))
 
 
-def _safe_softmax(x: Any, *, axis: int) -> Any:
-    # A row is all -inf exactly when its maximum is: its exponentials are then all 0, and
-    # dividing by 1 instead of their sum gives the zeros (no extra pass over the scores).
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _safe_softmax_rows(x: Any, axis: int) -> Any:
+    # A row that is all -inf has a -inf maximum, so its exponentials are NaN and so is their
+    # sum; every other row sums to at least 1. Zeroing the rows whose sum is not positive in
+    # the final scaling keeps the maximum, the exponentials and the sum as plain softmax has
+    # them, which XLA fuses with the scores' matmul (a select on the maximum breaks that).
     top = jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
-    masked = top == -jnp.inf
-    e = jnp.exp(x - jnp.where(masked, 0, top))
+    e = jnp.exp(x - top)
     total = jnp.sum(e, axis=axis, keepdims=True)
-    return e / jnp.where(masked, 1, total)
+    return jnp.where(total > 0, e / total, 0)
+
+
+@_safe_softmax_rows.defjvp
+def _safe_softmax_jvp(axis: int, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+    # Softmax's derivative from its output alone, so masked rows (all zeros) get a zero
+    # derivative instead of the NaN of the exponentials' path.
+    (x,), (dx,) = primals, tangents
+    y = _safe_softmax_rows(x, axis)
+    return y, y * (dx - jnp.sum(y * dx, axis=axis, keepdims=True))
+
+
+def _safe_softmax(x: Any, *, axis: int) -> Any:
+    return _safe_softmax_rows(x, axis)
 
 
 @lowering(aten._safe_softmax.default, preserve=True)
