@@ -595,14 +595,33 @@ def _constant_offsets(ops: Sequence[Op], distinct: bool = False) -> list[int] | 
 
 
 def _group_remote_load(ctx: LoweringContext, env: Env, ops: Sequence[Op]) -> bool:
-    """Loads of distinct slots of one buffer: one gather, the results a stack."""
+    """Loads of constant slots of one buffer, the results stacks. Runs of slots that step
+    evenly (a phase loading every layer in order, the next phase in reverse) are each the
+    buffer itself or a slice of it, which the layers' loop reads without a copy; other
+    slots are one gather."""
     offsets = _constant_offsets(ops)
     if offsets is None:
         return False
     buffer = ctx.fx[remote.buffer_key(ops[0].attrs["buffer_id"])]
     rows = [min(max(k, 0), buffer.shape[0] - 1) for k in offsets]
-    add_stack(env, [op.outputs[0] for op in ops], _take(buffer, rows))
+    outputs = [op.outputs[0] for op in ops]
+    runs = _even_runs(rows)
+    if len(runs) > max(1, len(rows) // 2):  # mostly scattered slots: one gather
+        runs = [(0, len(rows))]
+    for start, end in runs:
+        add_stack(env, outputs[start:end], _take(buffer, rows[start:end]))
     return True
+
+
+def _even_runs(rows: list[int]) -> list[tuple[int, int]]:
+    """``rows`` cut into consecutive ``(start, end)`` pieces that each step evenly."""
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for end in range(1, len(rows) + 1):
+        if end == len(rows) or _progression(rows[start : end + 1]) is None:
+            runs.append((start, end))
+            start = end
+    return runs
 
 
 def _group_remote_store(ctx: LoweringContext, env: Env, ops: Sequence[Op]) -> bool:

@@ -361,3 +361,52 @@ def test_layers_created_out_of_order_are_read_without_gathers(monkeypatch):
         want = v - np.sin(v) * np.float32(2 * s[key])
         np.testing.assert_allclose(results["scan"][1][key], want, rtol=1e-5)
         np.testing.assert_array_equal(results["scan"][1][key], results["inline"][1][key])
+
+
+def phased_loads_program():
+    """Two phases, as phased execution writes them: every layer's weight is loaded from
+    its remote slot in layer order and used, then loaded again in reverse layer order."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        buffer = popxl.remote_buffer((2, 3), popxl.float32, LAYERS)
+        init = np.arange(6 * LAYERS, dtype=np.float32).reshape(LAYERS, 2, 3) / 10
+        _ = [popxl.remote_variable(init[i], buffer, i, name=f"w{i}") for i in range(LAYERS)]
+        out = popxl.d2h_stream((2, 3), popxl.float32, "out")
+        h = popxl.constant(np.ones((2, 3), np.float32))
+        forward = [ops.remote_load(buffer, i) for i in range(LAYERS)]
+        backward = [ops.remote_load(buffer, i) for i in reversed(range(LAYERS))]
+        for w in forward:
+            h = ops.sin(h * w)
+        for w in backward:
+            h = ops.cos(h + w)
+        ops.host_store(out, h)
+    return ir, init, out
+
+
+def test_phase_loads_read_the_buffer_without_a_gather(monkeypatch):
+    """Loads of every slot in order, then in reverse, are the buffer and its reverse (no
+    gather, which copies every row each step), with the numbers of program order."""
+    results = {}
+    for policy in ("scan", "inline"):
+        monkeypatch.setattr(calls, "_policy", policy)
+        ir, init, out = phased_loads_program()
+        with popxl.Session(ir, "ipu_model") as session:
+            results[policy] = session.run()[out]
+        if policy == "scan":
+            groups = [
+                g for g in grouping.schedule(ir.main_graph) if isinstance(g, grouping.OpGroup)
+            ]
+            assert [len(g.ops) for g in groups if g.ops[0].opdef.key == "remote_load"] == [
+                2 * LAYERS
+            ]
+            program = build_program(ir)
+            state = program.split(abstract_state(program))
+            jaxpr = jax.make_jaxpr(program.step)(*state, abstract_inputs(program))
+            assert _gathered_rows(jaxpr.jaxpr) == []
+    h = np.ones((2, 3), np.float32)
+    for i in range(LAYERS):
+        h = np.sin(h * init[i])
+    for i in reversed(range(LAYERS)):
+        h = np.cos(h + init[i])
+    np.testing.assert_allclose(results["scan"], h, rtol=1e-5)
+    np.testing.assert_array_equal(results["scan"], results["inline"])
