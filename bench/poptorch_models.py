@@ -267,11 +267,94 @@ def torch_compile_time(layers: int) -> dict:
     return {"layers": layers, "seconds": time.perf_counter() - start}
 
 
+# ---- execution strategies on the torch transformer --------------------------------------------
+
+STRATEGY_LAYERS = 4
+STRATEGY_GA = 8
+STRATEGIES = ("plain", "pipelined", "phased")
+
+
+def _strategy_model(kind: str) -> tuple[torch.nn.Module, Any]:
+    """The encoder with its loss, from the same seed, marked for ``kind``: ``pipelined``
+    puts the second half of the layers on IPU 1 (two stages); ``phased`` runs each half
+    as one phase of ``SerialPhasedExecution`` with the weights off chip (remote buffers,
+    loaded for their phase), as PopTorch's phased examples do."""
+    torch.manual_seed(0)
+    model = WithLoss(Encoder(STRATEGY_LAYERS))
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(STRATEGY_GA)
+    half = model.model.layers[STRATEGY_LAYERS // 2]
+    if kind == "pipelined":
+        poptorch.BeginBlock(half, ipu_id=1)
+        opts.setExecutionStrategy(poptorch.PipelinedExecution())
+    elif kind == "phased":
+        poptorch.BeginBlock(model.model.layers[0], "0", ipu_id=0)
+        poptorch.BeginBlock(half, "1", ipu_id=0)
+        opts.setExecutionStrategy(poptorch.SerialPhasedExecution("0", "1"))
+        opts.TensorLocations.setWeightLocation(
+            poptorch.TensorLocationSettings().useOnChipStorage(False)
+        )
+    return model, opts
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def strategies(micro: int, rounds: int) -> list[dict]:
+    """Each strategy's training step (SGD, ``STRATEGY_GA`` micro-batches of ``micro``
+    sequences per call) against the plain run's, as ``bench/strategies.py`` compares
+    popxl programs: samples/s and CPU time per step (alternating rounds), the largest
+    per-device peak of ``memory_report()``, and the weights after one step."""
+    x = torch.randn(STRATEGY_GA * micro, 64, 128)
+    target = torch.randn_like(x)
+    models, weights, peaks = {}, {}, {}
+    for kind in STRATEGIES:
+        model, opts = _strategy_model(kind)
+        pm = poptorch.trainingModel(
+            model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=0.01)
+        )
+        pm(x, target)
+        weights[kind] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        peaks[kind] = max(m.device_peak for m in pm._session.memory_report().ipus)
+        models[kind] = pm
+    for kind in STRATEGIES[1:]:
+        for name, value in weights[kind].items():
+            np.testing.assert_allclose(value, weights["plain"][name], rtol=2e-3, atol=2e-5)
+    wall: dict[str, list[float]] = {k: [] for k in STRATEGIES}
+    cpu: dict[str, list[float]] = {k: [] for k in STRATEGIES}
+    for _ in range(rounds):
+        for kind, pm in models.items():
+            start, used = time.perf_counter(), _cpu_seconds()
+            for _ in range(3):
+                pm(x, target)
+            wall[kind].append((time.perf_counter() - start) / 3)
+            cpu[kind].append((_cpu_seconds() - used) / 3)
+    samples = STRATEGY_GA * micro
+    base = {"wall": min(wall["plain"]), "cpu": min(cpu["plain"]), "peak": peaks["plain"]}
+    return [
+        {
+            "benchmark": f"{STRATEGY_LAYERS}-layer transformer training, {kind}",
+            "samples/s": samples / min(wall[kind]),
+            "x plain": base["wall"] / min(wall[kind]),
+            "CPU ms/step": min(cpu[kind]) * 1e3,
+            "CPU x plain": min(cpu[kind]) / base["cpu"],
+            "device peak MB": peaks[kind] / 1e6,
+            "peak x plain": peaks[kind] / base["peak"],
+        }
+        for kind in STRATEGIES
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller inputs")
     parser.add_argument("--compile", action="store_true", help="build+compile at 12 and 48 layers")
     parser.add_argument("--torch-compile", action="store_true", help="torch.compile beside it")
+    parser.add_argument(
+        "--strategies", action="store_true", help="only pipelined and phased against plain"
+    )
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     set_matmul_precision()
@@ -283,6 +366,10 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(result))
         return
     batch = 16 if args.quick else 64
+    if args.strategies:
+        for row in strategies(micro=2 if args.quick else 8, rounds=3 if args.quick else 5):
+            print(json.dumps(row))
+        return
     torch.manual_seed(0)
     cnn = CNN()
     image = torch.randn(batch, 1, 28, 28)
