@@ -376,9 +376,9 @@ def main(argv: list[str] | None = None) -> None:
     encoder = Encoder(12)
     tokens = torch.randn(batch // 8, 64, 128)
     rows = [
-        inference("CNN (batch %d)" % batch, cnn, image, cnn_jax, jax_params(cnn)),
+        inference(f"CNN (batch {batch})", cnn, image, cnn_jax, jax_params(cnn)),
         inference("12-layer transformer", encoder, tokens, encoder_jax, stacked(encoder)),
-        training("CNN (batch %d)" % batch, cnn, image, cnn_jax, jax_params(cnn)),
+        training(f"CNN (batch {batch})", cnn, image, cnn_jax, jax_params(cnn)),
         training("12-layer transformer", encoder, tokens, encoder_jax, stacked(encoder)),
     ]
     for row in rows:
