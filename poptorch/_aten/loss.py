@@ -291,13 +291,15 @@ def _triplet_margin(
     return _reduce(jnp.maximum(margin + d_pos - d_neg, 0.0), reduction)
 
 
-def _multilabel_margin(x: Any, y: Any, reduction: int) -> Any:
+def _multilabel_margin(x: Any, y: Any, reduction: int, shape: tuple[int, ...]) -> Any:
     """Each sample's targets are ``y``'s entries before the first -1; every (target,
-    non-target) pair adds ``max(0, 1 - (x[target] - x[other])) / C``."""
+    non-target) pair adds ``max(0, 1 - (x[target] - x[other])) / C``. A 0-d input is one
+    sample of one class, a 1-d input one sample; the result has the captured node's
+    ``shape`` (torch's export gives one sample's unreduced loss the shape ``(1,)``)."""
     (x,) = _f32(x)
-    squeeze = x.ndim == 1
+    squeeze = x.ndim <= 1
     if squeeze:
-        x, y = x[None], y[None]
+        x, y = x.reshape(1, -1), y.reshape(1, -1)
     c = x.shape[-1]
     valid = jnp.cumprod(y >= 0, axis=-1).astype(bool)  # (N, C): before the first -1
     safe = jnp.where(valid, y, 0)
@@ -306,7 +308,7 @@ def _multilabel_margin(x: Any, y: Any, reduction: int) -> Any:
     hinge = jnp.maximum(1 - x_target[:, :, None] + x[:, None, :], 0.0)  # (N, j, i)
     pairs = valid[:, :, None] & ~is_target[:, None, :]
     loss = jnp.where(pairs, hinge, 0.0).sum((1, 2)) / c
-    return _reduce(loss[0] if squeeze else loss, reduction)
+    return _reduce(loss[0] if squeeze else loss, reduction).reshape(shape)
 
 
 @lowering(aten.hinge_embedding_loss.default, preserve=True)
@@ -385,7 +387,10 @@ def _lower_triplet_margin_loss(
 
 @lowering(aten.multilabel_margin_loss.default, preserve=True)
 def _lower_multilabel_margin_loss(ctx: NodeContext, x: Any, y: Any, reduction: int = 1) -> Any:
-    return _record(ctx, "multilabel_margin_loss", _multilabel_margin, x, y, reduction=reduction)
+    shape = tuple(int(d) for d in ctx.out_spec(0)[0])
+    return _record(
+        ctx, "multilabel_margin_loss", _multilabel_margin, x, y, reduction=reduction, shape=shape
+    )
 
 
 # Classification losses ----------------------------------------------------------------------

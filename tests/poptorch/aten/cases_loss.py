@@ -152,6 +152,22 @@ CASES = [
         [aten.multilabel_margin_loss.default],
         half=False,  # torch has no float16 multilabel_margin_loss on the CPU
     ),
+    # One sample (1-d input) and one sample of one class (0-d): torch's export gives the
+    # unreduced loss the shape (1,) where eager gives (), hence the reshape.
+    Case(
+        "multilabel_margin_loss_one_sample",
+        lambda x, y: F.multilabel_margin_loss(x, y, reduction="none").reshape(1),
+        lambda: (_randn(5), torch.tensor([3, 0, -1, 1, 2])),
+        [aten.multilabel_margin_loss.default],
+        half=False,
+    ),
+    Case(
+        "multilabel_margin_loss_0d",
+        lambda x, y: F.multilabel_margin_loss(x, y, reduction="none").reshape(1),
+        lambda: (torch.randn(()), torch.tensor(0)),
+        [aten.multilabel_margin_loss.default],
+        half=False,
+    ),
     *_each_reduction(
         "nll_loss",
         lambda x, t, w, reduction: F.nll_loss(x, t, w, reduction=reduction, ignore_index=2),
