@@ -627,3 +627,31 @@ def _lower_ctc_loss(
         reduction=_CTC_REDUCTIONS[reduction],
         zero_infinity=bool(zero_infinity),
     )
+
+
+# The ops PopTorch turned into a loss (an ``identityloss``) when it canonicalised a graph:
+# torch's loss functions and ``poptorch.identity_loss``. A training graph must end in one.
+LOSS_OPS = frozenset(
+    {
+        aten.l1_loss.default,
+        aten.mse_loss.default,
+        aten.smooth_l1_loss.default,
+        aten.huber_loss.default,
+        aten.binary_cross_entropy.default,
+        aten.binary_cross_entropy_with_logits.default,
+        aten.soft_margin_loss.default,
+        aten.kl_div.default,
+        aten.poisson_nll_loss.default,
+        aten.hinge_embedding_loss.default,
+        aten.margin_ranking_loss.default,
+        aten.cosine_embedding_loss.default,
+        aten.triplet_margin_loss.default,
+        aten.multilabel_margin_loss.default,
+        aten.nll_loss_nd.default,
+        aten.nll_loss.default,
+        aten.nll_loss2d.default,
+        aten.cross_entropy_loss.default,
+        torch.ops.poptorch.ctc_loss.default,
+        torch.ops.poptorch.identity_loss.default,
+    }
+)

@@ -30,6 +30,7 @@ from popxl_addons.variable_factory import NamedVariableFactories, VariableFactor
 
 from .._aten import TABLE
 from .._aten._registry import NodeContext, describe_node, popxl_dtype
+from .._aten.loss import LOSS_OPS
 from .._fx import args_of, node_arg
 from .._popart_ir import MODULE_PATH
 from .._scopes import ATTRIBUTE_KEY, NAME_SCOPE_KEY, scope_path
@@ -418,8 +419,34 @@ def _block_subgraph(
     return BlockSubgraph(graph, t._seed_input is not None)
 
 
+MULTIPLE_LOSSES_MSG = (
+    "Multiple independent losses found in graph. Graph must have one final loss. Wrap final "
+    "graph loss in poptorch.identity_loss."
+)
+
+
+def check_one_final_loss(graph: torch.fx.Graph) -> None:
+    """A training graph's losses (torch's loss functions and ``poptorch.identity_loss``)
+    must all flow into one final loss, as PopTorch required: ``loss1 + loss2`` returned
+    as it is has two independent losses, ``poptorch.identity_loss(loss1 + loss2, ...)``
+    one.
+
+    Raises:
+        poptorch.Error: more than one loss feeds no other loss.
+    """
+    losses = [n for n in graph.nodes if n.op == "call_function" and n.target in LOSS_OPS]
+    feeds_a_loss: dict[torch.fx.Node, bool] = {}
+    for node in reversed(graph.nodes):  # users come after their inputs
+        feeds_a_loss[node] = any(u.target in LOSS_OPS or feeds_a_loss[u] for u in node.users)
+    independent = [n for n in losses if not feeds_a_loss[n]]
+    if len(independent) > 1:
+        raise Error(MULTIPLE_LOSSES_MSG, "poptorch_cpp_error")
+
+
 def translate(capture: Capture, training: bool, name: str, options: Any = None) -> Forward:
     """Build the popxl graph of ``capture`` in the current IR."""
+    if training:
+        check_one_final_loss(capture.program.graph)
     ir = popxl.gcg().ir
     graph = ir.create_empty_graph(name)
     with graph:

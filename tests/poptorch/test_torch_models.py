@@ -313,6 +313,46 @@ def test_training_a_frozen_model_runs_its_forward_only():
         torch.testing.assert_close(value, before[name])
 
 
+class TwoLosses(torch.nn.Module):
+    """An MSE and an L1 loss of one output, summed; ``wrap`` marks the sum as the loss."""
+
+    def __init__(self, wrap: bool) -> None:
+        super().__init__()
+        self.net = Mlp()
+        self.wrap = wrap
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor):
+        out = self.net(x)
+        mse = torch.nn.functional.mse_loss(out, target)
+        total = mse + 0.5 * torch.nn.functional.l1_loss(out, target)
+        return out, poptorch.identity_loss(total, reduction="mean") if self.wrap else total
+
+
+def test_two_independent_losses_need_one_final_identity_loss():
+    """As PopTorch: two loss functions whose sum is returned as it is are two independent
+    losses, refused when training; marked with identity_loss they are one, and train as
+    torch does."""
+    x, y = torch.randn(4, 4), torch.randn(4, 3)
+    with pytest.raises(poptorch.Error, match="Multiple independent losses found in graph"):
+        poptorch.trainingModel(TwoLosses(wrap=False))(x, y)
+    model = TwoLosses(wrap=True)
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    pm = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    _, loss = pm(x, y)
+    optimizer.zero_grad()
+    _, want = reference(x, y)
+    want.backward()
+    optimizer.step()
+    torch.testing.assert_close(loss, want.detach(), rtol=1e-5, atol=1e-6)
+    pm.copyWeightsToHost()
+    for (name, got), (_, expected) in zip(model.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, msg=name)
+    # Inference has no loss to single out: the unwrapped model runs.
+    out, _ = poptorch.inferenceModel(TwoLosses(wrap=False))(x, y)
+    assert out.shape == (4, 3)
+
+
 def test_one_hot_needs_its_number_of_classes():
     class OneHot(torch.nn.Module):
         def __init__(self, num_classes: int) -> None:
