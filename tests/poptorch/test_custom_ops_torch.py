@@ -12,6 +12,8 @@ import torch
 import poptorch
 from popxl import custom_ops
 
+from ._torch_sgd import assert_trains_as_torch
+
 DOMAIN = "test.poptorch_custom"
 
 
@@ -95,17 +97,7 @@ def test_training_matches_torch_sgd(make):
     reference = copy.deepcopy(model)
     reference.in_torch = True
     x, target = torch.randn(4, 3), torch.randn(4, 5 if make is LeakyNet else 3)
-    pm = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
-    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for _ in range(3):
-        _, loss = pm(x, target)
-        opt.zero_grad()
-        _, ref_loss = reference(x, target)
-        ref_loss.backward()
-        opt.step()
-        torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
-    for (name, got), want in zip(model.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)
+    assert_trains_as_torch(model, reference, (x, target), steps=3)
 
 
 def test_plain_pytorch_runs_the_jax_implementation():

@@ -11,6 +11,8 @@ import torch
 
 import poptorch
 
+from ._torch_sgd import assert_trains_as_torch
+
 
 class Mlp(torch.nn.Module):
     def __init__(self) -> None:
@@ -336,18 +338,7 @@ def test_two_independent_losses_need_one_final_identity_loss():
     with pytest.raises(poptorch.Error, match="Multiple independent losses found in graph"):
         poptorch.trainingModel(TwoLosses(wrap=False))(x, y)
     model = TwoLosses(wrap=True)
-    reference = copy.deepcopy(model)
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    pm = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
-    _, loss = pm(x, y)
-    optimizer.zero_grad()
-    _, want = reference(x, y)
-    want.backward()
-    optimizer.step()
-    torch.testing.assert_close(loss, want.detach(), rtol=1e-5, atol=1e-6)
-    pm.copyWeightsToHost()
-    for (name, got), (_, expected) in zip(model.named_parameters(), reference.named_parameters()):
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, msg=name)
+    assert_trains_as_torch(model, copy.deepcopy(model), (x, y))
     # Inference has no loss to single out: the unwrapped model runs.
     out, _ = poptorch.inferenceModel(TwoLosses(wrap=False))(x, y)
     assert out.shape == (4, 3)

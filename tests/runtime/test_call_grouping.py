@@ -194,13 +194,22 @@ def remote_program():
     return ir, init, out
 
 
-def test_remote_io_grouped_keeps_slot_order(monkeypatch):
+def _scan_and_inline(monkeypatch: pytest.MonkeyPatch, build: Any) -> dict[str, tuple]:
+    """``build()``'s program (``ir, init, out``) run with repeated calls and ops grouped
+    (``scan``) and in program order (``inline``): ``{policy: (ir, init, out's value)}``."""
     results = {}
     for policy in ("scan", "inline"):
         monkeypatch.setattr(calls, "_policy", policy)
-        ir, init, out = remote_program()
+        ir, init, out = build()
         with popxl.Session(ir, "ipu_model") as session:
-            results[policy] = session.run()[out]
+            results[policy] = (ir, init, session.run()[out])
+    return results
+
+
+def test_remote_io_grouped_keeps_slot_order(monkeypatch):
+    runs = _scan_and_inline(monkeypatch, remote_program)
+    ir, init, _ = runs["scan"]
+    results = {policy: run[2] for policy, run in runs.items()}
     np.testing.assert_allclose(results["scan"], np.sin(init[0]) + 1.0, rtol=1e-6)
     np.testing.assert_array_equal(results["scan"], results["inline"])
     groups = [g for g in grouping.schedule(ir.main_graph) if isinstance(g, grouping.OpGroup)]
@@ -386,27 +395,19 @@ def phased_loads_program():
 def test_phase_loads_read_the_buffer_without_a_gather(monkeypatch):
     """Loads of every slot in order, then in reverse, are the buffer and its reverse (no
     gather, which copies every row each step), with the numbers of program order."""
-    results = {}
-    for policy in ("scan", "inline"):
-        monkeypatch.setattr(calls, "_policy", policy)
-        ir, init, out = phased_loads_program()
-        with popxl.Session(ir, "ipu_model") as session:
-            results[policy] = session.run()[out]
-        if policy == "scan":
-            groups = [
-                g for g in grouping.schedule(ir.main_graph) if isinstance(g, grouping.OpGroup)
-            ]
-            assert [len(g.ops) for g in groups if g.ops[0].opdef.key == "remote_load"] == [
-                2 * LAYERS
-            ]
-            program = build_program(ir)
-            state = program.split(abstract_state(program))
-            jaxpr = jax.make_jaxpr(program.step)(*state, abstract_inputs(program))
-            assert _gathered_rows(jaxpr.jaxpr) == []
+    runs = _scan_and_inline(monkeypatch, phased_loads_program)
+    ir, init, _ = runs["scan"]
+    groups = [g for g in grouping.schedule(ir.main_graph) if isinstance(g, grouping.OpGroup)]
+    assert [len(g.ops) for g in groups if g.ops[0].opdef.key == "remote_load"] == [2 * LAYERS]
+    monkeypatch.setattr(calls, "_policy", "scan")
+    program = build_program(ir)
+    state = program.split(abstract_state(program))
+    jaxpr = jax.make_jaxpr(program.step)(*state, abstract_inputs(program))
+    assert _gathered_rows(jaxpr.jaxpr) == []
     h = np.ones((2, 3), np.float32)
     for i in range(LAYERS):
         h = np.sin(h * init[i])
     for i in reversed(range(LAYERS)):
         h = np.cos(h + init[i])
-    np.testing.assert_allclose(results["scan"], h, rtol=1e-5)
-    np.testing.assert_array_equal(results["scan"], results["inline"])
+    np.testing.assert_allclose(runs["scan"][2], h, rtol=1e-5)
+    np.testing.assert_array_equal(runs["scan"][2], runs["inline"][2])
