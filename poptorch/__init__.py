@@ -68,6 +68,8 @@ from .ops import nop as nop
 from .ops import recomputationCheckpoint as recomputationCheckpoint
 from .ops import serializedMatMul as serializedMatMul
 from .ops import set_available_memory as set_available_memory
+from .ops import set_overlap_for_input as set_overlap_for_input
+from .ops import set_overlap_for_output as set_overlap_for_output
 from .options import Options as Options
 from .options import TensorLocationSettings as TensorLocationSettings
 from .strategies import ParallelPhasedExecution as ParallelPhasedExecution
@@ -150,6 +152,8 @@ __all__ = [
     "serializedMatMul",
     "SerialPhasedExecution",
     "set_available_memory",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
     "setLogLevel",
     "ShardedExecution",
     "SharingStrategy",

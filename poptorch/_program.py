@@ -35,7 +35,7 @@ from popxl.context import get_current_context
 from popxl.errors import InternalError
 from popxl_addons.transforms.repeat_graph import repeat_graph
 
-from . import _staged
+from . import _host_io, _staged
 from ._anchors import LOSS_SCALE, UPDATED, Anchors
 from ._lowering_log import log_placements
 from ._staged import block_ranges
@@ -183,6 +183,7 @@ class Interface:
     input_outputs: tuple[int, ...] = ()
     trainable: tuple[str, ...] | None = None  # None: every named input
     loss_index: int | None = None  # None: marked by identity_loss, or the last output
+    overlaps: Any = None  # overlapped IO marks (``_capture.overlap.Overlaps``)
 
     @classmethod
     def of(cls, module: Any, fwd: Any) -> Interface:
@@ -195,6 +196,7 @@ class Interface:
             tuple(forward.input_outputs),
             tuple(forward.trainable),
             forward.loss_index,
+            forward.overlaps,
         )
 
     @property
@@ -303,6 +305,9 @@ def build(
         with _collect_losses() as losses, recording() as recorder:
             facts, fwd = module.create_graph(*specs)
         interface = Interface.of(module, fwd)
+        _host_io.check_overlapped_io(
+            interface.overlaps, options, resolved_output_mode(options, training)
+        )
         loss_index = _loss_index(module, fwd, losses, interface) if training else None
         for name, (kind, size) in groupings.items():
             facts.to_dict()[name].replica_grouping = replica_grouping(ir, kind, size)
@@ -401,7 +406,8 @@ def _build_body(
     keep = _output_holders(specs, layout.mode)
     trainer = _Trainer(built, fwd, optimizer, options) if _trains(built, fwd, optimizer) else None
     # Micro-batch: load, forward (and backward), handle the outputs.
-    xs = [ops.host_load(s, f"x{i}") for i, s in enumerate(built.inputs)]
+    overlaps = interface.overlaps
+    xs = [_host_io.load(s, i, overlaps) for i, s in enumerate(built.inputs)]
     on_chip = {k: read(v) for k, v in built.weights.items()}
     info = fwd.bind(addons.NamedTensors.from_dict(on_chip)).call_with_info(*xs)
     if trainer is not None:
@@ -546,7 +552,8 @@ def _staged_micro_batch(
         with stager.forward(plan):
             for i, t in enumerate(data):
                 if not vals.has(t) and (t in block.inputs or b == 0 and t not in consumers):
-                    vals.set(t, ops.host_load(built.inputs[i], f"x{i}"), plan.ipu)
+                    loaded = _host_io.load(built.inputs[i], i, interface.overlaps)
+                    vals.set(t, loaded, plan.ipu)
                     _copy_ahead(vals, t, consumers)
             args = [
                 read(built.weights[weights_of[t]]) if t in weights_of else vals.on(t, plan.ipu)
@@ -644,7 +651,7 @@ def _handle_outputs(
 
 def _handle_output(built: Built, i: int, out: popxl.Tensor, keep: list, mode: OutputMode) -> None:
     if mode == OutputMode.All:
-        ops.host_store(built.outputs[i], out)
+        _host_io.store(built.outputs[i], i, out, built.forward_interface().overlaps)
     elif mode == OutputMode.Sum:
         ops.var_updates.accumulate_(keep[i], out)
     else:
@@ -652,9 +659,9 @@ def _handle_output(built: Built, i: int, out: popxl.Tensor, keep: list, mode: Ou
 
 
 def _store(built: Built, keep: list) -> None:
-    for stream, held in zip(built.outputs, keep):
+    for i, (stream, held) in enumerate(zip(built.outputs, keep)):
         value = held if held.dtype == stream.dtype else ops.cast(held, stream.dtype)
-        ops.host_store(stream, value)
+        _host_io.store(stream, i, value, built.forward_interface().overlaps)
 
 
 class _Trainer:

@@ -92,6 +92,16 @@ def set_matmul_serialization(
     return x.clone()
 
 
+@torch.library.custom_op("poptorch::set_overlap_for_input", mutates_args=())
+def set_overlap_for_input(x: torch.Tensor, mode: str) -> torch.Tensor:
+    return x.clone()
+
+
+@torch.library.custom_op("poptorch::set_overlap_for_output", mutates_args=())
+def set_overlap_for_output(x: torch.Tensor, mode: str) -> torch.Tensor:
+    return x.clone()
+
+
 def _identity_fake(x: torch.Tensor, *_: object) -> torch.Tensor:
     return torch.empty_like(x)
 
@@ -110,6 +120,8 @@ for _op in (
     set_available_memory,
     recomputation_checkpoint,
     set_matmul_serialization,
+    set_overlap_for_input,
+    set_overlap_for_output,
 ):
     _op.register_fake(_identity_fake)
     _op.register_autograd(_identity_backward, setup_context=_identity_setup)

@@ -105,6 +105,40 @@ def set_available_memory(tensor: Any, available_memory_proportion: float) -> Any
     return _torch_ops().set_available_memory(tensor, float(available_memory_proportion))
 
 
+def set_overlap_for_input(input_tensors: Any, mode: Any) -> Any:
+    """Mark model inputs whose host transfers overlap compute (``mode``, an
+    ``OverlapMode``): their loads run on the IO tiles (reserve them with
+    ``Options().TensorLocations.numIOTiles``). Apply it first to each such input of
+    ``forward`` and use what it returns; ``input_tensors`` may be a tensor or any
+    tuple, list or dict of them."""
+    return _mark_overlap(input_tensors, mode, "input")
+
+
+def set_overlap_for_output(output_tensors: Any, mode: Any) -> Any:
+    """Mark model outputs whose host transfers overlap compute, as
+    ``set_overlap_for_input`` marks inputs: apply it last, to tensors ``forward``
+    returns."""
+    return _mark_overlap(output_tensors, mode, "output")
+
+
+def _mark_overlap(tensors: Any, mode: Any, kind: str) -> Any:
+    from . import _data_utils  # noqa: PLC0415 (torch only for torch models)
+    from .enums import OverlapMode  # noqa: PLC0415
+
+    if not isinstance(mode, OverlapMode):
+        raise ValueError(f"mode must be a poptorch.OverlapMode, got {mode!r}.")
+    leaves, spec = _data_utils.flatten(tensors)
+    for leaf in leaves:
+        if not _is_tensor(leaf):
+            raise Error(
+                f"You may only set overlap for torch.tensor {kind}s. "
+                f"{type(leaf)} is not supported.",
+                "poptorch_py_error",
+            )
+    mark = getattr(_torch_ops(), f"set_overlap_for_{kind}")
+    return _data_utils.unflatten(spec, [mark(t, mode.value) for t in leaves])
+
+
 def recomputationCheckpoint(*tensors: Any) -> Any:  # noqa: N802 (PopTorch's name)
     """Mark tensors to keep (not recompute) between the forward and backward passes."""
     if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):

@@ -20,6 +20,7 @@ from popxl.ops.conv import CONV
 from popxl.transforms.autodiff import register_adjoint
 
 from .. import _torch_ops
+from .._capture import overlap
 from ..errors import Error
 from ._registry import TABLE, NodeContext, lowering, popxl_dtype
 
@@ -80,6 +81,22 @@ def _identity(x: Any) -> Any:
 @lowering(torch.ops.poptorch.nop.default)
 def _lower_nop(ctx: NodeContext, x: popxl.Tensor) -> popxl.Tensor:
     return ctx.jax("poptorch::nop", _identity, x)
+
+
+@lowering(torch.ops.poptorch.set_overlap_for_input.default)
+def _lower_overlap_input(ctx: NodeContext, x: popxl.Tensor, mode: str) -> popxl.Tensor:
+    """The input itself: ``_program`` loads it on the IO tiles."""
+    if ctx.node not in ctx.translator.overlap_marks:
+        raise Error(overlap.NOT_INPUT_MSG, "poptorch_cpp_error")
+    return x
+
+
+@lowering(torch.ops.poptorch.set_overlap_for_output.default)
+def _lower_overlap_output(ctx: NodeContext, x: popxl.Tensor, mode: str) -> popxl.Tensor:
+    """The output itself: ``_program`` stores it from the IO tiles."""
+    if ctx.node not in ctx.translator.overlap_marks:
+        raise Error(overlap.NOT_OUTPUT_MSG, "poptorch_cpp_error")
+    return x
 
 
 @lowering(torch.ops.poptorch.recomputation_checkpoint.default)

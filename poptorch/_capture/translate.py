@@ -36,7 +36,7 @@ from .._popart_ir import MODULE_PATH
 from .._scopes import ATTRIBUTE_KEY, NAME_SCOPE_KEY, scope_path
 from ..blocks import BLOCK_KEY, NO_ACTIVE_BLOCK, current_recorder, mark_node_block
 from ..errors import Error
-from . import control
+from . import control, overlap
 from .blocks import is_block_node
 from .export import Capture, signature
 
@@ -78,6 +78,8 @@ class Forward:
     input_outputs: list[int] = field(default_factory=list)
     trainable: list[str] = field(default_factory=list)
     loss_index: int | None = None
+    # Which inputs and outputs overlap their host transfers (``overlap``).
+    overlaps: overlap.Overlaps = field(default_factory=overlap.Overlaps)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,10 @@ class Translator:
         self._seed: popxl.Tensor | None = None
         # Tensors marked by poptorch.identity_loss, in order.
         self.losses: list[popxl.Tensor] = []
+        # The value of the training graph's final loss (``final_loss``), if any.
+        self.final_loss: popxl.Tensor | None = None
+        # The overlapped IO marks found valid (``overlap.find``); none in a block.
+        self.overlap_marks: set[torch.fx.Node] = set()
 
     # ---- seeds ------------------------------------------------------------------------
 
@@ -312,6 +318,8 @@ class Translator:
         for index, v in inputs:
             popxl.graph_output(_fresh(v))
             result.inputs.append(index)
+        if not self.losses:
+            result.loss_index = self._returned_loss(returned)
         if self.losses:
             loss = self.losses[-1]
             if any(loss is t for t in returned):
@@ -320,6 +328,16 @@ class Translator:
                 result.loss_index = len(self.graph_outputs())
                 popxl.graph_output(_fresh(loss))
         return result
+
+    def _returned_loss(self, returned: list[popxl.Tensor]) -> int | None:
+        """Where the model returns its final loss function's value, when no
+        ``identity_loss`` marks one and the last output (taken as the loss by default)
+        is not a scalar: ``return loss_fn(out, y), out`` trains on the loss, as in
+        PopTorch."""
+        loss = self.final_loss
+        if loss is None or not returned or returned[-1].shape == ():
+            return None
+        return next((i for i, t in enumerate(returned) if t is loss), None)
 
     def graph_outputs(self) -> tuple[popxl.Tensor, ...]:
         return popxl.gcg().outputs
@@ -425,11 +443,11 @@ MULTIPLE_LOSSES_MSG = (
 )
 
 
-def check_one_final_loss(graph: torch.fx.Graph) -> None:
+def final_loss(graph: torch.fx.Graph) -> torch.fx.Node | None:
     """A training graph's losses (torch's loss functions and ``poptorch.identity_loss``)
     must all flow into one final loss, as PopTorch required: ``loss1 + loss2`` returned
     as it is has two independent losses, ``poptorch.identity_loss(loss1 + loss2, ...)``
-    one.
+    one. Returns that final loss (None if the graph has no loss).
 
     Raises:
         poptorch.Error: more than one loss feeds no other loss.
@@ -441,18 +459,22 @@ def check_one_final_loss(graph: torch.fx.Graph) -> None:
     independent = [n for n in losses if not feeds_a_loss[n]]
     if len(independent) > 1:
         raise Error(MULTIPLE_LOSSES_MSG, "poptorch_cpp_error")
+    return independent[0] if independent else None
 
 
 def translate(capture: Capture, training: bool, name: str, options: Any = None) -> Forward:
     """Build the popxl graph of ``capture`` in the current IR."""
-    if training:
-        check_one_final_loss(capture.program.graph)
+    final = final_loss(capture.program.graph) if training else None
+    overlaps = overlap.find(capture.program)
     ir = popxl.gcg().ir
     graph = ir.create_empty_graph(name)
     with graph:
         t = Translator(capture, training, {}, options)
+        t.overlap_marks = overlaps.marks
         user, named, factories = t._inputs(None)
         t.run(marks_blocks=True)
+        if final is not None:
+            t.final_loss = t.env[final]
         marked = t.outputs()
         if t._seed_input is not None:
             named[SEED_NAME] = t._seed_input
@@ -469,4 +491,5 @@ def translate(capture: Capture, training: bool, name: str, options: Any = None) 
         input_outputs=marked.inputs,
         trainable=trainable,
         loss_index=marked.loss_index,
+        overlaps=overlaps,
     )

@@ -67,6 +67,18 @@ CASES = [
         [_OPS.set_available_memory.default],
     ),
     Case(
+        "set_overlap_for_input_output",
+        lambda x: poptorch.set_overlap_for_output(
+            poptorch.set_overlap_for_input(x, poptorch.OverlapMode.NoOverlap) * 2,
+            poptorch.OverlapMode.NoOverlap,
+        ),
+        lambda: (_randn(2, 3),),
+        [_OPS.set_overlap_for_input.default, _OPS.set_overlap_for_output.default],
+        # The gradient harness offsets the inputs, so they are no longer model inputs:
+        # test_torch_overlapped_io trains through the marks instead.
+        grad=False,
+    ),
+    Case(
         "recomputation_checkpoint",
         lambda x: poptorch.recomputationCheckpoint(x.sin()) * 2,
         lambda: (_randn(3, 4),),
