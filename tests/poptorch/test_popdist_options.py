@@ -1,0 +1,76 @@
+"""``popdist.poptorch.Options``: PopTorch options for one ``poprun`` instance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import popdist.poptorch
+import poptorch
+
+# Instance 2 of 4, running global replicas 4 and 5 of 8.
+POPRUN_ENV = {
+    "POPDIST_NUM_INSTANCES": "4",
+    "POPDIST_INSTANCE_INDEX": "2",
+    "POPDIST_NUM_TOTAL_REPLICAS": "8",
+    "POPDIST_NUM_LOCAL_REPLICAS": "2",
+    "POPDIST_REPLICA_INDEX_OFFSET": "4",
+    "POPDIST_NUM_IPUS_PER_REPLICA": "1",
+}
+
+
+@pytest.fixture
+def under_poprun(monkeypatch):
+    for name, value in POPRUN_ENV.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def not_under_poprun(monkeypatch):
+    for name in POPRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_options_take_the_instance_layout_and_the_loader_its_share(under_poprun):
+    opts = popdist.poptorch.Options(ipus_per_replica=1).deviceIterations(1)
+    assert opts.replication_factor == 2
+    assert (opts.Distributed.processId, opts.Distributed.numProcesses) == (2, 4)
+    # 80 samples over 4 instances: this one reads the third contiguous quarter, two
+    # replicas' micro-batches of 5 per step.
+    loader = poptorch.DataLoader(opts, np.arange(80), batch_size=5)
+    assert len(loader) == 2
+    np.testing.assert_array_equal(np.concatenate(list(loader)), np.arange(40, 60))
+    assert isinstance(opts.clone(), popdist.poptorch.Options)
+
+
+def test_outside_poprun_it_is_one_instance_of_one_replica(not_under_poprun):
+    opts = popdist.poptorch.Options()
+    assert opts.replication_factor == 1
+    assert (opts.Distributed.processId, opts.Distributed.numProcesses) == (0, 1)
+    model = poptorch.inferenceModel(torch.nn.Linear(2, 2), opts)
+    assert model(torch.ones(3, 2)).shape == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda o: o.useIpuId(1), "useIpuId"),
+        (lambda o: o.replicationFactor(1), "replicationFactor"),
+        (lambda o: o.Distributed.disable(), "Distributed.disable"),
+        (lambda o: o.Distributed.setEnvVarNames("A", "B"), "Distributed.setEnvVarNames"),
+        (lambda o: o.Distributed.configureProcessId(1), "Distributed.configureProcessId"),
+    ],
+)
+def test_what_poprun_decides_cannot_be_changed(under_poprun, call, name):
+    opts = popdist.poptorch.Options()
+    with pytest.raises(RuntimeError, match=rf"Cannot call `{name}` with popdist\.poptorch"):
+        call(opts)
+    assert opts.replication_factor == 2 and opts.Distributed.processId == 2
+
+
+def test_ipus_per_replica_must_match_poprun(under_poprun):
+    with pytest.raises(ValueError, match="does not match poprun's --ipus-per-replica 1"):
+        popdist.poptorch.Options(ipus_per_replica=2)
+    with pytest.raises(ValueError, match="ipus_per_replica must be a positive integer"):
+        popdist.poptorch.Options(ipus_per_replica=0)
