@@ -316,12 +316,15 @@ class PoplarExecutor:
         ran = time.perf_counter()
         outs = [self._host_layout(results[s], s) for s in built.outputs]
         done = time.perf_counter()
-        self._record(loaded - start, ran - loaded, done - ran)
-        built = self._require_built("run")
-        self._timing.start = time.time() - (done - start)
+        if self._options.synthetic_data:  # nothing was transferred, nothing is timed
+            self._timing = _Timing()
+        else:
+            self._record(loaded - start, ran - loaded, done - ran)
+            self._timing.start = time.time() - (done - start)
+            r = self._options.replication_factor
+            self._timing.input_steps = built.ir.num_host_transfers * r
+            self._timing.output_steps = built.stores_per_call * r
         self._timing.inputs, self._timing.outputs = len(built.inputs), len(built.outputs)
-        self._timing.input_steps = built.ir.num_host_transfers * self._options.replication_factor
-        self._timing.output_steps = built.stores_per_call * self._options.replication_factor
         return outs
 
     def _stream_layout(self, arr: np.ndarray) -> np.ndarray:
@@ -367,11 +370,12 @@ class PoplarExecutor:
         """Timestamps (seconds since the epoch) of the last call's transfers: ``input`` /
         ``input_complete`` per input stream and step, ``output`` / ``output_complete`` per
         output stream and step. A call moves all its steps in one transfer each way, so the
-        steps' timestamps divide each phase evenly (as the latencies do)."""
+        steps' timestamps divide each phase evenly (as the latencies do). With synthetic
+        data nothing is transferred: every stream's list is empty."""
         self._require_session("getPerfCounters")
         t = self._timing
         h2d, compute, d2h = sum(t.host_to_device), sum(t.compute), sum(t.device_to_host)
-        n_in, n_out = max(t.input_steps, 1), max(t.output_steps, 1)
+        n_in, n_out = t.input_steps, t.output_steps
         ins = [t.start + h2d * i / n_in for i in range(n_in)]
         outs = [t.start + h2d + compute * (i + 1) / n_out for i in range(n_out)]
         return {
@@ -688,7 +692,10 @@ class PoplarExecutor:
 
     def getTensorNames(self) -> list[str]:  # noqa: N802
         """Every tensor name of the program, and the PopART-style names ``anchorTensor``
-        accepts (``Gradient___<weight>``, ``UpdatedVar___<weight>``, ``finalLossScale``)."""
+        accepts (``Gradient___<weight>``, ``UpdatedVar___<weight>``, ``finalLossScale``).
+        Before the model is compiled, an ``AssertionError`` as in PopTorch."""
+        if self._built is None:
+            raise NotCompiledError(TENSOR_NAMES_MSG, "poptorch")
         ir = self.ir
         names = [t.name for g in ir._graphs.values() for t in g.tensors]
         built = self._built
@@ -696,6 +703,14 @@ class PoplarExecutor:
             known = set(names)
             names += [n for n in built.anchors.available if n not in known]
         return names
+
+
+TENSOR_NAMES_MSG = "Model must be compiled before calling getTensorNames"
+
+
+class NotCompiledError(Error, AssertionError):
+    """A query that needs the compiled program, made before compiling: also an
+    ``AssertionError``, which PopTorch raised for it."""
 
 
 COMPILE_FIRST_MSG = "Please compile the model before obtaining compilation time."

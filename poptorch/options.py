@@ -245,7 +245,8 @@ class Options(_Base):
 
     @property
     def synthetic_data(self) -> bool:
-        """``enableSyntheticData`` (accepted without effect here: host data is used)."""
+        """``enableSyntheticData``: the program makes its input data on the device and
+        sends no output to the host (PopART's ``syntheticDataMode``)."""
         return bool(self.popart.options.get("syntheticDataMode", 0))
 
     @property
@@ -424,8 +425,10 @@ class Options(_Base):
         return self
 
     def enableSyntheticData(self, enabled: bool) -> Options:  # noqa: N802
-        """Accepted without effect here: the host's data is always used (PopART option
-        ``syntheticDataMode``)."""
+        """Run without host transfers, to measure the device alone: inputs are random
+        normal data made on the device (the same every run), outputs are not sent back
+        (the returned tensors are zeros) and no transfers are timed (PopART's
+        ``syntheticDataMode`` ``RandomNormal``)."""
         self.popart.set("syntheticDataMode", 2 if _bool("enableSyntheticData", enabled) else 0)
         return self
 
@@ -603,6 +606,7 @@ class Options(_Base):
             so.cachePath = self.executable_cache_dir
         so.logDir = self.log_dir
         so.numIOTiles = self.tensor_locations.num_io_tiles
+        so.syntheticDataMode = int(self.popart.options.get("syntheticDataMode", 0))
 
 
 def _strategy_dict(strategy: Any) -> dict[str, Any]:

@@ -38,6 +38,15 @@ class VirtualGraphMode(enum.Enum):
     ExecutionPhases = 3
 
 
+class SyntheticDataMode(enum.Enum):
+    """PopART's ``SyntheticDataMode``: where host-to-device streams take their data."""
+
+    Off = 0  # from the host
+    Zeros = 1
+    RandomNormal = 2  # ~N(0, 1)
+    RandomUniform = 3  # uniform on [-1, 1)
+
+
 class ExecutionPhaseIOSchedule(enum.Enum):
     """PopART's ``ExecutionPhaseIOSchedule``: when phased tensors are loaded."""
 
@@ -146,6 +155,13 @@ class SessionOptions(_Options):
         VirtualGraphMode.Manual,
         description=NO_EFFECT + "PopXL always places ops by hand (`popxl.ipu`), which is "
         "the Manual mode `popxl.Ir` sets; other modes were never supported by PopXL.",
+    )
+    syntheticDataMode: SyntheticDataMode = Field(
+        SyntheticDataMode.Off,
+        description="Anything but Off runs without host transfers: every `host_load` "
+        "reads data made on the device (zeros, or fixed normal or uniform draws, the same "
+        "each run) and `host_store` sends nothing, so the host's outputs stay zero "
+        "(runtime/host_io.py).",
     )
     # Numerics ------------------------------------------------------------------------------
     enableStochasticRounding: bool = Field(
@@ -270,6 +286,11 @@ class SessionOptions(_Options):
     @classmethod
     def _virtual_graph_mode(cls, value: Any) -> Any:
         return _enum_by_name(VirtualGraphMode, value)
+
+    @field_validator("syntheticDataMode", mode="before")
+    @classmethod
+    def _synthetic_data_mode(cls, value: Any) -> Any:
+        return _enum_by_name(SyntheticDataMode, value)
 
     @field_validator("engineOptions", "convolutionOptions", mode="before")
     @classmethod

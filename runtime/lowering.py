@@ -130,6 +130,8 @@ class LoweringContext:
     print_fn: Callable[[str, Array], None] | None = None
     # The session options' enableStochasticRounding (see stochastic_rounding.py).
     stochastic_rounding: bool = False
+    # The session options' syntheticDataMode, as an int (0: off; see host_io.py).
+    synthetic_data: int = 0
     # A ``runtime.placement.Placement`` when virtual IPUs are placed on several devices.
     placement: Any = None
 

@@ -214,6 +214,7 @@ def structural_key(
 
     feed("R", ir.replication_factor, "nht", ir.num_host_transfers, "mode", mode)
     feed("stochastic rounding", ir._session_options.enableStochasticRounding)
+    feed("synthetic data", ir._session_options.syntheticDataMode.value)
     # The user's float32 matmul precision (``popxl.ops._base.dot_precision``) is traced in.
     feed("matmul precision", chosen_precision())
     feed("calls", calls.policy())
@@ -302,6 +303,7 @@ def _make_step(
             axis_name=REPLICA_AXIS if replicas > 1 else None,
             collective_impl="gather" if mode == "vmap" else "native",
             stochastic_rounding=ir._session_options.enableStochasticRounding,
+            synthetic_data=ir._session_options.syntheticDataMode.value,
             placement=placement,
         )
         checks.start(ctx, run_checks)

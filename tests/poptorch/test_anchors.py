@@ -102,6 +102,9 @@ def test_loss_scale_and_loss_scaled_gradients():
 
 
 def test_anchorable_names_are_among_the_tensor_names():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(AssertionError, match="Model must be compiled before calling getTensorN"):
+        poptorch.inferenceModel(model).getTensorNames()
     pm, *_ = _trained({})
     names = pm.getTensorNames()
     for name in ("Gradient___fc.bias", "UpdatedVar___fc.weight", "finalLossScale"):

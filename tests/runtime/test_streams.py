@@ -641,3 +641,43 @@ def test_validate_run_io_checks_the_stream_sets_and_dtypes():
         session._validate_run_inputs({x_h2d: np.zeros(2, np.int32)})
     with pytest.raises(TypeError, match="has dtype int32, but the stream carries float32"):
         session._validate_run_outputs({y_d2h: np.zeros(2, np.int32)})
+
+
+# Synthetic data ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["Zeros", "RandomNormal", "RandomUniform"])
+def test_synthetic_data_loads_device_data_and_stores_nothing(mode):
+    """``syntheticDataMode``: loads ignore the host's data (zeros, or one fixed set of
+    draws, the same every load and run) and stores leave the host buffers at zero."""
+    ir = popxl.Ir()
+    ir._pb_ir.getSessionOptions().syntheticDataMode = mode
+    with ir.main_graph:
+        x_h2d = popxl.h2d_stream((4, 50), popxl.float32, "x")
+        y_d2h = popxl.d2h_stream((4, 50), popxl.float32, "y")
+        seen = popxl.variable(np.zeros((4, 50), np.float32), name="seen")
+        x = ops.host_load(x_h2d)
+        ops.var_updates.copy_var_update_(seen, x)
+        ops.host_store(y_d2h, x + 1.0)
+    session = popxl.Session(ir)
+    with session:
+        out = session.run({x_h2d: np.full((4, 50), 7.0, np.float32)})[y_d2h]
+        first = session.get_tensor_data(seen).copy()
+        session.run({x_h2d: np.full((4, 50), 9.0, np.float32)})
+        second = session.get_tensor_data(seen)
+    np.testing.assert_array_equal(out, np.zeros((4, 50), np.float32))
+    np.testing.assert_array_equal(first, second)
+    if mode == "Zeros":
+        np.testing.assert_array_equal(first, 0.0)
+    elif mode == "RandomNormal":
+        assert abs(first.mean()) < 0.2 and 0.8 < first.std() < 1.2
+    else:
+        assert first.min() >= -1.0 and first.max() < 1.0 and first.std() > 0.4
+
+
+def test_synthetic_data_mode_takes_popart_names_and_values_only():
+    opts = popxl.Ir()._pb_ir.getSessionOptions()
+    opts.syntheticDataMode = 2
+    assert opts.syntheticDataMode.name == "RandomNormal"
+    with pytest.raises(ValueError, match="expected a SyntheticDataMode"):
+        opts.syntheticDataMode = "Random"
