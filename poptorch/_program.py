@@ -159,6 +159,8 @@ class Built:
     interface: Interface | None = None
     # Options.anchorTensor's tensors and the variables holding them.
     anchors: Anchors | None = None
+    # EveryN with gradient accumulation: each output's next row in its holder.
+    output_rows: list[popxl.Variable] = field(default_factory=list)
 
     def forward_interface(self) -> Interface:
         """``interface``, which ``build`` sets before anything reads it."""
@@ -263,6 +265,13 @@ class Layout:
         if r % k:
             raise ValueError(INPUT_GROUP_MSG.format(k=k, r=r))
         return cls(di, ga if training else 1, r, mode, period, options.training.reduction_type)
+
+    @property
+    def rows_per_store(self) -> int:
+        """Micro-batch values per output store: ``EveryN`` returns every micro-batch of
+        each N-th device iteration (PopART's EveryN anchor: ``steps * accumulation / N``
+        values), the other accumulated modes one."""
+        return self.accumulation if self.mode == OutputMode.EveryN else 1
 
     @property
     def stores_per_call(self) -> int:
@@ -402,8 +411,8 @@ def _build_body(
 ) -> None:
     main = built.ir.main_graph
     interface = built.forward_interface()
-    specs = _output_specs(built, fwd)
-    keep = _output_holders(specs, layout.mode)
+    specs = _output_specs(built, fwd, layout)
+    keep = _output_holders(built, specs, layout)
     trainer = _Trainer(built, fwd, optimizer, options) if _trains(built, fwd, optimizer) else None
     # Micro-batch: load, forward (and backward), handle the outputs.
     overlaps = interface.overlaps
@@ -429,12 +438,17 @@ def _trains(built: Built, fwd: Any, optimizer: Optimizer | None) -> bool:
     return not built.weights or any(n in trained for n in built.weights)
 
 
-def _output_specs(built: Built, fwd: Any) -> list[popxl.TensorSpec]:
-    """The forward outputs the host receives, with one device-to-host stream each."""
+def _output_specs(built: Built, fwd: Any, layout: Layout) -> list[popxl.TensorSpec]:
+    """The forward outputs the host receives (per micro-batch), with one device-to-host
+    stream each (a store carries ``layout.rows_per_store`` micro-batches' values)."""
     outs = [fwd.graph.outputs[i] for i in built.forward_interface().host_outputs]
     specs = [popxl.TensorSpec(o.shape, o.dtype) for o in outs]
     built.output_specs = specs
-    built.outputs = [popxl.d2h_stream(s.shape, s.dtype, f"output{i}") for i, s in enumerate(specs)]
+    rows = layout.rows_per_store
+    lead = (rows,) if rows > 1 else ()
+    built.outputs = [
+        popxl.d2h_stream((*lead, *s.shape), s.dtype, f"output{i}") for i, s in enumerate(specs)
+    ]
     return specs
 
 
@@ -482,8 +496,8 @@ def _build_staged_body(
     """``_build_body`` for a model split into blocks placed by an execution strategy (see
     ``_staged``)."""
     strategy = options.strategy
-    specs = _output_specs(built, fwd)
-    keep = _output_holders(specs, layout.mode)
+    specs = _output_specs(built, fwd, layout)
+    keep = _output_holders(built, specs, layout)
     trainer = (
         _Trainer(built, fwd, optimizer, options, whole=False)
         if _trains(built, fwd, optimizer)
@@ -629,15 +643,30 @@ def _repeat(graph: popxl.Graph, count: int) -> None:
     graph._ops = [*fragments, *graph._ops]
 
 
-def _output_holders(specs: list[popxl.TensorSpec], mode: OutputMode) -> list[popxl.Variable]:
+def _output_holders(
+    built: Built, specs: list[popxl.TensorSpec], layout: Layout
+) -> list[popxl.Variable]:
+    """Variables holding the outputs between stores (none for ``All``): a float32 sum
+    (``Sum``), the last value (``Final``, ``EveryN``), or with ``EveryN`` and gradient
+    accumulation every micro-batch's value, one row each, written at a per-output row
+    counter (``built.output_rows``)."""
+    mode = layout.mode
     if mode == OutputMode.All:
         return []
 
     def dtype(s):
         return popxl.float32 if mode == OutputMode.Sum and s.dtype.is_floating_point else s.dtype  # noqa: E731
 
+    rows = layout.rows_per_store
+    lead = (rows,) if rows > 1 else ()
+    if rows > 1:
+        built.output_rows = [
+            popxl.variable(np.int32(0), popxl.int32, f"output{i}_row") for i in range(len(specs))
+        ]
     return [
-        popxl.variable(np.zeros(s.shape, dtype(s).as_numpy()), dtype(s), f"output{i}_held")
+        popxl.variable(
+            np.zeros((*lead, *s.shape), dtype(s).as_numpy()), dtype(s), f"output{i}_held"
+        )
         for i, s in enumerate(specs)
     ]
 
@@ -654,8 +683,19 @@ def _handle_output(built: Built, i: int, out: popxl.Tensor, keep: list, mode: Ou
         _host_io.store(built.outputs[i], i, out, built.forward_interface().overlaps)
     elif mode == OutputMode.Sum:
         ops.var_updates.accumulate_(keep[i], out)
+    elif built.output_rows:
+        _write_row(keep[i], built.output_rows[i], out)
     else:
         ops.var_updates.copy_var_update_(keep[i], out)
+
+
+def _write_row(held: popxl.Variable, row: popxl.Variable, out: popxl.Tensor) -> None:
+    """``held[row] = out``, then the next row (wrapping after the last)."""
+    index = ops.reshape(ops.cast(row, popxl.uint32), (1,))
+    value = ops.reshape(out, (1, *out.shape))
+    ops.dynamic_update_(held, index, value, axes=[0], sizes=[1], no_overlap=True)
+    rows = popxl.constant(np.int32(held.shape[0]))
+    ops.var_updates.copy_var_update_(row, ops.fmod(row + 1, rows))
 
 
 def _store(built: Built, keep: list) -> None:

@@ -323,7 +323,8 @@ class PoplarExecutor:
             self._timing.start = time.time() - (done - start)
             r = self._options.replication_factor
             self._timing.input_steps = built.ir.num_host_transfers * r
-            self._timing.output_steps = built.stores_per_call * r
+            rows = built.outputs[0].shape[:1] if built.output_rows else (1,)
+            self._timing.output_steps = built.stores_per_call * rows[0] * r
         self._timing.inputs, self._timing.outputs = len(built.inputs), len(built.outputs)
         return outs
 
@@ -356,11 +357,15 @@ class PoplarExecutor:
         if r == 1:
             x = x[:, None]
         x = x[: built.stores_per_call]
+        shape = built.output_specs[built.outputs.index(stream)].shape
+        if len(stream.shape) > len(shape):  # several micro-batches per store (EveryN)
+            x = x.swapaxes(1, 2)  # (stores, micro-batches, replicas, ...) as All orders them
+            x = x.reshape(-1, *x.shape[2:])
         if x.shape[0] * x.shape[1] == 1:
             return np.array(x[0, 0])
-        if stream.shape == ():
+        if shape == ():
             return x.reshape(-1)
-        return x.reshape(-1, *stream.shape[1:])
+        return x.reshape(-1, *shape[1:])
 
     def _record(self, h2d: float, compute: float, d2h: float) -> None:
         n = self._options.device_iterations

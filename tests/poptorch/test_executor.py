@@ -86,6 +86,23 @@ def test_training_replicas_concatenate_in_replica_order():
     assert loss.shape == (8,)
 
 
+@pytest.mark.parametrize("r", [1, 2])
+def test_training_every_n_returns_each_micro_batch_of_every_nth_iteration(r):
+    """EveryN with gradient accumulation: all micro-batches of iterations N, 2N, ...
+    (PopART's EveryN anchor: deviceIterations * accumulation / N values per replica),
+    ordered as All orders them. With lr 0 the outputs are the initial weights' products."""
+    di, ga = 4, 2
+    opts = options(di=di, ga=ga, r=r, mode=poptorch.OutputMode.EveryN, period=2)
+    model = poptorch.trainingModel(Linear(), opts, poptorch.optim.SGD(lr=0.0))
+    x, t = data(di * ga * r * B)
+    y, loss = model(x, t)
+    per_iteration = np.split(x @ initial_w(), di)
+    np.testing.assert_allclose(y, np.concatenate(per_iteration[1::2]), rtol=1e-6, atol=1e-7)
+    per_micro_batch = ((x @ initial_w() - t) ** 2).reshape(di * ga * r, -1).mean(1)
+    np.testing.assert_allclose(loss, per_micro_batch.reshape(di, -1)[1::2].reshape(-1), rtol=1e-5)
+    assert model.getPerfCounters()["output"][0].__len__() == di // 2 * ga * r
+
+
 def test_input_replica_grouping_shares_slices():
     opts = options(r=4).inputReplicaGrouping(2, poptorch.CommGroupType.Consecutive)
     opts.outputMode(poptorch.OutputMode.All)
