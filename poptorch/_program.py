@@ -35,7 +35,7 @@ from popxl.context import get_current_context
 from popxl.errors import InternalError
 from popxl_addons.transforms.repeat_graph import repeat_graph
 
-from . import _host_io, _staged
+from . import _host_io, _instances, _staged
 from ._anchors import LOSS_SCALE, UPDATED, Anchors
 from ._lowering_log import log_placements
 from ._staged import block_ranges
@@ -264,7 +264,10 @@ class Layout:
         r, k = options.replication_factor, options.input_group_size
         if r % k:
             raise ValueError(INPUT_GROUP_MSG.format(k=k, r=r))
-        return cls(di, ga if training else 1, r, mode, period, options.training.reduction_type)
+        replicas = _instances.global_replicas(options)
+        return cls(
+            di, ga if training else 1, replicas, mode, period, options.training.reduction_type
+        )
 
     @property
     def rows_per_store(self) -> int:
@@ -305,7 +308,9 @@ def build(
     training = optimizer is not None
     layout = Layout.of(options, training)
     options.tensor_locations.check_io_tiles()
-    ir = popxl.Ir(replication=layout.replicas)
+    ir = popxl.Ir(
+        replication="popdist" if _instances.runs_on_instances(options) else layout.replicas
+    )
     options.apply_to_session_options(ir._pb_ir.getSessionOptions(), training)
     main = ir.main_graph
     scope = options.model_name or ""

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -74,3 +78,47 @@ def test_ipus_per_replica_must_match_poprun(under_poprun):
         popdist.poptorch.Options(ipus_per_replica=2)
     with pytest.raises(ValueError, match="ipus_per_replica must be a positive integer"):
         popdist.poptorch.Options(ipus_per_replica=0)
+
+
+def test_a_poptorch_script_under_poprun_trains_as_one_process(tmp_path):
+    """The same script (``poprun_worker.py``) run by 2 instances of 2 replicas each, and by
+    one process of 4 replicas: every weight update sees the same samples (each instance
+    its share), so the weights agree, and the instances agree with each other."""
+    from tests.runtime.test_multi_instance import _child_env, poprun  # noqa: PLC0415
+
+    worker = str(Path(__file__).with_name("poprun_worker.py"))
+    single = subprocess.run(
+        [sys.executable, worker, str(tmp_path), "--replicas", "4"],
+        capture_output=True, text=True, timeout=300, env=_child_env(),
+    )  # fmt: skip
+    assert single.returncode == 0, single.stderr[-3000:]
+    result = poprun(
+        ["--num-instances", "2", "--num-replicas", "4", sys.executable, worker, str(tmp_path)],
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    want = dict(np.load(tmp_path / "single.npz"))
+    runs = [dict(np.load(tmp_path / f"instance{i}.npz")) for i in range(2)]
+    for name in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+        np.testing.assert_array_equal(runs[0][name], runs[1][name], err_msg=name)
+        np.testing.assert_allclose(runs[0][name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    # Each instance's Final losses are its 2 replicas'.
+    assert runs[0]["losses"].shape == (2, 2) and want["losses"].shape == (2, 4)
+
+
+def test_options_that_contradict_poprun_are_refused(under_poprun):
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    opts = poptorch.Options().replicationFactor(1)
+    with pytest.raises(ValueError, match="runs 2 replicas .* Use popdist.poptorch.Options"):
+        poptorch.inferenceModel(Net(), opts)(torch.ones(2, 2))
+    opts = poptorch.Options().replicationFactor(2)
+    opts.Distributed.configureProcessId(0, 4)
+    with pytest.raises(ValueError, match="started this process as instance 2 of 4, but"):
+        poptorch.inferenceModel(Net(), opts)(torch.ones(4, 2))
