@@ -153,18 +153,27 @@ def collate(samples: list[Any]) -> Any:
     """Stack samples field by field, keeping their kind: torch tensors -> one tensor,
     NumPy arrays and numbers -> one NumPy array, tuples/lists/dicts -> the same containers
     of stacked fields. (The default for datasets that are not ``torch.utils.data``
-    datasets, so that the popxl_addons front end gets NumPy batches.)"""
+    datasets, so that the popxl_addons front end gets NumPy batches.) Samples holding a
+    torch tensor are collated as torch collates them (numbers become tensors too), since
+    they feed a torch model."""
+    leaves, _ = flatten(samples[0])
+    if any(isinstance(leaf, torch.Tensor) for leaf in leaves):
+        return torch.utils.data.default_collate(samples)
+    return _collate_fields(samples)
+
+
+def _collate_fields(samples: list[Any]) -> Any:
     first = samples[0]
     if isinstance(first, torch.Tensor):
         return torch.stack(samples)
     if isinstance(first, (np.ndarray, np.generic, numbers.Number)):
         return np.stack([np.asarray(s) for s in samples])
     if isinstance(first, tuple) and hasattr(first, "_fields"):
-        return type(first)(*(collate([s[i] for s in samples]) for i in range(len(first))))
+        return type(first)(*(_collate_fields([s[i] for s in samples]) for i in range(len(first))))
     if isinstance(first, (tuple, list)):
-        return tuple(collate([s[i] for s in samples]) for i in range(len(first)))
+        return tuple(_collate_fields([s[i] for s in samples]) for i in range(len(first)))
     if isinstance(first, Mapping):
-        return {k: collate([s[k] for s in samples]) for k in first}
+        return {k: _collate_fields([s[k] for s in samples]) for k in first}
     return list(samples)
 
 

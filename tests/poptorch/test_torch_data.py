@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -111,6 +112,17 @@ def test_torch_collation_of_tuples_and_dicts():
     batch = next(iter(loader))
     assert set(batch) == {"data", "label"} and batch["label"].shape == (4, 1)
     assert batch["label"].dtype == torch.int64  # torch's collate, not narrowed
+
+
+def test_a_plain_list_of_torch_samples_collates_as_torch_does():
+    """A Python list of (tensor, label) pairs, as torch's DataLoader takes it: the labels
+    become a torch tensor too, which a torch model accepts (NumPy samples stay NumPy)."""
+    samples = [(torch.full((3,), float(i)), i % 4) for i in range(8)]
+    x, y = next(iter(poptorch.DataLoader(poptorch.Options(), samples, batch_size=4)))
+    assert torch.equal(y, torch.tensor([0, 1, 2, 3])) and x.shape == (4, 3)
+    numpy_samples = [(np.zeros(3, np.float32), i) for i in range(8)]
+    x, y = next(iter(poptorch.DataLoader(poptorch.Options(), numpy_samples, batch_size=4)))
+    assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray)
 
 
 def test_drop_last_false_warns_and_keeps_the_short_batch(caplog):
