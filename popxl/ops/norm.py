@@ -87,7 +87,10 @@ def _group_norm_infer(t: Any, weight: Any, bias: Any, *, num_groups: int, eps: f
 
 
 def _lower_group_norm(x: Any, weight: Any, bias: Any, *, num_groups: int, eps: float) -> Any:
-    groups = x.astype(_compute_type(x)).reshape(x.shape[0], num_groups, -1)
+    # One group over 2-D rows (a layer norm): no unit group axis, which would keep XLA from
+    # reusing the input's producer (a residual sum) across the statistics' fusions.
+    lead = (x.shape[0],) if num_groups == 1 and x.ndim == 2 else (x.shape[0], num_groups)
+    groups = x.astype(_compute_type(x)).reshape(*lead, -1)
     mean = groups.mean(axis=-1, keepdims=True)
     inv_std = lax.rsqrt(jnp.square(groups - mean).mean(axis=-1, keepdims=True) + eps)
     y = ((groups - mean) * inv_std).reshape(x.shape)
