@@ -80,6 +80,8 @@ class PipelineContext:
         self.ops: dict[int, list[Op]] = defaultdict(list)
         self._stage_of: dict[Op, int] = {}
         self.pipeline: _Pipeline | None = None
+        # One stash and one restore graph per tensor spec (and stash size), not per tensor.
+        self._stash, self._restore = Stash(cache=True), Restore(cache=True)
 
     def hook(self, op: Op) -> None:
         if self._stage is None:
@@ -125,11 +127,11 @@ class PipelineContext:
             raise RuntimeError(NOT_IN_STAGE_MSG)
         stash_size = to_stage - from_stage + 1
         with self.stage(from_stage):
-            args, graph = Stash().create_graph(t, stash_size)
+            args, graph = self._stash.create_graph(t, stash_size)
             stash_args = args.init()
             graph.bind(stash_args).call(t)
         with self.stage(to_stage):
-            rargs, rgraph = Restore().create_graph(stash_args.stash)
+            rargs, rgraph = self._restore.create_graph(stash_args.stash)
             (restored,) = rgraph.bind(rargs.init()).call(stash_args.stash)
         return restored
 

@@ -207,3 +207,32 @@ def test_stash_of_a_tensor_made_outside_the_stages_asks_for_from_stage():
                 with pytest.raises(RuntimeError, match="in no pipeline stage.*pass `from_stage`"):
                     p.stash_and_restore_tensor(y)
                 z + 1.0
+
+
+def test_stashes_of_one_spec_share_one_stash_graph_and_one_restore_graph():
+    """Three activations of one shape stashed from stage 0 to stage 2: one stash and one
+    restore graph serve them all (a graph per tensor made the IR build and the lowering
+    of deep pipelines slow), and each stage still reads its own micro-batch's values."""
+    steps = 6
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x_in = popxl.h2d_stream((2,), popxl.float32)
+        y_out = popxl.d2h_stream((2,), popxl.float32)
+        with addons.pipelined_execution(steps) as p:
+            with p.stage(0), popxl.ipu(0):
+                x = ops.host_load(x_in)
+                made = [x * float(k + 1) for k in range(3)]
+                h = x.copy_to_ipu(1)
+            with p.stage(1), popxl.ipu(1):
+                h = (h + 1.0).copy_to_ipu(0)
+            with p.stage(2), popxl.ipu(0):
+                restored = [p.stash_and_restore_tensor(t) for t in made]
+                ops.host_store(y_out, h + restored[0] + restored[1] * restored[2])
+    ir.num_host_transfers = steps
+    graph_ids = list(ir._graphs)
+    assert [g for g in graph_ids if g.startswith("Stash")] == ["Stash_subgraph(0)"]
+    assert sum(g.startswith("Restore") for g in graph_ids) == 1
+    data = np.arange(2 * steps, dtype=np.float32).reshape(steps, 2)
+    with popxl.Session(ir, "ipu_model") as session:
+        out = session.run({x_in: data})[y_out]
+    np.testing.assert_allclose(out, data + 1.0 + data + 6.0 * data**2)
