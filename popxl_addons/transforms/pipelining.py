@@ -167,7 +167,8 @@ class PipelineContext:
 
     def print_schedule(self) -> str:
         """The pipeline as built: one row per stage, one column per cycle (``.`` = idle),
-        the fill/main/flush phases, and the subgraphs each cycle calls."""
+        the fill/main/flush phases, and the subgraphs each cycle calls; or, for stages on
+        one device, the micro-batch graph that runs them in turn."""
         if self.pipeline is None:
             raise RuntimeError("The pipeline is built when pipelined_execution's context closes.")
         return self.pipeline.describe()
