@@ -26,7 +26,10 @@ program is not placed), overlapping them gains nothing, and the cycle graph cost
 time: each stage's layers are compiled once per stage. The pipeline is then one ``repeat``
 over the micro-batches of a graph that runs the stages in turn (stage order, program order
 within a stage; the copies between IPUs, which copy nothing on one device, left out), so
-calls of one graph in several stages are consecutive and compile once. It computes exactly
+calls of one graph in several stages are consecutive and compile once. A restored value is
+the one its stash took earlier in the same micro-batch (the ring buffers' slots advance
+together), so its consumers read that value; the stash and the restore still run, leaving
+their buffers and counters as the cycles leave them. It computes exactly
 what the cycles compute, given that no stage touches storage, a stream or another effect
 that a different stage writes or uses (the stashes excepted: their ring buffers give each
 micro-batch its own slot in either order) and no stage reads a later stage's values; a
@@ -96,6 +99,7 @@ class PipelineContext:
         # One stash and one restore graph per tensor spec (and stash size), not per tensor.
         self._stash, self._restore = Stash(cache=True), Restore(cache=True)
         self.stashes: set[popxl.Tensor] = set()
+        self.restored: dict[popxl.Tensor, popxl.Tensor] = {}  # restored value -> stashed
 
     def hook(self, op: Op) -> None:
         if self._stage is None:
@@ -148,6 +152,7 @@ class PipelineContext:
         with self.stage(to_stage):
             rargs, rgraph = self._restore.create_graph(stash_args.stash)
             (restored,) = rgraph.bind(rargs.init()).call(stash_args.stash)
+        self.restored[restored] = t
         return restored
 
     def stash_and_restore_activations(
@@ -210,7 +215,7 @@ def pipelined_execution(steps: int, *, min_steps: int | None = None) -> Iterator
         yield pipeline
     finally:
         graph.remove_op_created_hook(handle)
-    pipeline.pipeline = _Pipeline(graph, steps, dict(pipeline.ops), min_steps, pipeline.stashes)
+    pipeline.pipeline = _Pipeline(graph, steps, dict(pipeline.ops), min_steps, pipeline)
     pipeline.pipeline.build()
 
 
@@ -297,7 +302,7 @@ class _Pipeline:
         steps: int,
         stage_ops: dict[int, list[Op]],
         min_steps: int | None = None,
-        stashes: set[popxl.Tensor] | None = None,
+        context: PipelineContext | None = None,
     ) -> None:
         self.graph = graph
         self.ir = graph.ir
@@ -312,7 +317,8 @@ class _Pipeline:
             raise ValueError(TOO_FEW_STEPS_MSG.format(steps=steps, stages=self.num_stages))
         self.pieces: dict[tuple[str, int | None], _Piece] = {}
         self.stage_of = {op: s for s, stage_list in stage_ops.items() for op in stage_list}
-        self.stashes = stashes or set()
+        self.stashes = context.stashes if context is not None else set()
+        self.restored = context.restored if context is not None else {}
         self.one_device = False
         for op in graph._ops:
             if op in self.stage_of:
@@ -426,6 +432,9 @@ class _Pipeline:
                     continue
                 clone = _clone_op(op, micro, tuple(env[t] for t in op.inputs))
                 env.update(zip(op.outputs, clone.outputs))
+                for t in op.outputs:
+                    if t in self.restored:  # what the restore reads is what was just stashed
+                        env[t] = env[self.restored[t]]
         self.pipeline_graph = self.ir.create_empty_graph("pipeline_graph")
         with self.pipeline_graph:
             ins = [self._input_like(t, t in written) for t in externals]

@@ -209,11 +209,9 @@ def test_stash_of_a_tensor_made_outside_the_stages_asks_for_from_stage():
                 z + 1.0
 
 
-def test_stashes_of_one_spec_share_one_stash_graph_and_one_restore_graph():
-    """Three activations of one shape stashed from stage 0 to stage 2: one stash and one
-    restore graph serve them all (a graph per tensor made the IR build and the lowering
-    of deep pipelines slow), and each stage still reads its own micro-batch's values."""
-    steps = 6
+def _stashing(steps: int = 6):
+    """Three activations of one shape stashed from stage 0 to stage 2; returns the IR, the
+    streams, the pipeline context and the expected output for ``data``."""
     ir = popxl.Ir()
     with ir.main_graph:
         x_in = popxl.h2d_stream((2,), popxl.float32)
@@ -229,13 +227,52 @@ def test_stashes_of_one_spec_share_one_stash_graph_and_one_restore_graph():
                 restored = [p.stash_and_restore_tensor(t) for t in made]
                 ops.host_store(y_out, h + restored[0] + restored[1] * restored[2])
     ir.num_host_transfers = steps
+    return ir, x_in, y_out, p
+
+
+def _stash_data(steps: int = 6) -> tuple[np.ndarray, np.ndarray]:
+    data = np.arange(2 * steps, dtype=np.float32).reshape(steps, 2)
+    return data, data + 1.0 + data + 6.0 * data**2
+
+
+def test_stashes_of_one_spec_share_one_stash_graph_and_one_restore_graph():
+    """One stash and one restore graph serve the three stashes (a graph per tensor made the
+    IR build and the lowering of deep pipelines slow), and each stage still reads its own
+    micro-batch's values."""
+    ir, x_in, y_out, _ = _stashing()
     graph_ids = list(ir._graphs)
     assert [g for g in graph_ids if g.startswith("Stash")] == ["Stash_subgraph(0)"]
     assert sum(g.startswith("Restore") for g in graph_ids) == 1
-    data = np.arange(2 * steps, dtype=np.float32).reshape(steps, 2)
+    data, expected = _stash_data()
     with popxl.Session(ir, "ipu_model") as session:
         out = session.run({x_in: data})[y_out]
-    np.testing.assert_allclose(out, data + 1.0 + data + 6.0 * data**2)
+    np.testing.assert_allclose(out, expected)
+
+
+def test_on_one_device_restores_pass_the_stashed_value_and_leave_the_same_state(monkeypatch):
+    """Stages in turn: each restore's consumers read the value stashed earlier in the same
+    micro-batch (the restore's read is unused), and every stash buffer and counter ends
+    as the cycles placed on two devices leave it, over two steps."""
+    finals = {}
+    for placement in ("on", "off"):
+        monkeypatch.setenv("POPXL_PLACEMENT", placement)
+        ir, x_in, y_out, _ = _stashing()
+        data, _ = _stash_data()
+        with popxl.Session(ir, "ipu_model") as session:
+            for step in range(2):
+                out = session.run({x_in: data + step})[y_out]
+                fed = data + step
+                np.testing.assert_allclose(out, 2 * fed + 1.0 + 6.0 * fed**2)
+            finals[placement] = [session.get_tensor_data(v).copy() for v in ir._variables]
+    (micro,) = [g for gid, g in ir._graphs.items() if gid.startswith("pipeline_micro_batch")]
+    restores = [
+        op for op in micro._ops if op.called_graphs and op.called_graphs[0].id.startswith("Restore")
+    ]
+    assert len(restores) == 3
+    assert all(not t._consumers for op in restores for t in op.outputs)
+    assert len(finals["on"]) == len(finals["off"]) > 3
+    for on, off in zip(finals["on"], finals["off"]):
+        np.testing.assert_array_equal(on, off)
 
 
 class Relu(addons.Module):
