@@ -620,9 +620,9 @@ def _clone_op(op: Op, graph: popxl.Graph, inputs: tuple[popxl.Tensor, ...]) -> O
 def _shares_one_device(staged: list[Op], ir: popxl.Ir) -> bool:
     """Whether the session will run the pipeline's IPUs on one device (the runtime's
     placement rule; a session that places them anyway still computes the same results)."""
-    from runtime.placement import placement_ipus  # noqa: PLC0415 (popxl_addons runs without it)
+    from runtime.placement import placement_ipus  # noqa: PLC0415 (runtime imported lazily)
 
-    ipus = 1 + max((op.ipu or 0 for op in staged), default=0)
+    ipus = 1 + max((max(op.ipu or 0, op.attrs.get("destination") or 0) for op in staged), default=0)
     try:
         return placement_ipus(ipus, ir.replication_factor) == 0
     except ValueError:  # placement asked for and impossible: the session says so
