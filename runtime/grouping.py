@@ -310,7 +310,10 @@ class _Reorder:
 
     def _key(self, op: Op) -> Hashable | None:
         """Ops with equal keys may form a group; None: never grouped."""
-        where = (op.execution_context, op.ipu, op.tile_set)
+        # Not the virtual IPU: groups are lowered only when every IPU shares one device
+        # (a placed step keeps program order), so calls on several IPUs (a pipeline's
+        # stages run in turn on one device) group like any others.
+        where = (op.execution_context, op.tile_set)
         if op.opdef.special == "call":
             graph = op.attrs["graphs"][0]
             return ("call", signature(graph), frozenset(op.modified_inputs), len(op.inputs), where)

@@ -20,6 +20,20 @@ In one cycle stage ``s`` works on micro-batch ``cycle - s``; tensors pass betwee
 through ``ipu_copy`` (copied at the end of the cycle, consumed in the next) or through a
 stash on the same IPU (``stash_and_restore_tensor``). Placed on several devices (see
 ``runtime.placement``) the stages of one cycle run concurrently.
+
+When the stages will share one device (``runtime.placement.placement_ipus`` says the
+program is not placed), overlapping them gains nothing, and the cycle graph costs compile
+time: each stage's layers are compiled once per stage. The pipeline is then one ``repeat``
+over the micro-batches of a graph that runs the stages in turn (stage order, program order
+within a stage; the copies between IPUs, which copy nothing on one device, left out), so
+calls of one graph in several stages are consecutive and compile once. A restored value is
+the one its stash took earlier in the same micro-batch (the ring buffers' slots advance
+together), so its consumers read that value; the stash and the restore still run, leaving
+their buffers and counters as the cycles leave them. It computes exactly
+what the cycles compute, given that no stage touches storage, a stream or another effect
+that a different stage writes or uses (the stashes excepted: their ring buffers give each
+micro-batch its own slot in either order) and no stage reads a later stage's values; a
+pipeline that breaks one of these keeps the cycles.
 """
 
 from __future__ import annotations
@@ -36,9 +50,11 @@ import popxl
 from popxl import ops
 from popxl._op import Op
 from popxl.errors import InternalError
+from popxl.graph import Graph
 from popxl.ops._base import add_op
 from popxl.ops.call import CallSiteInfo
 from popxl.transforms import GradGraphInfo
+from popxl.transforms._storage import roots
 
 from ..module import Module
 
@@ -80,6 +96,10 @@ class PipelineContext:
         self.ops: dict[int, list[Op]] = defaultdict(list)
         self._stage_of: dict[Op, int] = {}
         self.pipeline: _Pipeline | None = None
+        # One stash and one restore graph per tensor spec (and stash size), not per tensor.
+        self._stash, self._restore = Stash(cache=True), Restore(cache=True)
+        self.stashes: set[popxl.Tensor] = set()
+        self.restored: dict[popxl.Tensor, popxl.Tensor] = {}  # restored value -> stashed
 
     def hook(self, op: Op) -> None:
         if self._stage is None:
@@ -125,12 +145,14 @@ class PipelineContext:
             raise RuntimeError(NOT_IN_STAGE_MSG)
         stash_size = to_stage - from_stage + 1
         with self.stage(from_stage):
-            args, graph = Stash().create_graph(t, stash_size)
+            args, graph = self._stash.create_graph(t, stash_size)
             stash_args = args.init()
+            self.stashes.add(stash_args.stash)
             graph.bind(stash_args).call(t)
         with self.stage(to_stage):
-            rargs, rgraph = Restore().create_graph(stash_args.stash)
+            rargs, rgraph = self._restore.create_graph(stash_args.stash)
             (restored,) = rgraph.bind(rargs.init()).call(stash_args.stash)
+        self.restored[restored] = t
         return restored
 
     def stash_and_restore_activations(
@@ -150,7 +172,8 @@ class PipelineContext:
 
     def print_schedule(self) -> str:
         """The pipeline as built: one row per stage, one column per cycle (``.`` = idle),
-        the fill/main/flush phases, and the subgraphs each cycle calls."""
+        the fill/main/flush phases, and the subgraphs each cycle calls; or, for stages on
+        one device, the micro-batch graph that runs them in turn."""
         if self.pipeline is None:
             raise RuntimeError("The pipeline is built when pipelined_execution's context closes.")
         return self.pipeline.describe()
@@ -192,7 +215,7 @@ def pipelined_execution(steps: int, *, min_steps: int | None = None) -> Iterator
         yield pipeline
     finally:
         graph.remove_op_created_hook(handle)
-    pipeline.pipeline = _Pipeline(graph, steps, dict(pipeline.ops), min_steps)
+    pipeline.pipeline = _Pipeline(graph, steps, dict(pipeline.ops), min_steps, pipeline)
     pipeline.pipeline.build()
 
 
@@ -279,6 +302,7 @@ class _Pipeline:
         steps: int,
         stage_ops: dict[int, list[Op]],
         min_steps: int | None = None,
+        context: PipelineContext | None = None,
     ) -> None:
         self.graph = graph
         self.ir = graph.ir
@@ -292,10 +316,13 @@ class _Pipeline:
         ):
             raise ValueError(TOO_FEW_STEPS_MSG.format(steps=steps, stages=self.num_stages))
         self.pieces: dict[tuple[str, int | None], _Piece] = {}
-        stage_of = {op: s for s, stage_list in stage_ops.items() for op in stage_list}
+        self.stage_of = {op: s for s, stage_list in stage_ops.items() for op in stage_list}
+        self.stashes = context.stashes if context is not None else set()
+        self.restored = context.restored if context is not None else {}
+        self.one_device = False
         for op in graph._ops:
-            if op in stage_of:
-                self._piece_for(op, stage_of[op]).ops.append(op)
+            if op in self.stage_of:
+                self._piece_for(op, self.stage_of[op]).ops.append(op)
 
     def _piece_for(self, op: Op, stage: int) -> _Piece:
         kind = _kind(op)
@@ -368,6 +395,12 @@ class _Pipeline:
     # Building ---------------------------------------------------------------------------
 
     def build(self) -> None:
+        staged = [op for op in self.graph._ops if op in self.stage_of]
+        if _shares_one_device(staged, self.ir) and _stages_commute(
+            staged, self.stage_of, self.stashes
+        ):
+            self._build_one_device(staged)
+            return
         self.analyse()
         self._remove_ops()
         for p in self.pieces.values():
@@ -379,6 +412,37 @@ class _Pipeline:
         self.pipeline_graph = pipeline_graph
         with self.graph, popxl.in_sequence(False):
             ops.call(pipeline_graph, *self.externals)
+
+    def _build_one_device(self, staged: list[Op]) -> None:
+        """``repeat(steps)`` of ``pipeline_micro_batch``, which runs every stage in turn
+        (see the module docstring)."""
+        self.one_device = True
+        position = {op: i for i, op in enumerate(staged)}
+        order = sorted(staged, key=lambda op: (self.stage_of[op], position[op]))
+        made = {t for op in order for t in op.outputs}
+        externals = list(dict.fromkeys(t for op in order for t in op.inputs if t not in made))
+        written = {op.inputs[i] for op in order for i in op.modified_input_indices()}
+        self._remove_ops()
+        micro = self.ir.create_empty_graph("pipeline_micro_batch")
+        with micro:
+            env = {t: self._input_like(t, t in written) for t in externals}
+            for op in order:
+                if op.opdef.key == "ipu_copy":
+                    env[op.outputs[0]] = env[op.inputs[0]]
+                    continue
+                clone = _clone_op(op, micro, tuple(env[t] for t in op.inputs))
+                env.update(zip(op.outputs, clone.outputs))
+                for t in op.outputs:
+                    if t in self.restored:  # what the restore reads is what was just stashed
+                        env[t] = env[self.restored[t]]
+        self.pipeline_graph = self.ir.create_empty_graph("pipeline_graph")
+        with self.pipeline_graph:
+            ins = [self._input_like(t, t in written) for t in externals]
+            with popxl.ipu(0):
+                ops.repeat(micro, self.steps, *ins)
+        self.micro_batch_graph = micro
+        with self.graph, popxl.in_sequence(False):
+            ops.call(self.pipeline_graph, *externals)
 
     def _remove_ops(self) -> None:
         moved = {op for p in self.pieces.values() for op in p.ops}
@@ -500,6 +564,14 @@ class _Pipeline:
         return guarded
 
     def describe(self) -> str:
+        if self.one_device:
+            return "\n".join([
+                f"Pipeline: {self.num_stages} stages over {self.steps} steps on one device: "
+                "each micro-batch runs through the stages in turn (the same results as the "
+                "cycle schedule, which overlaps the stages on separate devices)",
+                self.pipeline_graph.print_schedule(),
+                self.micro_batch_graph.print_schedule(),
+            ])  # fmt: skip
         n = self.num_stages
         count = self.steps - (n - 1)
         lines = [
@@ -543,3 +615,55 @@ def _clone_op(op: Op, graph: popxl.Graph, inputs: tuple[popxl.Tensor, ...]) -> O
     clone.execution_context = op.execution_context
     clone.modified_inputs = set(op.modified_inputs)
     return clone
+
+
+def _shares_one_device(staged: list[Op], ir: popxl.Ir) -> bool:
+    """Whether the session will run the pipeline's IPUs on one device (the runtime's
+    placement rule; a session that places them anyway still computes the same results)."""
+    from runtime.placement import placement_ipus  # noqa: PLC0415 (runtime imported lazily)
+
+    ipus = 1 + max((max(op.ipu or 0, op.attrs.get("destination") or 0) for op in staged), default=0)
+    try:
+        return placement_ipus(ipus, ir.replication_factor) == 0
+    except ValueError:  # placement asked for and impossible: the session says so
+        return False
+
+
+def _stages_commute(staged: list[Op], stage_of: dict[Op, int], stashes: set) -> bool:
+    """Whether running each micro-batch through the stages in turn computes what the cycles
+    compute: no stage reads a later stage's values, and nothing one stage writes (storage,
+    a stream, another effect) is used by another stage, stashes excepted."""
+    producer_stage = {t: stage_of[op] for op in staged for t in op.outputs}
+    used: dict[object, set[int]] = defaultdict(set)
+    written: dict[object, set[int]] = defaultdict(set)
+    effects: dict[Graph, set] = {}
+    for op in staged:
+        stage = stage_of[op]
+        if any(producer_stage.get(t, stage) > stage for t in op.inputs):
+            return False
+        for t in op.inputs:
+            for r in roots(t):
+                used[r].add(stage)
+        for i in op.modified_input_indices():
+            for r in roots(op.inputs[i]):
+                written[r].add(stage)
+        for token in _effects(op, effects):
+            used[token].add(stage)
+            written[token].add(stage)
+    shared = (key for key, stages in written.items() if len(stages | used[key]) > 1)
+    return all(key in stashes for key in shared)
+
+
+def _effects(op: Op, memo: dict[Graph, set]) -> set:
+    """Tokens for ``op``'s effects: a host stream's id, or one token for any other effect."""
+    found: set = set()
+    for g in op.referenced_graphs:
+        if g not in memo:
+            memo[g] = set()  # recursion guard
+            memo[g] = set().union(*(_effects(inner, memo) for inner in g._ops))
+        found |= memo[g]
+    if op.opdef.special in ("host_load", "host_store"):
+        found.add(("stream", op.attrs.get("stream_id")))
+    elif op.opdef.effect or op.opdef.special == "log2_scale_checked":
+        found.add(("effect",))
+    return found

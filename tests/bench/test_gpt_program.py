@@ -25,14 +25,32 @@ TOLERANCE = {"float32": (2e-5, 2e-5), "float16": (5e-3, 2 * STEPS * TINY["lr"])}
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("pattern", gpt.PATTERNS)
 def test_pattern_matches_its_reference(pattern, dtype):
-    cfg = gpt.config(pattern, **TINY, dtype=dtype)
+    _check_against_reference(gpt.config(pattern, **TINY, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_pipelined_on_one_device_matches_its_reference(monkeypatch, dtype):
+    """With its 2 IPUs on one device (as ``bench/build_compile.py`` runs it), the pipeline
+    runs each micro-batch through the stages in turn: the same numbers, and the program
+    compiles each layer graph once, as the unpipelined gradient accumulation does (two
+    layers per stage, so that runs form)."""
+    monkeypatch.setenv("POPXL_PLACEMENT", "off")
+    session = _check_against_reference(
+        gpt.config("pipelined", **{**TINY, "layers": 4}, dtype=dtype)
+    )
+    lowered = session._lowered().as_text()
+    # The micro-batch loop, one scan of the layers' forward and one of their backward.
+    assert lowered.count("stablehlo.while") == 3
+
+
+def _check_against_reference(cfg: gpt.Config):  # -> the session, closed
     tokens, labels = gpt.make_batches(cfg)
     program, reference = gpt.Program(cfg), gpt.Reference(cfg)
     with program.session() as session:
         got = [program.run(session, tokens, labels) for _ in range(STEPS)]
         weights = program.weights(session)
     want = [reference.run(tokens, labels) for _ in range(STEPS)]
-    loss_tol, weight_tol = TOLERANCE[dtype]
+    loss_tol, weight_tol = TOLERANCE[cfg.dtype]
     np.testing.assert_allclose(got, want, rtol=loss_tol, atol=loss_tol)
     expected = reference.weights()
     assert set(weights) == set(expected)
@@ -40,3 +58,4 @@ def test_pattern_matches_its_reference(pattern, dtype):
         np.testing.assert_allclose(weights[key], value, atol=weight_tol, err_msg=key)
     initial = gpt.initial_weights(cfg)
     assert max(np.abs(weights[k] - initial[k]).max() for k in expected) > cfg.lr / 2
+    return session

@@ -207,3 +207,147 @@ def test_stash_of_a_tensor_made_outside_the_stages_asks_for_from_stage():
                 with pytest.raises(RuntimeError, match="in no pipeline stage.*pass `from_stage`"):
                     p.stash_and_restore_tensor(y)
                 z + 1.0
+
+
+def _stashing(steps: int = 6):
+    """Three activations of one shape stashed from stage 0 to stage 2; returns the IR, the
+    streams, the pipeline context and the expected output for ``data``."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x_in = popxl.h2d_stream((2,), popxl.float32)
+        y_out = popxl.d2h_stream((2,), popxl.float32)
+        with addons.pipelined_execution(steps) as p:
+            with p.stage(0), popxl.ipu(0):
+                x = ops.host_load(x_in)
+                made = [x * float(k + 1) for k in range(3)]
+                h = x.copy_to_ipu(1)
+            with p.stage(1), popxl.ipu(1):
+                h = (h + 1.0).copy_to_ipu(0)
+            with p.stage(2), popxl.ipu(0):
+                restored = [p.stash_and_restore_tensor(t) for t in made]
+                ops.host_store(y_out, h + restored[0] + restored[1] * restored[2])
+    ir.num_host_transfers = steps
+    return ir, x_in, y_out, p
+
+
+def _stash_data(steps: int = 6) -> tuple[np.ndarray, np.ndarray]:
+    data = np.arange(2 * steps, dtype=np.float32).reshape(steps, 2)
+    return data, data + 1.0 + data + 6.0 * data**2
+
+
+def test_stashes_of_one_spec_share_one_stash_graph_and_one_restore_graph():
+    """One stash and one restore graph serve the three stashes (a graph per tensor made the
+    IR build and the lowering of deep pipelines slow), and each stage still reads its own
+    micro-batch's values."""
+    ir, x_in, y_out, _ = _stashing()
+    graph_ids = list(ir._graphs)
+    assert [g for g in graph_ids if g.startswith("Stash")] == ["Stash_subgraph(0)"]
+    assert sum(g.startswith("Restore") for g in graph_ids) == 1
+    data, expected = _stash_data()
+    with popxl.Session(ir, "ipu_model") as session:
+        out = session.run({x_in: data})[y_out]
+    np.testing.assert_allclose(out, expected)
+
+
+def test_on_one_device_restores_pass_the_stashed_value_and_leave_the_same_state(monkeypatch):
+    """Stages in turn: each restore's consumers read the value stashed earlier in the same
+    micro-batch (the restore's read is unused), and every stash buffer and counter ends
+    as the cycles placed on two devices leave it, over two steps."""
+    finals = {}
+    for placement in ("on", "off"):
+        monkeypatch.setenv("POPXL_PLACEMENT", placement)
+        ir, x_in, y_out, _ = _stashing()
+        data, _ = _stash_data()
+        with popxl.Session(ir, "ipu_model") as session:
+            for step in range(2):
+                out = session.run({x_in: data + step})[y_out]
+                fed = data + step
+                np.testing.assert_allclose(out, 2 * fed + 1.0 + 6.0 * fed**2)
+            finals[placement] = [session.get_tensor_data(v).copy() for v in ir._variables]
+    (micro,) = [g for gid, g in ir._graphs.items() if gid.startswith("pipeline_micro_batch")]
+    restores = [
+        op for op in micro._ops if op.called_graphs and op.called_graphs[0].id.startswith("Restore")
+    ]
+    assert len(restores) == 3
+    assert all(not t._consumers for op in restores for t in op.outputs)
+    assert len(finals["on"]) == len(finals["off"]) > 3
+    for on, off in zip(finals["on"], finals["off"]):
+        np.testing.assert_array_equal(on, off)
+
+
+class Relu(addons.Module):
+    def build(self, x: popxl.Tensor) -> popxl.Tensor:
+        w = self.add_variable_input("w", partial(np.random.normal, 0, 0.5, (4, 4)), x.dtype)
+        return ops.relu(x @ w)
+
+
+def _layers_over_two_stages(steps: int = 4):
+    """Two calls of one layer graph on IPU 0, two on IPU 1, and between them stage 0 also
+    stores its output plus one; returns the IR, streams, pipeline context and the four
+    weight variables."""
+    np.random.seed(5)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x_in = popxl.h2d_stream((2, 4), popxl.float32, "x")
+        y_out = popxl.d2h_stream((2, 4), popxl.float32, "y")
+        z_out = popxl.d2h_stream((2, 4), popxl.float32, "z")
+        facts, layer = Relu().create_graph(popxl.TensorSpec((2, 4), popxl.float32))
+        weights = [facts.init(f"l{i}") for i in range(4)]
+        with addons.pipelined_execution(steps) as p:
+            with p.stage(0), popxl.ipu(0):
+                x = ops.host_load(x_in)
+                for w in weights[:2]:
+                    (x,) = layer.bind(w).call(x)
+                ops.host_store(z_out, x + 1.0)
+                x = x.copy_to_ipu(1)
+            with p.stage(1), popxl.ipu(1):
+                for w in weights[2:]:
+                    (x,) = layer.bind(w).call(x)
+                ops.host_store(y_out, x)
+    ir.num_host_transfers = steps
+    return ir, x_in, (y_out, z_out), p, [w.w for w in weights]
+
+
+@pytest.mark.parametrize("placement", ["off", "on"])
+def test_on_one_device_the_stages_run_in_turn_and_the_layer_compiles_once(monkeypatch, placement):
+    """Unplaced, the micro-batches run through the stages in turn: the four layer calls are
+    one scan (placed, each stage has its own), with the same numbers."""
+    monkeypatch.setenv("POPXL_PLACEMENT", placement)
+    ir, x_in, (y_out, z_out), p, weights = _layers_over_two_stages()
+    data = np.random.normal(0, 1, (4, 2, 4)).astype(np.float32)
+    with popxl.Session(ir, "ipu_model") as session:
+        outs = session.run({x_in: data})
+        ws = [session.get_tensor_data(w) for w in weights]
+        lowered = session._lowered().as_text()
+    expected = [data]
+    for w in ws:
+        expected.append(np.maximum(expected[-1] @ w, 0))
+    np.testing.assert_allclose(outs[y_out], expected[4], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outs[z_out], expected[2] + 1.0, rtol=1e-5, atol=1e-6)
+    one_device = placement == "off"
+    assert ("on one device" in p.print_schedule().splitlines()[0]) == one_device
+    if one_device:  # the micro-batch loop and one scan of the layer
+        assert lowered.count("stablehlo.while") == 2
+
+
+def test_stages_that_share_written_state_keep_the_cycles(monkeypatch):
+    """Stage 1 updates a variable that stage 0 reads: in turn, stage 0 would see the update
+    of the micro-batch before, in cycles that of two before; the cycles are kept."""
+    monkeypatch.setenv("POPXL_PLACEMENT", "off")
+    steps = 4
+    ir = popxl.Ir()
+    with ir.main_graph:
+        y_out = popxl.d2h_stream((), popxl.float32)
+        v = popxl.variable(np.float32(1.0))
+        with addons.pipelined_execution(steps) as p:
+            with p.stage(0), popxl.ipu(0):
+                x = (v * 1.0).copy_to_ipu(1)
+            with p.stage(1), popxl.ipu(1):
+                ops.host_store(y_out, x)
+                ops.var_updates.accumulate_(v, popxl.constant(1.0))
+    ir.num_host_transfers = steps
+    assert "all one repeated cycle" in p.print_schedule().splitlines()[0]
+    with popxl.Session(ir, "ipu_model") as session:
+        out = session.run()[y_out]
+    # Cycle c: stage 0 reads v for micro-batch c, stage 1 adds 1 for micro-batch c-1.
+    np.testing.assert_array_equal(out, [1.0, 1.0, 2.0, 3.0])
