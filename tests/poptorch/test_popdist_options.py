@@ -13,30 +13,12 @@ import torch
 import popdist.poptorch
 import poptorch
 
-# Instance 2 of 4, running global replicas 4 and 5 of 8.
-POPRUN_ENV = {
-    "POPDIST_NUM_INSTANCES": "4",
-    "POPDIST_INSTANCE_INDEX": "2",
-    "POPDIST_NUM_TOTAL_REPLICAS": "8",
-    "POPDIST_NUM_LOCAL_REPLICAS": "2",
-    "POPDIST_REPLICA_INDEX_OFFSET": "4",
-    "POPDIST_NUM_IPUS_PER_REPLICA": "1",
-}
+# Instance 2 of 4, running global replicas 4 and 5 of 8 (the environment poprun gives it).
+from tests.popdist.test_popdist import not_under_poprun, under_poprun  # noqa: E402, F401
 
 
-@pytest.fixture
-def under_poprun(monkeypatch):
-    for name, value in POPRUN_ENV.items():
-        monkeypatch.setenv(name, value)
-
-
-@pytest.fixture
-def not_under_poprun(monkeypatch):
-    for name in POPRUN_ENV:
-        monkeypatch.delenv(name, raising=False)
-
-
-def test_options_take_the_instance_layout_and_the_loader_its_share(under_poprun):
+@pytest.mark.usefixtures("under_poprun")
+def test_options_take_the_instance_layout_and_the_loader_its_share():
     opts = popdist.poptorch.Options(ipus_per_replica=1).deviceIterations(1)
     assert opts.replication_factor == 2
     assert (opts.Distributed.processId, opts.Distributed.numProcesses) == (2, 4)
@@ -48,7 +30,8 @@ def test_options_take_the_instance_layout_and_the_loader_its_share(under_poprun)
     assert isinstance(opts.clone(), popdist.poptorch.Options)
 
 
-def test_outside_poprun_it_is_one_instance_of_one_replica(not_under_poprun):
+@pytest.mark.usefixtures("not_under_poprun")
+def test_outside_poprun_it_is_one_instance_of_one_replica():
     opts = popdist.poptorch.Options()
     assert opts.replication_factor == 1
     assert (opts.Distributed.processId, opts.Distributed.numProcesses) == (0, 1)
@@ -66,14 +49,16 @@ def test_outside_poprun_it_is_one_instance_of_one_replica(not_under_poprun):
         (lambda o: o.Distributed.configureProcessId(1), "Distributed.configureProcessId"),
     ],
 )
-def test_what_poprun_decides_cannot_be_changed(under_poprun, call, name):
+@pytest.mark.usefixtures("under_poprun")
+def test_what_poprun_decides_cannot_be_changed(call, name):
     opts = popdist.poptorch.Options()
     with pytest.raises(RuntimeError, match=rf"Cannot call `{name}` with popdist\.poptorch"):
         call(opts)
     assert opts.replication_factor == 2 and opts.Distributed.processId == 2
 
 
-def test_ipus_per_replica_must_match_poprun(under_poprun):
+@pytest.mark.usefixtures("under_poprun")
+def test_ipus_per_replica_must_match_poprun():
     with pytest.raises(ValueError, match="does not match poprun's --ipus-per-replica 1"):
         popdist.poptorch.Options(ipus_per_replica=2)
     with pytest.raises(ValueError, match="ipus_per_replica must be a positive integer"):
@@ -106,7 +91,8 @@ def test_a_poptorch_script_under_poprun_trains_as_one_process(tmp_path):
     assert runs[0]["losses"].shape == (2, 2) and want["losses"].shape == (2, 4)
 
 
-def test_options_that_contradict_poprun_are_refused(under_poprun):
+@pytest.mark.usefixtures("under_poprun")
+def test_options_that_contradict_poprun_are_refused():
     class Net(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
