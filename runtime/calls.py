@@ -447,6 +447,8 @@ def _row_of(env: Env, t: Tensor) -> tuple[StackKey, int] | None:
 
 
 def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
+    # The stacks kept in scratch buffers (``runtime.scratch``), found by the planned run.
+    scratch = {m: k for m in run.ys if (k := ctx.scratch.get((run.ops[0], m))) in ctx.fx}
     stacked = [i for i, s in enumerate(run.slots) if s.kind == "stack"]
     if stacked and not any(s.kind == "carry" for s in run.slots):
         order = stack_order(env, [run.stacked(i) for i in stacked])
@@ -481,7 +483,8 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
     # deferred final can leave the run with its replica sum (``replica_sums.Summed``).
     in_place = [] if ctx.collective_impl == "gather" else stacked_modified
     by_xs = [(i, v) for i, v in zip(stacked, xs) if i not in in_place]
-    scan_xs = tuple(v for _, v in by_xs) + ((jnp.arange(n),) if in_place else ())
+    scan_xs = tuple(v for _, v in by_xs) + ((jnp.arange(n),) if in_place or scratch else ())
+    in_scratch: list[int] = []  # the ys written into their scratch buffer (found in tracing)
     init_rows = tuple(v for i, v in zip(stacked, xs) if i in in_place)
 
     def body(carry: tuple, x: tuple) -> tuple:
@@ -504,8 +507,17 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
             lax.dynamic_update_index_in_dim(v, value_of(finals[i]).astype(v.dtype), x[-1], 0)
             for i, v in zip(in_place, row_stacks)
         )
+        kept = []
+        for m in run.ys:
+            value = _portable(ctx, outs[m])
+            buffer = ctx.fx[scratch[m]] if m in scratch else None
+            if buffer is not None and _fits(value, buffer):
+                ctx.fx[scratch[m]] = lax.dynamic_update_index_in_dim(buffer, value, x[-1], 0)
+                in_scratch.append(m)
+            else:
+                kept.append(value)
         ys = (
-            tuple(_portable(ctx, outs[m]) for m in run.ys),
+            tuple(kept),
             tuple(_portable(ctx, finals[i]) for i in stacked_modified if i not in in_place),
         )
         return (new, new_stacks, new_rows, ctx.fx), ys
@@ -522,12 +534,24 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
             env.write(calls[0].inputs[i], value)
     for (key, _), value in zip(carried_stacks, final_stacks):
         env.values[key] = value  # type: ignore[index]
-    for m, value in zip(run.ys, ys):
+    kept_ys = iter(ys)
+    for m in run.ys:
+        value = ctx.fx[scratch[m]] if m in in_scratch else next(kept_ys)
         # Every call's output, the last call's carried one too, is a row of the stack: a
         # later in-place write to it must reach the row that other readers see.
         add_stack(env, _in_scan_order([op.outputs[m] for op in calls], reverse), value)
     for i, value in zip(stacked_modified, finals):
         _write_stacked(env, run.stacked(i), sources[i], reverse, value)
+
+
+def _fits(value: Any, buffer: Array) -> bool:
+    """Whether ``value`` can be a row of the scratch ``buffer`` (a plain array of its row's
+    shape and dtype, not a deferred replica sum)."""
+    return (
+        isinstance(value, jax.Array | np.ndarray)
+        and tuple(value.shape) == tuple(buffer.shape[1:])
+        and value.dtype == buffer.dtype
+    )
 
 
 class _HasEffects(Exception):

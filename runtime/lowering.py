@@ -134,6 +134,9 @@ class LoweringContext:
     synthetic_data: int = 0
     # A ``runtime.placement.Placement`` when virtual IPUs are placed on several devices.
     placement: Any = None
+    # (first call of a run, output index) -> the ``fx`` key of its stack's scratch buffer
+    # (``runtime.scratch``).
+    scratch: dict[Any, str] = field(default_factory=dict)
 
 
 def _checked(value: Array, t: Tensor) -> Array:

@@ -40,6 +40,7 @@ from . import (  # noqa: F401  (register lowerings)
     distributed,
     host_io,
     remote,
+    scratch,
     state_layout,
     vjp,
 )
@@ -97,6 +98,9 @@ class Program:
     local_replicas: int = 0
     # Per state entry: the indices of its variables (one, or several stacked).
     entries: tuple[tuple[int, ...], ...] = ()
+    # The step's scratch buffers (``runtime.scratch``): donated after the written state
+    # entries and returned after them.
+    scratch: tuple[scratch.Buffer, ...] = ()
 
     @property
     def n_entries(self) -> int:
@@ -297,7 +301,11 @@ def _make_step(
     main = ir.main_graph
     n_vars = len(entries)
 
-    def replica_step(state: tuple, inputs: tuple, placement: Any = None) -> tuple:
+    stash = scratch.plan(ir) if mode == "none" else ()
+
+    def replica_step(
+        state: tuple, inputs: tuple, placement: Any = None, buffers_in: tuple = ()
+    ) -> tuple:
         ctx = LoweringContext(
             replicas=replicas,
             axis_name=REPLICA_AXIS if replicas > 1 else None,
@@ -321,6 +329,7 @@ def _make_step(
             ctx.fx[host_io.count_key(sid)] = jnp.zeros((), jnp.int32)
         for buffer, value in zip(buffers, state[n_vars:]):
             ctx.fx[remote.buffer_key(buffer.remote_buffer_id)] = value
+        scratch.seed(ctx, stash[: len(buffers_in)], buffers_in)
         env = Env(main)
         keys = state_layout.seed_env(env, entries, variables, state[:n_vars])
         for op in main_schedule(ir, schedule(ctx, main)):
@@ -332,7 +341,10 @@ def _make_step(
         new_state = (*new_vars, *new_buffers)
         if run_checks:
             new_state = checks.keep_on_failure(checks.any_failed(ctx, run_checks), state, new_state)
-        return new_state, (outs, counts + checks.reports(ctx, run_checks))
+        outputs = (outs, counts + checks.reports(ctx, run_checks))
+        if buffers_in:
+            return new_state, outputs, scratch.finals(ctx, stash)
+        return new_state, outputs
 
     n_state = n_vars + len(buffers)
     shapes = [_entry_shape(variables, e) for e in entries]
@@ -347,14 +359,14 @@ def _make_step(
             replica_step, variables, written, ipus, shapes, inputs, nht, replicas
         )
         writes = state_written(layout, written)
-        return step, (True,) * len(writes), writes, layout
+        return step, (True,) * len(writes), writes, layout, ()
     if mode == "vmap":
         candidates = [_may_be_shared(variables[e[0]]) for e in entries] + [False] * len(buffers)
         batched = _probe_batched(replica_step, candidates, shapes, inputs, nht, replicas)
     else:
         batched = (mode == "shard_map",) * n_state
-    step = _split_step(replica_step, batched, written, mode, replicas, local_replicas)
-    return step, batched, written, ()
+    step = _split_step(replica_step, batched, written, mode, replicas, local_replicas, stash)
+    return step, batched, written, (), stash
 
 
 def _placed(
@@ -432,11 +444,18 @@ def written_state(
 
 
 def _split_step(
-    replica_step: Any, batched: tuple, written: tuple, mode: str, replicas: int, local: int
+    replica_step: Any,
+    batched: tuple,
+    written: tuple,
+    mode: str,
+    replicas: int,
+    local: int,
+    stash: tuple = (),
 ) -> Any:
     """The jitted ``step(written_state, constant_state, inputs)``: only state the program
     writes is donated and returned; read-only state (e.g. weights of an inference program)
-    is passed in and left where it is."""
+    is passed in and left where it is. The scratch buffers (``stash``) follow the written
+    state, donated and returned the same way."""
     mutable = [i for i, w in enumerate(written) if w]
     const = [i for i, w in enumerate(written) if not w]
 
@@ -446,6 +465,10 @@ def _split_step(
             state[i] = v
         for i, v in zip(const, fixed):
             state[i] = v
+        if stash:
+            buffers = tuple(mut[len(mutable) :])
+            new_state, outs, buffers = replica_step(tuple(state), inputs, None, buffers)
+            return (*(new_state[i] for i in mutable), *buffers), outs
         new_state, outs = replica_step(tuple(state), inputs)
         return tuple(new_state[i] for i in mutable), outs
 
@@ -592,7 +615,7 @@ def build_program(ir: Ir) -> Program:
         while len(_STEP_CACHE) > STEP_CACHE_SIZE:
             _STEP_CACHE.popitem(last=False)
     _STEP_CACHE.move_to_end(key)
-    step, batched, written, slots, entries = cached
+    step, batched, written, slots, stash, entries = cached
     return Program(
         ir,
         variables,
@@ -611,6 +634,7 @@ def build_program(ir: Ir) -> Program:
         slots or None,
         local,
         entries,
+        stash,
     )
 
 

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from popxl import _log
@@ -150,6 +151,7 @@ class Session(SessionCompat):
             for a in abstract_state(self._program)[self._program.n_entries :]
         ]
         self._state: tuple | None = None
+        self._scratch: tuple | None = None  # the step's scratch buffers, while attached
         self._host_stale = False
         self._enter_stack: list[bool] = []
         self._ipus = ipus_needed(ir.instance_replication_factor, _ipus_per_replica(ir))
@@ -225,8 +227,22 @@ class Session(SessionCompat):
                 jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._placement.streams)
                 for a in inputs
             )
+        stash = tuple(
+            jax.ShapeDtypeStruct(b.shape, b.dtype, sharding=self._sharding)
+            for b in self._program.scratch
+        )
+        mut, fixed = self._program.split(state)
         with self._x64():
-            return self._program.step.lower(*self._program.split(state), inputs)
+            return self._program.step.lower((*mut, *stash), fixed, inputs)
+
+    def _stash(self) -> tuple:
+        """The step's scratch buffers (``runtime.scratch``), made on the first run."""
+        if self._scratch is None:
+            self._scratch = tuple(
+                jax.device_put(jnp.zeros(b.shape, b.dtype), self._sharding)
+                for b in self._program.scratch
+            )
+        return self._scratch
 
     def memory_report(self) -> Any:
         """Bytes per virtual IPU: on-chip variables, remote buffers (streaming memory) and
@@ -287,6 +303,7 @@ class Session(SessionCompat):
     def _detach(self) -> None:
         self._device_info.detach()
         self._state = None
+        self._scratch = None
 
     def _set_device(self, device: DeviceInfo) -> None:
         """Run on ``device`` from the next attach on (it must match what was compiled for)."""
@@ -515,7 +532,10 @@ class Session(SessionCompat):
             arrays = placement.inputs(arrays)
         with self._x64():
             step = self._executable or program.step
-            new, (buffers, counts) = step(*program.split(state), arrays)
+            mut, fixed = program.split(state)
+            new, (buffers, counts) = step((*mut, *self._stash()), fixed, arrays)
+        if program.scratch:
+            new, self._scratch = new[: len(mut)], tuple(new[len(mut) :])
         self._state = program.merge(state, new)
         self._host_stale = True
         _log.trace(f"Devicex::run: step done, {len(buffers)} device-to-host streams", "devicex")

@@ -1,0 +1,71 @@
+"""Stash buffers kept from one step to the next (runtime/scratch.py).
+
+The stacks a forward run of layer calls keeps for the backward run are donated step
+arguments: each step overwrites every row, so a step must compute what a step with fresh
+buffers computes, whatever the previous step left in them (the inputs change every step
+below), and the buffers passed in must be reused, not copied.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import popxl
+
+from runtime import calls, scratch
+
+from .test_calls import B, H, LAYERS, STEPS, train, train_looped, training_program
+
+
+def test_the_stash_of_a_training_step_is_planned_from_the_ir(monkeypatch):
+    monkeypatch.setattr(calls, "_policy", "scan")
+    ir, *_ = training_program(1)
+    buffers = scratch.plan(ir)
+    # The forward run keeps what the gradient graph reads of every layer: (LAYERS, B, H)
+    # activations, one buffer per kept output of the layer graph.
+    assert buffers and all(b.shape == (LAYERS, B, H) for b in buffers)
+    assert all(b.dtype == np.float32 for b in buffers)
+    monkeypatch.setattr(calls, "_policy", "inline")
+    assert scratch.plan(ir) == ()  # inlined calls keep no stacks
+
+
+def test_training_with_scratch_buffers_matches_inlined_calls(monkeypatch):
+    outs_scan, vars_scan, program = train("scan", 1, monkeypatch)
+    assert program.scratch
+    outs_inline, vars_inline, inlined = train("inline", 1, monkeypatch)
+    assert not inlined.scratch
+    for a, b in zip(outs_scan + vars_scan, outs_inline + vars_inline):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_runs_inside_a_loop_body_use_scratch_buffers(monkeypatch):
+    outs_scan, vars_scan, program = train_looped("repeat", "scan", monkeypatch)
+    assert program.scratch
+    outs_inline, vars_inline, _ = train_looped("repeat", "inline", monkeypatch)
+    for a, b in zip(outs_scan + vars_scan, outs_inline + vars_inline):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_the_buffers_are_donated_to_each_step_and_dropped_on_detach(monkeypatch):
+    monkeypatch.setattr(calls, "_policy", "scan")
+    ir, stream, out, _, _ = training_program(1)
+    session = popxl.Session(ir, "ipu_model")
+    x = np.ones((B, H), np.float32)
+    with session:
+        session.run({stream: x})
+        first = session._scratch
+        assert first is not None and len(first) == len(session._program.scratch)
+        session.run({stream: x})
+        second = session._scratch
+        assert second is not None
+        # The step wrote into the arrays it was given: they are consumed, not kept.
+        assert all(a.is_deleted() for a in first)
+        assert not any(a.is_deleted() for a in second)
+    assert session._scratch is None
+
+
+def test_replicated_steps_keep_plain_stacks(monkeypatch):
+    """Replicated programs (vmap or shard_map) scan as before: no scratch state."""
+    monkeypatch.setenv("POPXL_REPLICATION", "vmap")
+    outs, _, program = train("scan", 2, monkeypatch)
+    assert program.scratch == ()
+    assert len(outs) == STEPS
