@@ -151,6 +151,8 @@ class CallArgs:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor, in the order ``torch.export`` flattens ``(args, kwargs)``."""
+        if not self.kwargs and all(type(a) is torch.Tensor for a in self.args):
+            return list(self.args)  # the common call: tensors only (no pytree walk)
         register_types(self.args)
         register_types(self.kwargs)
         leaves, _ = pytree.tree_flatten((tuple(self.args), self.kwargs))
@@ -364,6 +366,8 @@ def _validate(name: str, compiled: Any, given: Any, named: bool = False) -> None
 def in_compiled_order(compiled: CallArgs, given: CallArgs) -> CallArgs:
     """``given`` (already validated against ``compiled``) with its dicts' keys in the order
     the model was compiled with: a dict's tensors are matched by key, not by position."""
+    if not compiled.kwargs and all(type(a) is torch.Tensor for a in compiled.args):
+        return given  # nothing to reorder
 
     def order(c: Any, g: Any) -> Any:
         if isinstance(c, dict) and type(c) in (dict, collections.OrderedDict):

@@ -373,6 +373,24 @@ def test_output_structure_is_kept():
     torch.testing.assert_close(out["pair"][0], torch.full((2,), 2.0))
 
 
+def test_outputs_are_separate_tensors_each_call():
+    """Outputs share the runtime's fresh host arrays, but never with each other or with
+    the outputs of another call: writing to one leaves the rest alone."""
+
+    class Twice(torch.nn.Module):
+        def forward(self, x: torch.Tensor):
+            y = x * 2
+            return y, y
+
+    model = poptorch.inferenceModel(Twice())
+    a, b = model(torch.ones(3))
+    c, _ = model(torch.ones(3))
+    a += 1
+    torch.testing.assert_close(b, torch.full((3,), 2.0))
+    torch.testing.assert_close(c, torch.full((3,), 2.0))
+    torch.testing.assert_close(a, torch.full((3,), 3.0))
+
+
 def test_64_bit_inputs_run_in_32_bits():
     class Gather(torch.nn.Module):
         def forward(self, table: torch.Tensor, index: torch.Tensor):
