@@ -9,11 +9,11 @@ below), and the buffers passed in must be reused, not copied.
 from __future__ import annotations
 
 import numpy as np
-import popxl
 
+import popxl
 from runtime import calls, scratch
 
-from .test_calls import B, H, LAYERS, STEPS, train, train_looped, training_program
+from .test_calls import LAYERS, STEPS, B, H, train, train_looped, training_program
 
 
 def test_the_stash_of_a_training_step_is_planned_from_the_ir(monkeypatch):
