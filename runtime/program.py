@@ -114,6 +114,12 @@ class Program:
             return (None,) * len(self.variables)
         return self.slots.owners
 
+    def scratch_specs(self) -> tuple[tuple[tuple[int, ...], np.dtype], ...]:
+        """(shape, dtype) of each scratch buffer as the step takes it: one per replica
+        under ``vmap``."""
+        lead = (self.replicas,) if self.mode == "vmap" else ()
+        return tuple(((*lead, *b.shape), b.dtype) for b in self.scratch)
+
     def variable_batched(self) -> dict[Variable, bool]:
         """Whether each variable's device value has a leading replica axis."""
         if self.slots:  # placed: every replica keeps its own copy
@@ -301,7 +307,7 @@ def _make_step(
     main = ir.main_graph
     n_vars = len(entries)
 
-    stash = scratch.plan(ir) if mode == "none" else ()
+    stash = scratch.plan(ir) if mode in ("none", "vmap") else ()
 
     def replica_step(
         state: tuple, inputs: tuple, placement: Any = None, buffers_in: tuple = ()
@@ -473,7 +479,7 @@ def _split_step(
         return tuple(new_state[i] for i in mutable), outs
 
     if mode == "vmap":
-        mut_axes = tuple(0 if batched[i] else None for i in mutable)
+        mut_axes = tuple(0 if batched[i] else None for i in mutable) + (0,) * len(stash)
         const_axes = tuple(0 if batched[i] else None for i in const)
         step = jax.vmap(
             step,

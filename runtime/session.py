@@ -228,8 +228,8 @@ class Session(SessionCompat):
                 for a in inputs
             )
         stash = tuple(
-            jax.ShapeDtypeStruct(b.shape, b.dtype, sharding=self._sharding)
-            for b in self._program.scratch
+            jax.ShapeDtypeStruct(shape, dtype, sharding=self._sharding)
+            for shape, dtype in self._program.scratch_specs()
         )
         mut, fixed = self._program.split(state)
         with self._x64():
@@ -239,8 +239,8 @@ class Session(SessionCompat):
         """The step's scratch buffers (``runtime.scratch``), made on the first run."""
         if self._scratch is None:
             self._scratch = tuple(
-                jax.device_put(jnp.zeros(b.shape, b.dtype), self._sharding)
-                for b in self._program.scratch
+                jax.device_put(jnp.zeros(shape, dtype), self._sharding)
+                for shape, dtype in self._program.scratch_specs()
             )
         return self._scratch
 

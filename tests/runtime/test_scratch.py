@@ -8,12 +8,22 @@ below), and the buffers passed in must be reused, not copied.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
+import pytest
 
 import popxl
-from runtime import calls, scratch
+from runtime import calls, program, scratch
 
 from .test_calls import LAYERS, STEPS, B, H, train, train_looped, training_program
+
+
+@pytest.fixture(autouse=True)
+def private_step_cache(monkeypatch):
+    """These programs are test_calls' own: compiled here, they would be found in the step
+    cache there, and test_calls' spies on tracing would see nothing."""
+    monkeypatch.setattr(program, "_STEP_CACHE", OrderedDict())
 
 
 def test_the_stash_of_a_training_step_is_planned_from_the_ir(monkeypatch):
@@ -63,9 +73,13 @@ def test_the_buffers_are_donated_to_each_step_and_dropped_on_detach(monkeypatch)
     assert session._scratch is None
 
 
-def test_replicated_steps_keep_plain_stacks(monkeypatch):
-    """Replicated programs (vmap or shard_map) scan as before: no scratch state."""
+def test_replicas_mapped_on_one_device_keep_a_buffer_each(monkeypatch):
+    """Under ``vmap`` every replica has its own rows; the numbers are the inlined calls'."""
     monkeypatch.setenv("POPXL_REPLICATION", "vmap")
-    outs, _, program = train("scan", 2, monkeypatch)
-    assert program.scratch == ()
-    assert len(outs) == STEPS
+    outs_scan, vars_scan, program = train("scan", 2, monkeypatch)
+    assert program.scratch
+    assert all(shape[:2] == (2, LAYERS) for shape, _ in program.scratch_specs())
+    outs_inline, vars_inline, _ = train("inline", 2, monkeypatch)
+    assert len(outs_scan) == STEPS
+    for a, b in zip(outs_scan + vars_scan, outs_inline + vars_inline):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
