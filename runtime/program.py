@@ -116,8 +116,8 @@ class Program:
 
     def scratch_specs(self) -> tuple[tuple[tuple[int, ...], np.dtype], ...]:
         """(shape, dtype) of each scratch buffer as the step takes it: one per replica
-        under ``vmap``."""
-        lead = (self.replicas,) if self.mode == "vmap" else ()
+        when replicas are mapped (``vmap``, ``shard_map``)."""
+        lead = (self.replicas,) if self.mode in ("vmap", "shard_map") else ()
         return tuple(((*lead, *b.shape), b.dtype) for b in self.scratch)
 
     def variable_batched(self) -> dict[Variable, bool]:
@@ -307,7 +307,9 @@ def _make_step(
     main = ir.main_graph
     n_vars = len(entries)
 
-    stash = scratch.plan(ir) if mode in ("none", "vmap") else ()
+    # Scratch stash buffers; not across instances (each would make only its own replicas').
+    one_process = mode != "shard_map" or local_replicas == replicas
+    stash = scratch.plan(ir) if mode in ("none", "vmap", "shard_map") and one_process else ()
 
     def replica_step(
         state: tuple, inputs: tuple, placement: Any = None, buffers_in: tuple = ()

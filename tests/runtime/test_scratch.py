@@ -73,9 +73,11 @@ def test_the_buffers_are_donated_to_each_step_and_dropped_on_detach(monkeypatch)
     assert session._scratch is None
 
 
-def test_replicas_mapped_on_one_device_keep_a_buffer_each(monkeypatch):
-    """Under ``vmap`` every replica has its own rows; the numbers are the inlined calls'."""
-    monkeypatch.setenv("POPXL_REPLICATION", "vmap")
+@pytest.mark.parametrize("mapping", ["vmap", "shard_map"])
+def test_mapped_replicas_keep_a_buffer_each(mapping, monkeypatch):
+    """Replicas on one device (``vmap``) or one device each (``shard_map``) have their own
+    rows; the numbers are the inlined calls'."""
+    monkeypatch.setenv("POPXL_REPLICATION", mapping)
     outs_scan, vars_scan, program = train("scan", 2, monkeypatch)
     assert program.scratch
     assert all(shape[:2] == (2, LAYERS) for shape, _ in program.scratch_specs())
