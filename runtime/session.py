@@ -152,6 +152,8 @@ class Session(SessionCompat):
         ]
         self._state: tuple | None = None
         self._scratch: tuple | None = None  # the step's scratch buffers, while attached
+        # Whether step outputs can be spread over several devices (see stream_io.host_copy).
+        self._spread_outputs = self._program.mode == "shard_map" or bool(self._program.ipus)
         self._host_stale = False
         self._enter_stack: list[bool] = []
         self._ipus = ipus_needed(ir.instance_replication_factor, _ipus_per_replica(ir))
@@ -494,7 +496,7 @@ class Session(SessionCompat):
         buffers, _ = self._execute(inputs, downcast_inputs)
         nht = self._nht
         return {
-            s: to_structured(stream_io.host_copy(b, nht))
+            s: to_structured(stream_io.host_copy(b, nht, self._spread_outputs))
             for s, b in zip(self._program.d2h, buffers)
         }
 
@@ -521,7 +523,9 @@ class Session(SessionCompat):
         """One step: (this instance's d2h stream buffers, store counts per stream)."""
         state = self._require_attached()
         program = self._program
-        _log.trace(f"Session::run: one step of Ir {self.ir_.id}", "session")
+        tracing = _log.enabled(_log.TRACE)
+        if tracing:
+            _log.trace(f"Session::run: one step of Ir {self.ir_.id}", "session")
         arrays = stream_io.prepare_inputs(
             inputs, program.h2d, self._nht, self._local_replicas, downcast
         )
@@ -538,7 +542,8 @@ class Session(SessionCompat):
             new, self._scratch = new[: len(mut)], tuple(new[len(mut) :])
         self._state = program.merge(state, new)
         self._host_stale = True
-        _log.trace(f"Devicex::run: step done, {len(buffers)} device-to-host streams", "devicex")
+        if tracing:
+            _log.trace(f"Devicex::run: step done, {len(buffers)} device-to-host streams", "devicex")
         if placement is None:
             return buffers, program.store_counts(counts)
         local = [placement.local(b, axis=1) for b in buffers]
