@@ -537,7 +537,11 @@ class Session(SessionCompat):
         with self._x64():
             step = self._executable or program.step
             mut, fixed = program.split(state)
-            new, (buffers, counts) = step((*mut, *self._stash()), fixed, arrays)
+            try:
+                new, (buffers, counts) = step((*mut, *self._stash()), fixed, arrays)
+            except Exception:
+                self._scratch = None  # donated to a step that failed: made again next run
+                raise
         if program.scratch:
             new, self._scratch = new[: len(mut)], tuple(new[len(mut) :])
         self._state = program.merge(state, new)
