@@ -64,12 +64,14 @@ def refuse_legacy_constructors(model: torch.nn.Module) -> Iterator[None]:
     modes: list[_LegacyConstructorGuard] = []
 
     def enter(*_: Any) -> None:
+        if torch.compiler.is_dynamo_compiling():
+            return  # strict export's retry: TorchDynamo traces the call, not the guard
         mode = _LegacyConstructorGuard()
         mode.__enter__()
         modes.append(mode)
 
     def leave(*_: Any) -> None:
-        if modes:
+        if modes and not torch.compiler.is_dynamo_compiling():
             modes.pop().__exit__(None, None, None)
 
     pre = model.register_forward_pre_hook(enter)

@@ -130,19 +130,21 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
         refuse_legacy_constructors(model),
         Redirects(),
         masks_as_given(),
-        tracking_module_depth(model),
         _registering_output_types(model),
     ):
         # torch's own deprecation notices while tracing are not the user's concern.
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
-            return torch.export.export(model, args, kwargs, strict=False)
+            with tracking_module_depth(model):
+                return torch.export.export(model, args, kwargs, strict=False)
         except (NotABlock, Error):
             raise
         except Exception as first:  # torch raises many types; strict export may still work
             if _not_a_block(first):
                 raise NotABlock(str(first)) from first
+            # Strict export (TorchDynamo) refuses global module hooks, so it runs without the
+            # module-depth tracking: name scopes then take the names of the modules they are in.
             try:
                 return torch.export.export(model, args, kwargs, strict=True)
             except Exception:  # report the non-strict reason: it names the user's line

@@ -391,6 +391,21 @@ def test_outputs_are_separate_tensors_each_call():
     torch.testing.assert_close(a, torch.full((3,), 3.0))
 
 
+def test_a_model_without_inputs_returning_global_tensors():
+    """torch.export's non-strict trace of such a model fails its own graph check (torch
+    2.15); the capture's strict retry exports it, and the outputs are the tensors'
+    values."""
+    first, second = torch.tensor([1, 2]), torch.tensor([3, 4])
+
+    class Constants(torch.nn.Module):
+        def forward(self):
+            return first + second, [first, second], second
+
+    total, pair, last = poptorch.inferenceModel(Constants())()
+    assert total.tolist() == [4, 6] and last.tolist() == [3, 4]
+    assert [t.tolist() for t in pair] == [[1, 2], [3, 4]]
+
+
 def test_64_bit_inputs_run_in_32_bits():
     class Gather(torch.nn.Module):
         def forward(self, table: torch.Tensor, index: torch.Tensor):
