@@ -751,19 +751,11 @@ def _per_call(ex: PoplarExecutor) -> int:
 
 def _export_step(session: popxl.Session) -> bytes:
     """The session's compiled step, serialised (``jax.experimental.serialize_executable``)."""
-    import jax  # noqa: PLC0415 (only when exporting)
     from jax.experimental.serialize_executable import serialize  # noqa: PLC0415
 
-    from runtime.program import abstract_inputs, abstract_state  # noqa: PLC0415
-
-    program = session._program
-    state = tuple(
-        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=session._sharding)
-        for a in abstract_state(program)
-    )
-    with session._x64():
-        compiled = program.step.lower(*program.split(state), abstract_inputs(program)).compile()
-    return pickle.dumps({"key": program.key, "step": serialize(compiled)})
+    # The session's own lowering: the step as it is called (state, scratch, inputs).
+    compiled = session._lowered().compile()
+    return pickle.dumps({"key": session._program.key, "step": serialize(compiled)})
 
 
 def _import_step(session: popxl.Session, blob: bytes, path: str) -> None:

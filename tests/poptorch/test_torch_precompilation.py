@@ -51,6 +51,46 @@ def test_training_model_resumes_with_its_weights_and_optimizer_state(tmp_path):
     assert len(set(original)) == 3  # each call trained
 
 
+class _Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x)) * 2.0
+
+
+class _Layers(torch.nn.Module):
+    """Three identical layers (one subgraph called per layer) and a loss: the training
+    step keeps the layers' stash in scratch buffers (runtime/scratch.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Layer() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return poptorch.identity_loss(((x[:, :1] - target) ** 2).mean(), "none")
+
+
+def test_exported_training_step_with_a_stash_runs_when_loaded(tmp_path):
+    torch.manual_seed(0)
+    model = _Layers()
+    training = poptorch.trainingModel(
+        model, optimizer=poptorch.optim.SGD(model.parameters(), lr=0.1)
+    )
+    x, target = _data()
+    training(x, target)
+    assert training._session._program.scratch  # the case this test is about
+    path = str(tmp_path / "layers.poptorch")
+    training.compileAndExport(path, x, target)
+    resumed = poptorch.load(path)
+    original = [float(training(x, target)) for _ in range(2)]
+    again = [float(resumed(x, target)) for _ in range(2)]
+    assert original == again and original[0] != original[1]
+
+
 def test_load_executable_into_a_model_built_by_the_user(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
