@@ -193,7 +193,8 @@ class Session(SessionCompat):
             wanted = executable_cache.executable_hash(
                 self._program.key,
                 engine_options,
-                f"{self.device_desc}:{self._device}:x64={self._program.uses_x64}",
+                f"{self.device_desc}:{self._device}:x64={self._program.uses_x64}"
+                f":scratch={self._program.scratch_specs()}",  # the step's signature
             )
             devices = [self._device]
             if self._program.mode == "shard_map":
