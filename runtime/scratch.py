@@ -4,7 +4,7 @@ A training step's forward run of layer calls keeps, for the backward run, values
 layer (the stash: activations, softmax outputs, normalised inputs). Lowered as a plain
 ``lax.scan``, those stacked outputs (``ys``) are new buffers of every step: XLA fills them
 with zeros, then overwrites each row. For a 12-layer transformer that is ~80 MB touched
-twice per step, a quarter of the step on a CPU.
+twice per step, about a fifth of the step on a CPU.
 
 Here the stacks of runs the step always runs (runs of the main graph, of the graphs it calls
 once, and of the bodies of its ``repeat`` loops) are *scratch* state instead: the step takes them as donated
