@@ -21,7 +21,7 @@ from pydantic import Field
 
 import popdist
 import poptorch
-from poptorch._options_groups import _DistributedOptions
+from poptorch.options.groups import _DistributedOptions
 
 BLOCKED_MSG = (
     "Cannot call `{name}` with popdist.poptorch.Options: poprun sets it for each instance. "

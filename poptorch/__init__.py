@@ -1,35 +1,33 @@
-"""PopTorch's user model on the explicit IR.
+"""PopTorch on JAX: ``torch.nn`` models wrapped, captured and run as explicit popxl programs.
 
-This is PopTorch's API (``Options``, ``DataLoader``, ``trainingModel``, ``inferenceModel``,
-``optim``, ``identity_loss``, its errors and enums) over popxl_addons ``Module``s, not over
-``torch.nn.Module``s: a model is a ``popxl_addons.Module`` whose ``build`` returns its
-outputs (and, for training, its loss). The wrappers build one ordinary ``popxl.Ir``
-(streams, ``repeat`` over device iterations, gradient accumulation, replica reductions,
-the optimiser step) that the executor runs and that you can print and inspect:
-``model.print_schedule()``, ``model.ir``.
+A user wraps a ``torch.nn.Module`` in ``trainingModel`` (with a ``torch.optim`` or
+``poptorch.optim`` optimiser) or ``inferenceModel``; on the first call its ``forward`` is
+captured with ``torch.export`` into one ordinary ``popxl.Ir`` (streams, ``repeat`` over device
+iterations, gradient accumulation, replica reductions, the optimiser step) that the runtime
+compiles and runs, and that you can print (``model.print_schedule()``, ``model.ir``).
+``popxl_addons.Module`` models enter the same executor.
 
-PyTorch is not needed; torch tensors and ``torch.utils.data`` datasets are accepted when it
-is installed.
+The packages, by stage: ``capture`` (torch.export, blocks, scopes, argument binding), ``aten``
+(the ATen op table, a file per family), ``ops`` (PopTorch's own ops), ``options``, ``optim``,
+``data``, ``execution`` (the executor and the program it builds) and ``compat`` (PopTorch's and
+PopART's internals that upstream code reaches). ``import popxl`` never imports torch.
 """
 
 from __future__ import annotations
 
-from . import _upstream_compat
 from . import enums as enums
 from . import optim as optim
-from ._args import ICustomArgParser as ICustomArgParser
-from ._args import registerCustomArgParser as registerCustomArgParser
-from ._hooks import registerPostCompileHook as registerPostCompileHook
-from ._hooks import registerPreCompileHook as registerPreCompileHook
 from ._log import setLogLevel as setLogLevel
-from ._program import identity_loss as identity_loss
-from ._scopes import Attribute as Attribute
-from ._scopes import NameScope as NameScope
 from .blocks import BeginBlock as BeginBlock
 from .blocks import Block as Block
 from .blocks import BlockFunction as BlockFunction
 from .blocks import module_repr as module_repr
 from .blocks import removeBlocks as removeBlocks
+from .capture.arguments import ICustomArgParser as ICustomArgParser
+from .capture.arguments import registerCustomArgParser as registerCustomArgParser
+from .capture.scopes import Attribute as Attribute
+from .capture.scopes import NameScope as NameScope
+from .compat import upstream as _upstream_compat
 from .data import AsynchronousDataAccessor as AsynchronousDataAccessor
 from .data import DataLoader as DataLoader
 from .enums import AutoStage as AutoStage
@@ -50,10 +48,13 @@ from .enums import VariableRetrievalMode as VariableRetrievalMode
 from .errors import Error as Error
 from .errors import RecoverableError as RecoverableError
 from .errors import UnrecoverableError as UnrecoverableError
-from .executor import PoplarExecutor as PoplarExecutor
-from .executor import inferenceModel as inferenceModel
-from .executor import load as load
-from .executor import trainingModel as trainingModel
+from .execution.executor import PoplarExecutor as PoplarExecutor
+from .execution.hooks import registerPostCompileHook as registerPostCompileHook
+from .execution.hooks import registerPreCompileHook as registerPreCompileHook
+from .execution.models import inferenceModel as inferenceModel
+from .execution.models import load as load
+from .execution.models import trainingModel as trainingModel
+from .execution.program import identity_loss as identity_loss
 from .ops import CPU as CPU
 from .ops import MultiConv as MultiConv
 from .ops import cond as cond

@@ -86,6 +86,13 @@ class Ir:
         popdist.popart.configureSessionOptions(opts)
 
     @property
+    def session_options(self) -> SessionOptions:
+        """The options the program is compiled and run with (PopART's ``SessionOptions``:
+        ``enableStochasticRounding``, ``numIOTiles``, ``engineOptions`` ...); the object
+        ``ir._pb_ir.getSessionOptions()`` returns in code written for PopXL."""
+        return self._session_options
+
+    @property
     def _pb_ir(self) -> PbIr:
         """PopART's IR handle as real PopXL code uses it (``getSessionOptions()``, ...)."""
         return PbIr(self)

@@ -46,7 +46,7 @@ LOG2_SCALE_MSG = (
 
 def program_checks(ir: Ir, graphs: list[Graph]) -> tuple[str, ...]:
     """The checks a program over ``graphs`` must carry (part of its compiled identity)."""
-    if not ir._session_options.throwIfLog2ScaleTensorNotInRange:
+    if not ir.session_options.throwIfLog2ScaleTensorNotInRange:
         return ()
     for graph in graphs:
         if any(op.opdef.special == "log2_scale_checked" for op in graph._ops):

@@ -1,4 +1,8 @@
-"""Lowering of subgraph ops: ``call`` inlines, ``repeat`` loops, ``conditional`` branches.
+"""Plain lowerings of subgraph ops: a ``call`` inlined, a ``repeat`` as one loop, a
+``conditional`` as ``lax.cond`` over its branches.
+
+The registered handlers of these ops are in ``calls`` (runs of calls scanned, stacks
+passed whole); they fall back to these where no run or stack applies.
 
 Effect state (stream cursors, output buffers, remote buffers) lives in ``ctx.fx`` and is
 threaded through loops and branches as part of their carry.
@@ -14,14 +18,13 @@ from jax import lax
 from popxl._op import Op
 from popxl.tensor import Tensor
 
-from .lowering import Env, LoweringContext, lower_graph, special
+from .lowering import Env, LoweringContext, lower_graph
 from .replica_sums import body_traced
 
 Array = Any
 
 
-@special("call")
-def _lower_call(ctx: LoweringContext, env: Env, op: Op) -> None:
+def call_inline(ctx: LoweringContext, env: Env, op: Op) -> None:
     graph = op.attrs["graphs"][0]
     inputs = [env.read_raw(t) for t in op.inputs]
     outs, finals, _ = lower_graph(ctx, graph, inputs, raw_outputs=True)
@@ -39,8 +42,7 @@ def _lower_call(ctx: LoweringContext, env: Env, op: Op) -> None:
         env.values[t] = value
 
 
-@special("repeat")
-def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
+def repeat_loop(ctx: LoweringContext, env: Env, op: Op) -> None:
     graph = op.attrs["graphs"][0]
     count = op.attrs["repeat_count"]
     initial = [env.read(t) for t in op.inputs]
@@ -78,8 +80,7 @@ def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
         env.values[t] = value
 
 
-@special("conditional")
-def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
+def conditional_branches(ctx: LoweringContext, env: Env, op: Op) -> None:
     """``lax.cond`` over the two branches. Inputs a branch takes by reference are written
     back: each branch returns the value of every written input after its own write-backs
     (see ``branch_finals``), so the branch that did not run leaves them unchanged."""

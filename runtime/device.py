@@ -111,7 +111,7 @@ NO_IO_TILES_MSG = (
 def check_io_tiles(ir: Any, tiles_per_ipu: int) -> None:
     """PopART's rules for ``numIOTiles``: 0, or an even number >= 32 below the tiles per IPU;
     ops may sit on IO tiles only when some are reserved."""
-    num = ir._session_options.numIOTiles
+    num = ir.session_options.numIOTiles
     if num > 0 and (num < 32 or num % 2):
         raise ValueError(
             f"{num} is an invalid number of IO tiles. Number of IO tiles must be an even "

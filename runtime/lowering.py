@@ -34,10 +34,36 @@ Fx = dict[str, Array]
 SPECIAL: dict[str, Callable[[LoweringContext, Env, Op], None]] = {}
 
 
+# The lowering of casts under the session's ``enableStochasticRounding``, registered by
+# ``stochastic_rounding``: it returns False for a cast that rounds as usual.
+_ROUNDED_CAST: list[Callable[[Env, Op], bool]] = []
+
+
+def rounded_cast(fn: Callable[[Env, Op], bool]) -> Callable[[Env, Op], bool]:
+    """Register ``fn`` as the lowering of casts under stochastic rounding (once)."""
+    if _ROUNDED_CAST:
+        raise InternalError(
+            SPECIAL_TWICE_MSG.format(name="cast", a=_where(_ROUNDED_CAST[0]), b=_where(fn))
+        )
+    _ROUNDED_CAST.append(fn)
+    return fn
+
+
+SPECIAL_TWICE_MSG = "Special lowering {name!r} has two handlers ({a} and {b}); keep one."
+
+
+def _where(fn: Callable) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
 def special(name: str) -> Callable:
     """Register the runtime handler for ops whose ``OpDef.special`` is ``name``."""
 
     def register(fn: Callable[[LoweringContext, Env, Op], None]) -> Callable:
+        if name in SPECIAL:
+            raise InternalError(
+                SPECIAL_TWICE_MSG.format(name=name, a=_where(SPECIAL[name]), b=_where(fn))
+            )
         SPECIAL[name] = fn
         return fn
 
@@ -170,11 +196,8 @@ def plain_lower_op(ctx: LoweringContext, env: Env, op: Op) -> None:
     if opdef.view_inverse is not None:
         env.view(op.outputs[0], opdef, op.inputs, op.attrs)
         return
-    if ctx.stochastic_rounding and opdef.key == "cast":
-        from . import stochastic_rounding  # noqa: PLC0415 (it imports this module)
-
-        if stochastic_rounding.applies(op):
-            stochastic_rounding.lower_cast(env, op)
+    if ctx.stochastic_rounding and opdef.key == "cast" and _ROUNDED_CAST:
+        if _ROUNDED_CAST[0](env, op):
             return
     if opdef.key in LINEAR_ACCUMULATES and ctx.collective_impl == "gather":
         if _deferred_accumulate(ctx, env, op):

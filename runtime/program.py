@@ -40,8 +40,10 @@ from . import (  # noqa: F401  (register lowerings)
     distributed,
     host_io,
     remote,
+    runs,
     scratch,
     state_layout,
+    stochastic_rounding,
     vjp,
 )
 from .ipu_slots import SlotLayout
@@ -223,11 +225,11 @@ def structural_key(
         h.update(repr(items).encode())
 
     feed("R", ir.replication_factor, "nht", ir.num_host_transfers, "mode", mode)
-    feed("stochastic rounding", ir._session_options.enableStochasticRounding)
-    feed("synthetic data", ir._session_options.syntheticDataMode.value)
+    feed("stochastic rounding", ir.session_options.enableStochasticRounding)
+    feed("synthetic data", ir.session_options.syntheticDataMode.value)
     # The user's float32 matmul precision (``popxl.ops._base.dot_precision``) is traced in.
     feed("matmul precision", chosen_precision())
-    feed("calls", calls.policy())
+    feed("calls", runs.policy())
     for b in buffers:
         feed("buffer", b.remote_buffer_id, b.entries, b.tensor_shape, b.tensor_dtype.name)
     for v in variables:
@@ -318,23 +320,12 @@ def _make_step(
             replicas=replicas,
             axis_name=REPLICA_AXIS if replicas > 1 else None,
             collective_impl="gather" if mode == "vmap" else "native",
-            stochastic_rounding=ir._session_options.enableStochasticRounding,
-            synthetic_data=ir._session_options.syntheticDataMode.value,
+            stochastic_rounding=ir.session_options.enableStochasticRounding,
+            synthetic_data=ir.session_options.syntheticDataMode.value,
             placement=placement,
         )
         checks.start(ctx, run_checks)
-        for stream, buffer in zip(h2d, inputs):
-            sid = stream.tensor_id
-            ctx.h2d[sid] = buffer
-            ctx.h2d_slots[sid] = buffer.shape[0]
-            if buffer.shape[0] > 1:
-                ctx.fx[host_io.cursor_key(sid)] = jnp.zeros((), jnp.int32)
-        for out_stream in d2h:
-            sid = out_stream.tensor_id
-            ctx.d2h_slots[sid] = nht
-            shape = (nht, *out_stream.shape)
-            ctx.fx[host_io.buffer_key(sid)] = jnp.zeros(shape, out_stream.dtype._np_device)
-            ctx.fx[host_io.count_key(sid)] = jnp.zeros((), jnp.int32)
+        _seed_streams(ctx, h2d, inputs, d2h, nht)
         for buffer, value in zip(buffers, state[n_vars:]):
             ctx.fx[remote.buffer_key(buffer.remote_buffer_id)] = value
         scratch.seed(ctx, stash[: len(buffers_in)], buffers_in)
@@ -375,6 +366,29 @@ def _make_step(
         batched = (mode == "shard_map",) * n_state
     step = _split_step(replica_step, batched, written, mode, replicas, local_replicas, stash)
     return step, batched, written, (), stash
+
+
+def _seed_streams(
+    ctx: LoweringContext,
+    h2d: list[HostToDeviceStream],
+    inputs: tuple,
+    d2h: list[DeviceToHostStream],
+    nht: int,
+) -> None:
+    """The step's host streams in the effect state: each input's data (with a cursor when
+    it holds several transfers) and each output's buffer of ``nht`` rows with its count."""
+    for stream, buffer in zip(h2d, inputs):
+        sid = stream.tensor_id
+        ctx.h2d[sid] = buffer
+        ctx.h2d_slots[sid] = buffer.shape[0]
+        if buffer.shape[0] > 1:
+            ctx.fx[host_io.cursor_key(sid)] = jnp.zeros((), jnp.int32)
+    for out_stream in d2h:
+        sid = out_stream.tensor_id
+        ctx.d2h_slots[sid] = nht
+        shape = (nht, *out_stream.shape)
+        ctx.fx[host_io.buffer_key(sid)] = jnp.zeros(shape, out_stream.dtype._np_device)
+        ctx.fx[host_io.count_key(sid)] = jnp.zeros((), jnp.int32)
 
 
 def _placed(

@@ -30,8 +30,8 @@ from popxl._op import Op
 from popxl.graph import Graph
 from popxl.ir import Ir
 
-from .calls import policy, runs_of
 from .lowering import LoweringContext
+from .runs import policy, runs_of
 
 
 @dataclass(frozen=True, eq=False)

@@ -187,9 +187,9 @@ class Session(SessionCompat):
 
     def _compile(self) -> None:
         _log.trace(f"Preparing the executable of Ir {self.ir_.id}", "popart")
-        cache = executable_cache.directory(self.ir_._session_options)
+        cache = executable_cache.directory(self.ir_.session_options)
         if cache is not None:
-            engine_options = self.ir_._session_options.engineOptions
+            engine_options = self.ir_.session_options.engineOptions
             wanted = executable_cache.executable_hash(
                 self._program.key,
                 engine_options,

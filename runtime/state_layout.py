@@ -20,7 +20,7 @@ import numpy as np
 from popxl.graph import Graph
 from popxl.tensor import Variable
 
-from . import calls
+from . import runs, stacks
 
 Entry = tuple[int, ...]  # indices into the program's variables; one index: not stacked
 
@@ -29,15 +29,15 @@ def variable_groups(
     graph: Graph, variables: Sequence[Variable], compatible: Callable[[Variable], Any]
 ) -> list[Entry]:
     """Groups of variables to stack: the stacked inputs of runs (in ``graph`` or in the
-    graphs it calls, ``calls.stacked_feeds``) that are distinct variables of one shape,
+    graphs it calls, ``runs.stacked_feeds``) that are distinct variables of one shape,
     dtype and ``compatible(v)``, each variable in the first group found for it, in
     creation order."""
-    if calls.policy() == "inline":
+    if runs.policy() == "inline":
         return []
     index = {v: i for i, v in enumerate(variables)}
     taken: set[Variable] = set()
     groups: list[Entry] = []
-    for rows in calls.stacked_feeds(graph):
+    for rows in runs.stacked_feeds(graph):
         members = [t for t in rows if isinstance(t, Variable) and t in index]
         if len(members) != len(rows):
             continue
@@ -106,7 +106,7 @@ def seed_env(
             env.values[variables[e[0]]] = value
             keys.append(variables[e[0]])
         else:
-            keys.append(calls.add_stack(env, [variables[i] for i in e], value))
+            keys.append(stacks.add_stack(env, [variables[i] for i in e], value))
     return keys
 
 

@@ -25,7 +25,7 @@ from popxl._op import Op
 from popxl.dtypes import float16, float32
 from popxl.ops._rounding import round_to
 
-from .lowering import Env, apply_results
+from .lowering import Env, apply_results, rounded_cast
 
 TARGETS = (float16,)
 _GOLDEN = np.uint32(0x9E3779B9)
@@ -77,3 +77,12 @@ def lower_cast(env: Env, op: Op) -> None:
     """The lowering of a stochastically rounding cast."""
     target = op.attrs["data_type"]._np_device
     apply_results(env, op, stochastic_round(env.read(op.inputs[0]), target, op.id))
+
+
+@rounded_cast
+def _lower_rounded_cast(env: Env, op: Op) -> bool:
+    """A cast the session rounds stochastically, lowered here (False: an ordinary cast)."""
+    if not applies(op):
+        return False
+    lower_cast(env, op)
+    return True

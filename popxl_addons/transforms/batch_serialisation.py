@@ -398,7 +398,7 @@ def batch_serialise(
     if io_mode == "io_overlapped" and steps < 2:
         logging.warning("io_mode='io_overlapped' needs at least 2 steps; using io_mode='io'.")
         io_mode = "io"
-    opts = graph.graph.ir._pb_ir.getSessionOptions()
+    opts = graph.graph.ir.session_options
     if io_mode != "compute" and opts.numIOTiles < 1:
         raise ValueError(NO_IO_TILES_MSG.format(mode=io_mode))
     plan = _Plan(

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from bench import transformer_step as ts  # noqa: E402
-from runtime import calls  # noqa: E402
+from runtime import runs as run_plans  # noqa: E402
 
 STEPS = 3
 # float16 rounds activations to 11 bits; Adam turns small gradient differences into
@@ -36,7 +36,7 @@ def run_both(cfg: ts.Config):
 
 @pytest.mark.parametrize(("dtype", "policy"), [("float32", "scan"), ("float16", "scan")])
 def test_project_step_matches_hand_written_jax(dtype, policy, monkeypatch):
-    monkeypatch.setattr(calls, "_policy", policy)
+    monkeypatch.setattr(run_plans, "_policy", policy)
     cfg = replace(ts.SIZES["tiny"], dtype=dtype)
     p_losses, r_losses, p_weights, r_weights = run_both(cfg)
     loss_tol, weight_tol = TOLERANCE[dtype]

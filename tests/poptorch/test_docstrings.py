@@ -4,7 +4,10 @@ import doctest
 
 import pytest
 
-from poptorch import blocks, data, optim, options, strategies
+from poptorch import blocks, strategies
+from poptorch.data import loader as data
+from poptorch.optim import optimizers as optim
+from poptorch.options import core as options
 
 
 @pytest.mark.parametrize(

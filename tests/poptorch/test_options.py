@@ -8,7 +8,7 @@ import pytest
 
 import poptorch
 import popxl
-from poptorch.options import distributed_env
+from poptorch.options.core import distributed_env
 
 Settings = poptorch.TensorLocationSettings
 MeanReduction = poptorch.MeanReductionStrategy

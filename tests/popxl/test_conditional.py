@@ -198,13 +198,13 @@ def test_by_ref_rows_of_a_stack_inside_a_loop(policy):
     """Per-layer weights bound to one layer graph and updated in a branch inside a loop
     (a pipeline stage's shape): with the scan policy the rows enter and leave the branch as
     one stacked array; both policies give NumPy's results."""
-    from runtime import calls
+    from runtime import runs as run_plans
 
     layers, steps = 4, 3
     w0 = [np.full((2, 2), 0.1 * (i + 1), np.float32) for i in range(layers)]
     x0 = np.array([[1.0, -1.0]], np.float32)
     w2 = popxl.TensorSpec((2, 2), popxl.float32)
-    calls.set_policy(policy)
+    run_plans.set_policy(policy)
     try:
         ir = popxl.Ir()
         with ir.main_graph:
@@ -249,7 +249,7 @@ def test_by_ref_rows_of_a_stack_inside_a_loop(policy):
             got = session.run()[d]
             got_w = [session.get_tensor_data(w) for w in ws]
     finally:
-        calls.set_policy(None)
+        run_plans.set_policy(None)
     want_w, h = [w.copy() for w in w0], x0.copy()
     for c in range(steps):
         if c % 2 == 1:

@@ -17,6 +17,7 @@ import pytest
 import popxl
 import popxl.ops as ops
 from runtime import calls, grouping
+from runtime import runs as run_plans
 from runtime.program import abstract_inputs, abstract_state, build_program
 
 LAYERS, LR = 3, 0.5
@@ -63,7 +64,7 @@ def expected(params_before: dict) -> dict:
 
 
 def run(policy: str, inline: bool, monkeypatch: pytest.MonkeyPatch) -> tuple:
-    monkeypatch.setattr(calls, "_policy", policy)
+    monkeypatch.setattr(run_plans, "_policy", policy)
     ir, params, _, seen, noise = optimizer_program(inline)
     with popxl.Session(ir, "ipu_model") as session:
         before = session.get_tensors_data(list(params.values()))
@@ -97,7 +98,7 @@ def test_interleaved_updates_match_program_order(inline, monkeypatch):
 def test_host_io_between_calls_of_an_effectful_graph_keeps_its_order(monkeypatch):
     """Calls that load from a stream, with stores of what they loaded between them: the
     loads and stores keep their order, so each store sees its own call's value."""
-    monkeypatch.setattr(calls, "_policy", "scan")
+    monkeypatch.setattr(run_plans, "_policy", "scan")
     ir = popxl.Ir()
     ir.num_host_transfers = 3
     with ir.main_graph:
@@ -130,7 +131,7 @@ def test_dependent_op_between_chained_calls_moves_after_them(monkeypatch):
     monkeypatch.setattr(calls, "lower_run", spy)
     results = {}
     for policy in ("scan", "inline"):
-        monkeypatch.setattr(calls, "_policy", policy)
+        monkeypatch.setattr(run_plans, "_policy", policy)
         ir = popxl.Ir()
         with ir.main_graph:
             ws = [popxl.variable(np.full(3, i + 1.0, np.float32), name=f"w{i}") for i in range(4)]
@@ -168,7 +169,7 @@ def test_each_graph_is_traced_once(inline, monkeypatch):
     variable."""
     counts = {}
     for policy in ("scan", "inline"):
-        monkeypatch.setattr(calls, "_policy", policy)
+        monkeypatch.setattr(run_plans, "_policy", policy)
         ir, *_ = optimizer_program(inline)
         program = build_program(ir)
         state = program.split(abstract_state(program))
@@ -199,7 +200,7 @@ def _scan_and_inline(monkeypatch: pytest.MonkeyPatch, build: Any) -> dict[str, t
     (``scan``) and in program order (``inline``): ``{policy: (ir, init, out's value)}``."""
     results = {}
     for policy in ("scan", "inline"):
-        monkeypatch.setattr(calls, "_policy", policy)
+        monkeypatch.setattr(run_plans, "_policy", policy)
         ir, init, out = build()
         with popxl.Session(ir, "ipu_model") as session:
             results[policy] = (ir, init, session.run()[out])
@@ -222,7 +223,7 @@ def test_all_reduces_grouped_under_replication(monkeypatch):
     monkeypatch.setenv("POPXL_REPLICATION", "vmap")
     results = {}
     for policy in ("scan", "inline"):
-        monkeypatch.setattr(calls, "_policy", policy)
+        monkeypatch.setattr(run_plans, "_policy", policy)
         ir = popxl.Ir(replication=2)
         with ir.main_graph:
             x = popxl.h2d_stream((3,), popxl.float32, "x")
@@ -261,7 +262,7 @@ def test_structurally_identical_graphs_share_a_run(monkeypatch):
     monkeypatch.setattr(calls, "lower_run", spy)
     results = {}
     for policy in ("scan", "inline"):
-        monkeypatch.setattr(calls, "_policy", policy)
+        monkeypatch.setattr(run_plans, "_policy", policy)
         ir = popxl.Ir()
         with ir.main_graph:
             ws = [popxl.variable(np.full(2, i + 1.0, np.float32), name=f"w{i}") for i in range(4)]
@@ -345,7 +346,7 @@ def test_layers_created_out_of_order_are_read_without_gathers(monkeypatch):
     row each step)."""
     results = {}
     for policy in ("scan", "inline"):
-        monkeypatch.setattr(calls, "_policy", policy)
+        monkeypatch.setattr(run_plans, "_policy", policy)
         ir, weights, scales, x, out = out_of_order_layers_program()
         with popxl.Session(ir, "ipu_model") as session:
             before = {key: session.get_tensor_data(v).copy() for key, v in weights.items()}
@@ -399,7 +400,7 @@ def test_phase_loads_read_the_buffer_without_a_gather(monkeypatch):
     ir, init, _ = runs["scan"]
     groups = [g for g in grouping.schedule(ir.main_graph) if isinstance(g, grouping.OpGroup)]
     assert [len(g.ops) for g in groups if g.ops[0].opdef.key == "remote_load"] == [2 * LAYERS]
-    monkeypatch.setattr(calls, "_policy", "scan")
+    monkeypatch.setattr(run_plans, "_policy", "scan")
     program = build_program(ir)
     state = program.split(abstract_state(program))
     jaxpr = jax.make_jaxpr(program.step)(*state, abstract_inputs(program))

@@ -17,6 +17,7 @@ import popxl
 import popxl.ops as ops
 import popxl_addons as addons
 from runtime import calls, replica_sums
+from runtime import runs as run_plans
 from runtime.program import build_program
 
 H, B, LAYERS, STEPS, LR = 4, 3, 3, 3, 0.1
@@ -80,7 +81,7 @@ def training_program(replicas: int, counts_per_layer: bool = False):
 
 
 def train(policy: str, replicas: int, monkeypatch: pytest.MonkeyPatch, per_layer: bool = False):
-    monkeypatch.setattr(calls, "_policy", policy)
+    monkeypatch.setattr(run_plans, "_policy", policy)
     ir, stream, out, weights, variables = training_program(replicas, per_layer)
     session = popxl.Session(ir, "ipu_model")
     rng = np.random.default_rng(0)
@@ -160,7 +161,7 @@ def test_independent_calls_are_mapped_and_match_inlined(replicas, monkeypatch):
 
 def test_calls_with_effects_are_scanned_not_mapped(monkeypatch):
     """A graph that loads from a host stream must see the calls in order: no map."""
-    monkeypatch.setattr(calls, "_policy", "scan")
+    monkeypatch.setattr(run_plans, "_policy", "scan")
     ir = popxl.Ir()
     ir.num_host_transfers = 3
     with ir.main_graph:
@@ -182,7 +183,7 @@ def test_calls_with_effects_are_scanned_not_mapped(monkeypatch):
 def test_calls_with_identical_inputs_only(monkeypatch):
     """Calls sharing every input (nothing stacked, nothing carried) still give every
     call's outputs."""
-    monkeypatch.setattr(calls, "_policy", "scan")
+    monkeypatch.setattr(run_plans, "_policy", "scan")
     ir = popxl.Ir()
     with ir.main_graph:
         a = popxl.variable(np.array([1.0, 2.0], np.float32), name="a")
@@ -190,15 +191,15 @@ def test_calls_with_identical_inputs_only(monkeypatch):
         outs = [ops.call(square, a)[0] for _ in range(3)]
         stream = popxl.d2h_stream((2,), popxl.float32, "out")
         ops.host_store(stream, outs[0] + outs[1] + outs[2])
-    assert len(calls.runs_of(ir.main_graph)) == 1
+    assert len(run_plans.runs_of(ir.main_graph)) == 1
     with popxl.Session(ir, "ipu_model") as session:
         np.testing.assert_array_equal(session.run()[stream], [3.0, 12.0])
 
 
 def test_runs_are_planned_with_carries_shared_and_stacked_inputs(monkeypatch):
-    monkeypatch.setattr(calls, "_policy", "scan")
+    monkeypatch.setattr(run_plans, "_policy", "scan")
     ir, *_ = training_program(1)
-    runs = list(calls.runs_of(ir.main_graph).values())
+    runs = list(run_plans.runs_of(ir.main_graph).values())
     kinds = [[s.kind for s in run.slots] for run in runs]
     # forward (x carried, w and b stacked), gradient, SGD for w and for b
     assert len(runs) == 4 and all(len(run.ops) == LAYERS for run in runs)
@@ -208,7 +209,7 @@ def test_runs_are_planned_with_carries_shared_and_stacked_inputs(monkeypatch):
 
 
 def test_stacked_variables_read_and_written_per_variable(monkeypatch):
-    monkeypatch.setattr(calls, "_policy", "scan")
+    monkeypatch.setattr(run_plans, "_policy", "scan")
     ir, stream, out, weights, variables = training_program(1)
     session = popxl.Session(ir, "ipu_model")
     w1 = weights[1]["w"]
@@ -220,7 +221,7 @@ def test_stacked_variables_read_and_written_per_variable(monkeypatch):
 
 
 def test_calls_that_do_not_line_up_are_inlined(monkeypatch):
-    monkeypatch.setattr(calls, "_policy", "scan")
+    monkeypatch.setattr(run_plans, "_policy", "scan")
     ir = popxl.Ir()
     with ir.main_graph:
         a = popxl.variable(np.ones(2, np.float32), name="a")
@@ -230,13 +231,13 @@ def test_calls_that_do_not_line_up_are_inlined(monkeypatch):
         (d,) = ops.call(double, b)  # reads the first call's output, not the previous one's
         out = popxl.d2h_stream((2,), popxl.float32, "out")
         ops.host_store(out, c + d)
-    assert calls.runs_of(ir.main_graph) == {}
+    assert run_plans.runs_of(ir.main_graph) == {}
     with popxl.Session(ir, "ipu_model") as session:
         np.testing.assert_array_equal(session.run()[out], [8.0, 8.0])
 
 
 def test_scanned_calls_compute_the_chain(monkeypatch):
-    monkeypatch.setattr(calls, "_policy", "scan")
+    monkeypatch.setattr(run_plans, "_policy", "scan")
     ir = popxl.Ir()
     with ir.main_graph:
         x = popxl.variable(np.ones(2, np.float32), name="x")
@@ -255,10 +256,10 @@ def test_scanned_calls_compute_the_chain(monkeypatch):
 
 def test_policy_names_are_checked(monkeypatch):
     with pytest.raises(ValueError, match="policy must be one of scan, inline, got 'loop'"):
-        calls.set_policy("loop")
+        run_plans.set_policy("loop")
     monkeypatch.setenv("POPXL_CALLS", "unrolled")
     with pytest.raises(ValueError, match="POPXL_CALLS must be one of scan, inline, got 'unrolled'"):
-        calls.policy()
+        run_plans.policy()
 
 
 def looped_program(kind: str):
@@ -318,7 +319,7 @@ def looped_program(kind: str):
 
 
 def train_looped(kind: str, policy: str, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(calls, "_policy", policy)
+    monkeypatch.setattr(run_plans, "_policy", policy)
     ir, out, weights, variables = looped_program(kind)
     session = popxl.Session(ir, "ipu_model")
     rng = np.random.default_rng(1)
@@ -357,7 +358,7 @@ def test_calls_inside_loops_and_branches_scan_stored_stacks(kind, monkeypatch):
 def test_call_output_passing_an_input_through_is_a_copy(policy, monkeypatch):
     """A called graph returns its input; an in-place op on that output must not reach the
     caller's variable (a row of the variables' stack under the scan policy)."""
-    monkeypatch.setattr(calls, "_policy", policy)
+    monkeypatch.setattr(run_plans, "_policy", policy)
     ir = popxl.Ir()
     with ir.main_graph:
         v0 = popxl.variable(np.float32(2.0), name="v0")
@@ -387,7 +388,7 @@ def test_call_output_passing_an_input_through_is_a_copy(policy, monkeypatch):
 def test_in_place_write_to_a_scanned_chain_output_that_is_also_carried(policy, monkeypatch):
     """The second output of a chain of calls feeds the next call and is also read after
     the run: an in-place write to the last call's one must be what a later read sees."""
-    monkeypatch.setattr(calls, "_policy", policy)
+    monkeypatch.setattr(run_plans, "_policy", policy)
     ir = popxl.Ir()
     with ir.main_graph:
         x = popxl.variable(np.full((3,), 7.0, np.float16))

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import popxl
-from runtime import calls, program, scratch
+from runtime import program, scratch
+from runtime import runs as run_plans
 
 from .test_calls import LAYERS, STEPS, B, H, train, train_looped, training_program
 
@@ -27,14 +28,14 @@ def private_step_cache(monkeypatch):
 
 
 def test_the_stash_of_a_training_step_is_planned_from_the_ir(monkeypatch):
-    monkeypatch.setattr(calls, "_policy", "scan")
+    monkeypatch.setattr(run_plans, "_policy", "scan")
     ir, *_ = training_program(1)
     buffers = scratch.plan(ir)
     # The forward run keeps what the gradient graph reads of every layer: (LAYERS, B, H)
     # activations, one buffer per kept output of the layer graph.
     assert buffers and all(b.shape == (LAYERS, B, H) for b in buffers)
     assert all(b.dtype == np.float32 for b in buffers)
-    monkeypatch.setattr(calls, "_policy", "inline")
+    monkeypatch.setattr(run_plans, "_policy", "inline")
     assert scratch.plan(ir) == ()  # inlined calls keep no stacks
 
 
@@ -56,7 +57,7 @@ def test_runs_inside_a_loop_body_use_scratch_buffers(monkeypatch):
 
 
 def test_the_buffers_are_donated_to_each_step_and_dropped_on_detach(monkeypatch):
-    monkeypatch.setattr(calls, "_policy", "scan")
+    monkeypatch.setattr(run_plans, "_policy", "scan")
     ir, stream, out, _, _ = training_program(1)
     session = popxl.Session(ir, "ipu_model")
     x = np.ones((B, H), np.float32)

@@ -15,9 +15,9 @@ import argparse
 
 import numpy as np
 
+import poptorch
 import popxl
 import popxl_addons as addons
-import poptorch
 from popxl_addons.ops.cross_entropy import cross_entropy
 from tutorials import load_tutorial
 from tutorials.mnist_data import Batches, accuracy, default_epochs, digits_as_mnist, get_mnist_data

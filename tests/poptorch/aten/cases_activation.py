@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/activation.py``, and for the activations that reach the table
+"""Cases for ``poptorch/aten/activation.py``, and for the activations that reach the table
 decomposed into elementwise ops (their cases name the ops the capture really produces)."""
 
 from __future__ import annotations

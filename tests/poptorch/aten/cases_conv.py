@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/conv.py``."""
+"""Cases for ``poptorch/aten/conv.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/creation.py``."""
+"""Cases for ``poptorch/aten/creation.py``."""
 
 from __future__ import annotations
 

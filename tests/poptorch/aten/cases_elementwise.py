@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/elementwise.py``."""
+"""Cases for ``poptorch/aten/elementwise.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/index.py``."""
+"""Cases for ``poptorch/aten/index.py``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import warnings
 import torch
 from torch.ops import aten
 
-from poptorch._capture.scatter_groups import grouped_scatter
+from poptorch.aten.index import grouped_scatter
 
 from .harness import Case
 

@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/linalg.py``."""
+"""Cases for ``poptorch/aten/linalg.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/loss.py``."""
+"""Cases for ``poptorch/aten/loss.py``."""
 
 from __future__ import annotations
 

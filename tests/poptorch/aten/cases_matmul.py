@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/matmul.py``."""
+"""Cases for ``poptorch/aten/matmul.py``."""
 
 from __future__ import annotations
 

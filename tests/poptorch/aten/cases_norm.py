@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/norm.py``."""
+"""Cases for ``poptorch/aten/norm.py``."""
 
 from __future__ import annotations
 

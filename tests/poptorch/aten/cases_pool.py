@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/pool.py``."""
+"""Cases for ``poptorch/aten/pool.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/poptorch_ops.py`` (PopTorch's own ops in captured models)."""
+"""Cases for ``poptorch/ops/lowerings.py`` (PopTorch's own ops in captured models)."""
 
 from __future__ import annotations
 

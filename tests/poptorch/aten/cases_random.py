@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/random.py``.
+"""Cases for ``poptorch/aten/random.py``.
 
 Random streams differ from torch's, so each case reduces its samples to checks of their
 distribution (shape, range, mean, spread) that hold for torch's samples and ours: the

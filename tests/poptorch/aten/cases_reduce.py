@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/reduce.py``."""
+"""Cases for ``poptorch/aten/reduce.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/rnn.py``: the layers' outputs and final states, and the
+"""Cases for ``poptorch/aten/rnn.py``: the layers' outputs and final states, and the
 gradients with respect to the input and initial states."""
 
 from __future__ import annotations

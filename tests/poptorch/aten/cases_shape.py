@@ -1,4 +1,4 @@
-"""Cases for ``poptorch/_aten/shape.py``."""
+"""Cases for ``poptorch/aten/shape.py``."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ import pkgutil
 import pytest
 import torch
 
-from poptorch._aten import TABLE
+from poptorch.aten import TABLE
+from poptorch.ops import lowerings as _poptorch_lowerings  # noqa: F401 (PopTorch's own records)
 
 from . import harness
 

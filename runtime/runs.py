@@ -1,0 +1,273 @@
+"""Runs: consecutive ``call`` ops of one graph whose inputs line up, planned per graph so
+that ``calls`` lowers each run as one ``lax.scan`` (XLA compiles the graph once).
+
+A run's *slots* say what each input of the called graph is across the calls: a **carry**
+(the previous call's output), the **same** tensor in every call, or **stacked** (a
+different tensor per call: the weights). ``POPXL_CALLS=inline`` (``set_policy("inline")``)
+turns runs off; every call is then inlined.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from popxl._op import Op
+from popxl.graph import Graph
+from popxl.tensor import Tensor
+from popxl.transforms._storage import roots
+
+from . import grouping
+from .lowering import (
+    LoweringContext,
+    scheduler,
+)
+
+Array = Any
+
+POLICIES = ("scan", "inline")
+
+
+_policy: str | None = None
+
+
+MIN_RUN = 2  # shortest run worth a scan
+
+
+def policy() -> str:
+    """How repeated calls are lowered: ``"scan"`` (default) or ``"inline"``."""
+    choice = _policy or os.environ.get("POPXL_CALLS", "scan")
+    if choice not in POLICIES:
+        raise ValueError(f"POPXL_CALLS must be one of {', '.join(POLICIES)}, got {choice!r}.")
+    return choice
+
+
+def set_policy(choice: str | None) -> None:
+    """Force a policy for programs built from now on (``None``: back to ``POPXL_CALLS``).
+
+    Compiled steps are cached by IR structure and policy, so switching never reuses a step
+    lowered the other way.
+    """
+    global _policy
+    if choice is not None and choice not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {choice!r}.")
+    _policy = choice
+
+
+@scheduler
+def _schedule(ctx: LoweringContext, graph: Graph) -> Sequence[Any]:
+    """Lowering order: groups brought together (``grouping``), unless calls are inlined or
+    the step is placed on several devices."""
+    if policy() == "inline" or ctx.placement is not None:
+        return graph._ops
+    return grouping.schedule(graph)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """How one input of the called graph is fed in a run.
+
+    kind: ``"same"`` (one tensor for every call, not modified), ``"carry"`` (the previous
+    call's output ``source``, or with ``source`` -1 this by-ref input's own final value)
+    or ``"stack"`` (one tensor per call).
+    """
+
+    kind: str
+    source: int = -1
+
+
+@dataclass(frozen=True)
+class Run:
+    ops: tuple[Op, ...]
+    slots: tuple[Slot, ...]
+    modified: tuple[int, ...]
+    ys: tuple[int, ...]  # outputs read after the run (every call's value is kept)
+
+    @property
+    def graph(self) -> Graph:
+        return self.ops[0].attrs["graphs"][0]
+
+    def stacked(self, index: int) -> list[Tensor]:
+        return [op.inputs[index] for op in self.ops]
+
+
+def _is_call(op: Op) -> bool:
+    return op.opdef.special == "call"
+
+
+def _same_call(a: Op, b: Op) -> bool:
+    graph_a, graph_b = a.attrs["graphs"][0], b.attrs["graphs"][0] if _is_call(b) else None
+    same_graph = graph_b is graph_a or (
+        graph_b is not None and grouping.signature(graph_b) == grouping.signature(graph_a)
+    )
+    return (
+        same_graph
+        and b.modified_inputs == a.modified_inputs
+        and len(b.inputs) == len(a.inputs)
+        and b.execution_context == a.execution_context
+    )
+
+
+# Plans by graph, least recently used first; bounded (a plan holds its graph's ops, so a
+# weak-keyed cache could never drop them).
+_PLANS: OrderedDict[int, tuple[tuple[Op, ...], dict[Op, Run], set[Op]]] = OrderedDict()
+
+
+PLAN_CACHE_SIZE = 64
+
+
+def runs_of(graph: Graph) -> dict[Op, Run]:
+    """The graph's runs, keyed by their first call."""
+    return plan_of(graph)[0]
+
+
+def plan_of(graph: Graph) -> tuple[dict[Op, Run], set[Op]]:
+    """(runs keyed by their first call, the other calls of every run); cached while the
+    graph is unchanged."""
+    cached = _PLANS.get(id(graph))
+    if cached is not None and cached[0] == tuple(graph._ops):
+        _PLANS.move_to_end(id(graph))
+        return cached[1], cached[2]
+    ops = graph._ops if policy() == "inline" else grouping.schedule(graph)
+    runs: dict[Op, Run] = {}
+    i = 0
+    while i < len(ops):
+        j = i + 1
+        if _is_call(ops[i]):
+            while j < len(ops) and _same_call(ops[i], ops[j]):
+                j += 1
+            if j - i >= MIN_RUN:
+                run = plan_run(tuple(ops[i:j]), ops[j:], graph._outputs)
+                if run is not None:
+                    runs[ops[i]] = run
+        i = j
+    members = {op for run in runs.values() for op in run.ops[1:]}
+    _PLANS[id(graph)] = (tuple(graph._ops), runs, members)
+    while len(_PLANS) > PLAN_CACHE_SIZE:
+        _PLANS.popitem(last=False)
+    return runs, members
+
+
+def stacked_feeds(graph: Graph, _memo: dict[int, list] | None = None) -> list:
+    """For every stacked input of every run and op group in ``graph``, and of those in the
+    graphs it calls (``call``, ``repeat``, ``conditional``: their inputs traced back to
+    ``graph``'s tensors), the tensors of ``graph`` fed to the rows, in call order; these are
+    the variables worth storing stacked (``state_layout``). Inputs of chained runs (the
+    layers) come first, so the weights are stacked as the layers scan them."""
+    feeds = _feeds(graph, {} if _memo is None else _memo)
+    return [rows for chained, rows in sorted(feeds, key=lambda f: not f[0])]
+
+
+def _feeds(graph: Graph, memo: dict[int, list]) -> list[tuple[bool, list[Tensor]]]:
+    if id(graph) in memo:
+        return memo[id(graph)]
+    feeds = [
+        (any(s.kind == "carry" for s in run.slots), run.stacked(j))
+        for run in runs_of(graph).values()
+        for j in _stacked_slots(run)
+    ]
+    if policy() != "inline":
+        for group in grouping.schedule(graph):
+            if isinstance(group, grouping.OpGroup):
+                first = group.ops[0]
+                feeds += [
+                    (False, [op.inputs[j] for op in group.ops])
+                    for j in range(len(first.inputs))
+                    if any(op.inputs[j] is not first.inputs[j] for op in group.ops)
+                ]
+    known = {tuple(map(id, rows)) for _, rows in feeds}
+    for op in graph._ops:
+        if op.opdef.special not in ("call", "repeat", "conditional"):
+            continue
+        offsets = op.attrs.get("input_offsets", (0,) * len(op.attrs["graphs"]))
+        for sub, offset in zip(op.attrs["graphs"], offsets):
+            outer = dict(zip(sub._inputs, op.inputs[offset : offset + len(sub._inputs)]))
+            for chained, rows in _feeds(sub, memo):
+                mapped = [outer.get(t) for t in rows]
+                if all(t is not None for t in mapped) and tuple(map(id, mapped)) not in known:
+                    known.add(tuple(map(id, mapped)))
+                    feeds.append((chained, mapped))  # type: ignore[arg-type]
+    memo[id(graph)] = feeds
+    return feeds
+
+
+def _stacked_slots(run: Run) -> list[int]:
+    return [j for j, slot in enumerate(run.slots) if slot.kind == "stack"]
+
+
+def _carry_source(calls: Sequence[Op], index: int) -> int | None:
+    """The output index ``m`` with ``calls[k].inputs[index] is calls[k-1].outputs[m]``."""
+    first = calls[1].inputs[index]
+    if first not in calls[0].outputs:
+        return None
+    m = calls[0].outputs.index(first)
+    ok = all(calls[k].inputs[index] is calls[k - 1].outputs[m] for k in range(1, len(calls)))
+    return m if ok else None
+
+
+def plan_run(
+    calls: tuple[Op, ...], later: Sequence[Op], graph_outputs: Sequence[Tensor]
+) -> Run | None:
+    """How to scan ``calls``, or None when they cannot be one scan."""
+    graph = calls[0].attrs["graphs"][0]
+    produced = {t for op in calls for t in op.outputs}
+    modified = tuple(sorted(calls[0].modified_inputs))
+    slots: list[Slot] = []
+    for index in range(len(calls[0].inputs)):
+        tensors = [op.inputs[index] for op in calls]
+        if all(t is tensors[0] for t in tensors):
+            slots.append(Slot("carry") if index in modified else Slot("same"))
+            if tensors[0] in produced:
+                return None
+            continue
+        m = _carry_source(calls, index)
+        if m is not None:
+            g_in, g_out = graph._inputs[index], graph._outputs[m]
+            if index in modified or (g_in.shape, g_in.dtype) != (g_out.shape, g_out.dtype):
+                return None
+            if tensors[0] in produced:
+                return None
+            slots.append(Slot("carry", m))
+            continue
+        if any(t in produced for t in tensors):
+            return None
+        slots.append(Slot("stack"))
+    if not _writes_are_private(calls, slots, modified):
+        return None
+    carried = {s.source for s in slots if s.kind == "carry" and s.source >= 0}
+    read_later = {t for op in later for t in op.inputs} | set(graph_outputs)
+    ys = []
+    for m in range(len(graph._outputs)):
+        outs = [op.outputs[m] for op in calls]
+        if m in carried:
+            outs = outs[:-1]  # the last one is the final carry
+        if any(t in read_later for t in outs):
+            ys.append(m)
+    return Run(calls, tuple(slots), modified, tuple(ys))
+
+
+def _writes_are_private(
+    calls: Sequence[Op], slots: Sequence[Slot], modified: Sequence[int]
+) -> bool:
+    """Storage a call writes (its by-ref inputs) is read by no other input of the run."""
+    owner: dict[Tensor, tuple[int, int]] = {}  # written root -> (input, call) writing it
+    for k, index in enumerate(modified):
+        tensors = (
+            [calls[0].inputs[index]]
+            if slots[index].kind == "carry"
+            else [op.inputs[index] for op in calls]
+        )
+        for n, t in enumerate(tensors):
+            for r in roots(t):
+                if owner.setdefault(r, (k, n)) != (k, n):
+                    return False
+    for index, slot in enumerate(slots):
+        if index in modified:
+            continue
+        for op in calls[:1] if slot.kind != "stack" else calls:
+            if any(r in owner for r in roots(op.inputs[index])):
+                return False
+    return True
