@@ -24,7 +24,7 @@ from torch.ops import aten
 import popxl
 from popxl import ops
 
-from .registry import NodeContext, lowering, promoted_dtype
+from .registry import NodeContext, Promote, lowering
 
 # Unary ops ---------------------------------------------------------------------------------
 
@@ -97,32 +97,25 @@ _UNARY_JAX: dict[Any, tuple[str, Callable[[Any], Any]]] = {
 }
 
 
-def _as_out_float(ctx: NodeContext, x: popxl.Tensor) -> popxl.Tensor:
-    """``x`` cast to the node's output dtype when that is a float (``sqrt`` of an int)."""
-    out_dtype = ctx.out_dtype
-    if out_dtype.is_floating_point and x.dtype != out_dtype:
-        return ops.cast(x, out_dtype)
-    return x
-
-
 def _unary_popxl(fn: Callable[[popxl.Tensor], popxl.Tensor]) -> Callable[..., popxl.Tensor]:
     def lower(ctx: NodeContext, x: popxl.Tensor) -> popxl.Tensor:
-        return fn(_as_out_float(ctx, x))
+        return fn(x)
 
     return lower
 
 
 def _unary_jax(name: str, fn: Callable[[Any], Any]) -> Callable[..., popxl.Tensor]:
     def lower(ctx: NodeContext, x: popxl.Tensor) -> popxl.Tensor:
-        return ctx.jax(name, fn, _as_out_float(ctx, x))
+        return ctx.jax(name, fn, x)
 
     return lower
 
 
+# Float math on an integer input computes in the float output dtype (``sqrt`` of an int).
 for _target, _fn in _UNARY_POPXL.items():
-    lowering(_target)(_unary_popxl(_fn))
+    lowering(_target, promote=Promote.INT_TO_FLOAT, operands=(0,))(_unary_popxl(_fn))
 for _target, (_name, _jfn) in _UNARY_JAX.items():
-    lowering(_target)(_unary_jax(_name, _jfn))
+    lowering(_target, promote=Promote.INT_TO_FLOAT, operands=(0,))(_unary_jax(_name, _jfn))
 
 
 def _round_decimals(x: Any, decimals: int) -> Any:
@@ -138,20 +131,17 @@ def _polygamma(x: Any, n: int) -> Any:
     return jsp.polygamma(n, x)
 
 
-@lowering(aten.polygamma.default)
+@lowering(aten.polygamma.default, promote=Promote.INT_TO_FLOAT, operands=(1,))
 def _lower_polygamma(ctx: NodeContext, n: int, x: popxl.Tensor) -> Any:
-    return ctx.jax("polygamma", _polygamma, _as_out_float(ctx, x), n=int(n))
+    return ctx.jax("polygamma", _polygamma, x, n=int(n))
 
 
 # Binary ops ---------------------------------------------------------------------------------
 
 
-def _operands(ctx: NodeContext, x: Any, y: Any) -> tuple[popxl.Tensor, popxl.Tensor]:
-    """Both operands as tensors of torch's computation dtype: the promoted dtype, or the
-    float output dtype of ops that make floats of integers (``atan2``, ``copysign``)."""
-    out_dtype = ctx.out_dtype
-    dtype = out_dtype if out_dtype.is_floating_point else promoted_dtype(ctx.node, 0, 1)
-    return ctx.tensor(x, dtype), ctx.tensor(y, dtype)
+# Binary records take both operands as tensors of torch's computation dtype: the promoted
+# dtype, or the float output dtype of ops that make floats of integers (``atan2``).
+_BINARY = {"promote": Promote.INT_TO_FLOAT, "operands": (0, 1)}
 
 
 def _floordiv(x: Any, y: Any) -> Any:
@@ -177,25 +167,20 @@ def _ldexp(x: Any, e: Any) -> Any:
     return x * jnp.exp2(e)
 
 
-def _with_overloads(ops_: dict[str, tuple[str, Callable[..., Any]]], *overloads: str) -> dict:
-    """{aten.op.<overload>: entry} for each named op and overload it has."""
-    table = {}
-    for op, entry in ops_.items():
-        packet = getattr(aten, op)
-        for overload in overloads:
-            if overload in packet.overloads():
-                table[getattr(packet, overload)] = entry
-    return table
-
-
-_BITWISE = {
-    "bitwise_and": ("bitwise_and", _bitwise(jnp.bitwise_and, jnp.logical_and)),
-    "bitwise_or": ("bitwise_or", _bitwise(jnp.bitwise_or, jnp.logical_or)),
-    "bitwise_xor": ("bitwise_xor", _bitwise(jnp.bitwise_xor, jnp.logical_xor)),
-    "bitwise_left_shift": ("left_shift", jnp.left_shift),
-    "bitwise_right_shift": ("right_shift", jnp.right_shift),
-    "__lshift__": ("left_shift", jnp.left_shift),
-    "__rshift__": ("right_shift", jnp.right_shift),
+# Overload packets: each record covers every one of the packet's tensor/scalar overloads it
+# has (the ``overloads`` of its table).
+_SCALAR_FORMS = ("Tensor", "Scalar", "Scalar_Tensor", "Tensor_Scalar")
+_BINARY_JAX_PACKETS: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {
+    aten.remainder: ("remainder", jnp.remainder),
+    aten.fmod: ("fmod", jnp.fmod),
+    aten.copysign: ("copysign", jnp.copysign),
+    aten.bitwise_and: ("bitwise_and", _bitwise(jnp.bitwise_and, jnp.logical_and)),
+    aten.bitwise_or: ("bitwise_or", _bitwise(jnp.bitwise_or, jnp.logical_or)),
+    aten.bitwise_xor: ("bitwise_xor", _bitwise(jnp.bitwise_xor, jnp.logical_xor)),
+    aten.bitwise_left_shift: ("left_shift", jnp.left_shift),
+    aten.bitwise_right_shift: ("right_shift", jnp.right_shift),
+    aten.__lshift__: ("left_shift", jnp.left_shift),
+    aten.__rshift__: ("right_shift", jnp.right_shift),
 }
 _BINARY_POPXL: dict[Any, Callable[[popxl.Tensor, popxl.Tensor], popxl.Tensor]] = {
     aten.mul.Tensor: ops.mul,
@@ -203,19 +188,8 @@ _BINARY_POPXL: dict[Any, Callable[[popxl.Tensor, popxl.Tensor], popxl.Tensor]] =
     aten.maximum.default: ops.maximum,
 }
 _BINARY_JAX: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {
-    **_with_overloads(
-        {
-            "remainder": ("remainder", jnp.remainder),
-            "fmod": ("fmod", jnp.fmod),
-            "copysign": ("copysign", jnp.copysign),
-        },
-        "Tensor",
-        "Scalar",
-        "Scalar_Tensor",
-    ),
     aten.pow.Tensor_Tensor: ("pow", jnp.power),
     aten.pow.Scalar: ("pow", jnp.power),
-    **_with_overloads(_BITWISE, "Tensor", "Scalar", "Scalar_Tensor", "Tensor_Scalar"),
     aten.atan2.default: ("atan2", jnp.arctan2),
     aten.minimum.default: ("minimum", jnp.minimum),
     aten.fmax.default: ("fmax", jnp.fmax),
@@ -227,32 +201,32 @@ _BINARY_JAX: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {
     aten.ldexp.Tensor: ("ldexp", _ldexp),
     aten.igamma.default: ("igamma", jsp.gammainc),
     aten.igammac.default: ("igammac", jsp.gammaincc),
-    **_with_overloads(
-        {"special_zeta": ("special_zeta", jsp.zeta)}, "default", "self_scalar", "other_scalar"
-    ),
 }
 
 
 def _binary_popxl(fn: Callable[..., popxl.Tensor]) -> Callable[..., popxl.Tensor]:
-    def lower(ctx: NodeContext, x: Any, y: Any) -> popxl.Tensor:
-        a, b = _operands(ctx, x, y)
+    def lower(ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
         return ctx.tensor(fn(a, b))
 
     return lower
 
 
 def _binary_jax(name: str, fn: Callable[[Any, Any], Any]) -> Callable[..., popxl.Tensor]:
-    def lower(ctx: NodeContext, x: Any, y: Any) -> popxl.Tensor:
-        a, b = _operands(ctx, x, y)
+    def lower(ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
         return ctx.tensor(ctx.jax(name, fn, a, b, outputs=[(ctx.out_shape, a.dtype)]))
 
     return lower
 
 
 for _target, _fn2 in _BINARY_POPXL.items():
-    lowering(_target)(_binary_popxl(_fn2))
+    lowering(_target, **_BINARY)(_binary_popxl(_fn2))
 for _target, (_name, _jfn2) in _BINARY_JAX.items():
-    lowering(_target)(_binary_jax(_name, _jfn2))
+    lowering(_target, **_BINARY)(_binary_jax(_name, _jfn2))
+for _packet, (_name, _jfn2) in _BINARY_JAX_PACKETS.items():
+    lowering(_packet, overloads=_SCALAR_FORMS, **_BINARY)(_binary_jax(_name, _jfn2))
+lowering(aten.special_zeta, overloads=("default", "self_scalar", "other_scalar"), **_BINARY)(
+    _binary_jax("special_zeta", jsp.zeta)
+)
 
 
 def _small_integer(value: Any) -> bool:
@@ -265,14 +239,13 @@ def _integer_pow(x: Any, exponent: int) -> Any:
     return lax.integer_pow(x, exponent)
 
 
-@lowering(aten.pow.Tensor_Scalar)
+@lowering(aten.pow.Tensor_Scalar, promote=Promote.INT_TO_FLOAT, operands=(0,))
 def _lower_pow_scalar(ctx: NodeContext, x: popxl.Tensor, exponent: Any) -> popxl.Tensor:
     """``x ** n`` for an integral ``n`` is repeated multiplication (exact for negative
     ``x``, as torch); other exponents use ``pow``."""
     if not _small_integer(exponent):
-        return _binary_jax("pow", jnp.power)(ctx, x, exponent)
+        return _binary_jax("pow", jnp.power)(ctx, x, ctx.tensor(exponent, x.dtype))
     n = int(exponent)
-    x = ctx.tensor(x, ctx.out_dtype)
     if n < 0 and not x.dtype.is_floating_point:
         raise ValueError(
             f"aten.pow: integer tensors cannot be raised to the negative power {n} "
@@ -285,53 +258,50 @@ def _scaled(ctx: NodeContext, t: popxl.Tensor, alpha: Any) -> popxl.Tensor:
     return t if alpha == 1 else ops.mul(t, ctx.constant(alpha, t.dtype))
 
 
-@lowering(aten.add.Tensor, aten.add.Scalar)
-def _lower_add(ctx: NodeContext, x: Any, y: Any, alpha: Any = 1) -> popxl.Tensor:
-    a, b = _operands(ctx, x, y)
+@lowering(aten.add.Tensor, aten.add.Scalar, **_BINARY)
+def _lower_add(ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor, alpha: Any = 1) -> Any:
     if a.dtype == popxl.bool:  # torch: logical or
         return ctx.jax("logical_or", jnp.logical_or, a, b)
     return ctx.tensor(ops.add(a, _scaled(ctx, b, alpha)))
 
 
-@lowering(aten.sub.Tensor, aten.sub.Scalar)
-def _lower_sub(ctx: NodeContext, x: Any, y: Any, alpha: Any = 1) -> popxl.Tensor:
-    a, b = _operands(ctx, x, y)
+@lowering(aten.sub.Tensor, aten.sub.Scalar, **_BINARY)
+def _lower_sub(ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor, alpha: Any = 1) -> Any:
     return ctx.tensor(ops.sub(a, _scaled(ctx, b, alpha)))
 
 
-@lowering(aten.div.Tensor, aten.div.Scalar)
-def _lower_div(ctx: NodeContext, x: Any, y: Any) -> popxl.Tensor:
-    dtype = ctx.out_dtype  # true division: always in the (float) output dtype
-    return ops.div(ctx.tensor(x, dtype), ctx.tensor(y, dtype))
+# True division computes in its (float) output dtype.
+@lowering(aten.div.Tensor, aten.div.Scalar, **_BINARY)
+def _lower_div(ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
+    return ops.div(a, b)
 
 
-@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
-def _lower_div_mode(ctx: NodeContext, x: Any, y: Any, rounding_mode: str | None = None) -> Any:
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, **_BINARY)
+def _lower_div_mode(
+    ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor, rounding_mode: str | None = None
+) -> Any:
     if rounding_mode is None:
-        return _lower_div(ctx, x, y)
+        return _lower_div(ctx, a, b)
     if rounding_mode not in ("floor", "trunc"):
         raise ValueError(
             f"aten.div: rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}."
         )
-    a, b = _operands(ctx, x, y)
     fn = _floordiv if rounding_mode == "floor" else _truncdiv
     return ctx.jax(f"div_{rounding_mode}", fn, a, b)
 
 
 # Comparisons and logic ----------------------------------------------------------------------
 
-_COMPARE: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = _with_overloads(
-    {
-        "eq": ("eq", jnp.equal),
-        "ne": ("ne", jnp.not_equal),
-        "lt": ("lt", jnp.less),
-        "le": ("le", jnp.less_equal),
-        "gt": ("gt", jnp.greater),
-        "ge": ("ge", jnp.greater_equal),
-    },
-    "Tensor",
-    "Scalar",
-)
+# Packets, each for its Tensor and Scalar overloads; the operands compare in their promoted
+# dtype.
+_COMPARE: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {
+    aten.eq: ("eq", jnp.equal),
+    aten.ne: ("ne", jnp.not_equal),
+    aten.lt: ("lt", jnp.less),
+    aten.le: ("le", jnp.less_equal),
+    aten.gt: ("gt", jnp.greater),
+    aten.ge: ("ge", jnp.greater_equal),
+}
 _LOGICAL: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {
     aten.logical_and.default: ("logical_and", jnp.logical_and),
     aten.logical_or.default: ("logical_or", jnp.logical_or),
@@ -340,9 +310,8 @@ _LOGICAL: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {
 
 
 def _compare(name: str, fn: Callable[[Any, Any], Any]) -> Callable[..., popxl.Tensor]:
-    def lower(ctx: NodeContext, x: Any, y: Any) -> popxl.Tensor:
-        dtype = promoted_dtype(ctx.node, 0, 1)
-        return ctx.jax(name, fn, ctx.tensor(x, dtype), ctx.tensor(y, dtype))
+    def lower(ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
+        return ctx.jax(name, fn, a, b)
 
     return lower
 
@@ -355,8 +324,10 @@ def _logical(name: str, fn: Callable[[Any, Any], Any]) -> Callable[..., popxl.Te
     return lower
 
 
-for _target, (_name, _cfn) in _COMPARE.items():
-    lowering(_target)(_compare(_name, _cfn))
+for _packet, (_name, _cfn) in _COMPARE.items():
+    lowering(_packet, overloads=("Tensor", "Scalar"), promote=Promote.DEFAULT)(
+        _compare(_name, _cfn)
+    )
 for _target, (_name, _lfn) in _LOGICAL.items():
     lowering(_target)(_logical(_name, _lfn))
 

@@ -18,23 +18,18 @@ from torch.ops import aten
 import popxl
 from popxl import ops
 
-from .registry import NodeContext, lowering, promoted_dtype
+from .registry import NodeContext, Promote, lowering
 
 
-def _matmul_operands(ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor) -> tuple:
-    dtype = promoted_dtype(ctx.node, 0, 1)
-    return ctx.tensor(a, dtype), ctx.tensor(b, dtype)
-
-
-@lowering(aten.mm.default, aten.bmm.default)
+@lowering(aten.mm.default, aten.bmm.default, promote=Promote.DEFAULT)
 def _lower_mm(ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
-    return ops.matmul(*_matmul_operands(ctx, a, b))
+    return ops.matmul(a, b)
 
 
-@lowering(aten.matmul.default, preserve=True)
+@lowering(aten.matmul.default, preserve=True, promote=Promote.DEFAULT)
 def _lower_matmul(ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
     """Kept whole: one ``MatMul`` with torch.matmul's shape rules."""
-    return ops.matmul(*_matmul_operands(ctx, a, b))
+    return ops.matmul(a, b)
 
 
 def _scaled_add(ctx: NodeContext, bias: Any, product: Any, beta: Any, alpha: Any) -> popxl.Tensor:

@@ -25,6 +25,8 @@ every record (``popxl_dtype``).
 
 from __future__ import annotations
 
+import enum
+import functools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -72,25 +74,80 @@ UNSUPPORTED_DTYPE_MSG = (
 )
 
 
-def lowering(*targets: Any, preserve: bool = False) -> Callable[[Lowering], Lowering]:
-    """Register the decorated function as the lowering of each ATen overload in ``targets``.
+class Promote(enum.Enum):
+    """How a record's operands are cast before it runs (torch's type promotion), declared
+    on the record: ``@lowering(aten.atan2.default, promote=Promote.INT_TO_FLOAT)``."""
 
+    # Tensors and scalars among the operands to torch's result dtype of them all.
+    DEFAULT = "default"
+    # As DEFAULT, except that an op whose output is a float (``sqrt``, ``atan2`` of ints)
+    # computes in that float dtype.
+    INT_TO_FLOAT = "int_to_float"
+
+
+def lowering(
+    *targets: Any,
+    preserve: bool = False,
+    promote: Promote | None = None,
+    operands: Sequence[int] = (0, 1),
+    overloads: Sequence[str] | None = None,
+) -> Callable[[Lowering], Lowering]:
+    """Register the decorated function as the lowering of each ATen op in ``targets``.
+
+    A target is an overload (``aten.add.Tensor``) or an overload packet (``aten.remainder``):
+    a packet stands for each of its ``overloads`` it has (every overload when None).
     With ``preserve=True`` the capture does not decompose these ops (``run_decompositions``
-    would otherwise rewrite them into core ATen ops before the table sees them).
+    would otherwise rewrite them into core ATen ops before the table sees them). With
+    ``promote``, the arguments at ``operands`` (those given) arrive as tensors of the dtype
+    the policy names.
     """
+    found = [o for t in targets for o in _overloads_of(t, overloads)]
 
     def register(fn: Lowering) -> Lowering:
-        for target in targets:
+        record = fn if promote is None else _promoting(fn, promote, tuple(operands))
+        for target in found:
             if preserve:
                 PRESERVED.add(target)
             if target in TABLE:
                 raise ValueError(
                     TWICE_MSG.format(op=target, a=TABLE[target].__name__, b=fn.__name__)
                 )
-            TABLE[target] = fn
+            TABLE[target] = record
         return fn
 
     return register
+
+
+def _overloads_of(target: Any, names: Sequence[str] | None) -> list[Any]:
+    if not isinstance(target, torch._ops.OpOverloadPacket):
+        return [target]
+    available = target.overloads()
+    chosen = [n for n in (available if names is None else names) if n in available]
+    if not chosen:
+        raise ValueError(f"{target} has none of the overloads {list(names or [])}.")
+    return [getattr(target, n) for n in chosen]
+
+
+def promotion_dtype(ctx: NodeContext, promote: Promote, operands: Sequence[int]) -> popxl.dtype:
+    """The dtype ``promote`` casts the node's ``operands`` to."""
+    out_dtype = ctx.out_dtype
+    if promote is Promote.INT_TO_FLOAT and out_dtype.is_floating_point:
+        return out_dtype
+    given = [i for i in operands if i < len(ctx.node.args) and ctx.node.args[i] is not None]
+    return promoted_dtype(ctx.node, *given)
+
+
+def _promoting(fn: Lowering, promote: Promote, operands: tuple[int, ...]) -> Lowering:
+    @functools.wraps(fn)
+    def lower(ctx: NodeContext, *args: Any, **kwargs: Any) -> Any:
+        dtype = promotion_dtype(ctx, promote, operands)
+        cast = [
+            ctx.tensor(a, dtype) if i in operands and a is not None else a
+            for i, a in enumerate(args)
+        ]
+        return fn(ctx, *cast, **kwargs)
+
+    return lower
 
 
 def popxl_dtype(dtype: torch.dtype, what: str = "A tensor") -> popxl.dtype:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._log import logger
 from ..capture.scopes import MODULE_PATH
@@ -27,7 +27,17 @@ if TYPE_CHECKING:
     import popxl
     from popxl._op import Op
 
-    from ..execution.staged import BlockPlan
+
+class BlockPlan(Protocol):
+    """What the log reads of a block's plan (``poptorch.execution.staged.BlockPlan``): its
+    op range, stage, phase and IPU."""
+
+    start: int
+    stop: int
+    stage: int
+    phase: int
+    ipu: int
+
 
 # How far apart PopTorch put consecutive forward phases, per tensor liveness.
 _PHASE_STRIDE = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import Error
@@ -122,21 +123,33 @@ def set_overlap_for_output(output_tensors: Any, mode: Any) -> Any:
 
 
 def _mark_overlap(tensors: Any, mode: Any, kind: str) -> Any:
-    from ..data import utils as _data_utils  # noqa: PLC0415 (torch only for torch models)
     from ..enums import OverlapMode  # noqa: PLC0415
 
     if not isinstance(mode, OverlapMode):
         raise ValueError(f"mode must be a poptorch.OverlapMode, got {mode!r}.")
-    leaves, spec = _data_utils.flatten(tensors)
-    for leaf in leaves:
+    mark = getattr(_torch_ops(), f"set_overlap_for_{kind}")
+
+    def marked(leaf: Any) -> Any:
         if not _is_tensor(leaf):
             raise Error(
                 f"You may only set overlap for torch.tensor {kind}s. "
                 f"{type(leaf)} is not supported.",
                 "poptorch_py_error",
             )
-    mark = getattr(_torch_ops(), f"set_overlap_for_{kind}")
-    return _data_utils.unflatten(spec, [mark(t, mode.value) for t in leaves])
+        return mark(leaf, mode.value)
+
+    return _map_structure(marked, tensors)
+
+
+def _map_structure(fn: Callable[[Any], Any], value: Any) -> Any:
+    """``value`` (a leaf, or tuples, lists and dicts of them) with ``fn`` applied to each leaf."""
+    if isinstance(value, dict):
+        return {k: _map_structure(fn, v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(_map_structure(fn, v) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map_structure(fn, v) for v in value)
+    return fn(value)
 
 
 def recomputationCheckpoint(*tensors: Any) -> Any:  # noqa: N802 (PopTorch's name)

@@ -1,8 +1,12 @@
 """The package import graph: ``popxl`` never imports ``runtime``, JAX or torch at import time."""
 
+import ast
 import json
+import pathlib
 import subprocess
 import sys
+
+import pytest
 
 PROBE = """
 import json, pkgutil, importlib, sys
@@ -54,3 +58,100 @@ def test_import_popxl_addons_imports_popxl():
     roots = _roots(_modules_after("import popxl_addons"))
     assert "popxl" in roots
     assert "torch" not in roots
+
+
+# The package layout, checked from the source (every import, at module level or in a
+# function): the modules of poptorch and runtime form no circle, and poptorch's stages
+# import in one direction: capture -> aten -> popxl; ops, options, optim and data know
+# nothing of execution, and compat (upstream's internals) is never imported below it.
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+STAGES = ("aten", "capture", "ops", "options", "optim", "data", "execution", "compat")
+# stage -> the stages it must not import
+FORBIDDEN = {
+    "aten": {"capture", "ops", "options", "optim", "data", "execution", "compat"},
+    "capture": {"options", "optim", "data", "execution", "compat"},
+    "ops": {"capture", "options", "optim", "data", "execution", "compat"},
+    "options": {"capture", "ops", "data", "execution", "compat"},
+    "optim": {"capture", "ops", "data", "execution", "compat"},
+    "data": {"ops", "optim", "execution", "compat"},
+    "compat": {"execution"},
+}
+
+
+def _module_files(package: str) -> dict[str, pathlib.Path]:
+    files = {}
+    for path in (ROOT / package).rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        files[name] = path
+    return files
+
+
+def _imports(name: str, path: pathlib.Path, known: dict) -> set[str]:
+    """The modules of ``known`` that ``name`` imports (a name imported from a package
+    counts as its submodule when it is one)."""
+    base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            heads = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            head = node.module or ""
+            if node.level:
+                head = ".".join(base[: len(base) - node.level + 1] + ([head] if head else []))
+            heads = [f"{head}.{a.name}" for a in node.names] + [head]
+        else:
+            continue
+        for head in heads:
+            while head and head not in known:
+                head = head.rpartition(".")[0]
+            if head and head != name:
+                found.add(head)
+    return found
+
+
+def _graph(package: str) -> dict[str, set[str]]:
+    """Imports between the package's modules; a package's ``__init__`` (its face, which only
+    hands names on) is left out."""
+    files = _module_files(package)
+    faces = {n for n, p in files.items() if p.name == "__init__.py"}
+    return {n: _imports(n, p, files) - faces for n, p in files.items() if n not in faces}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    reach = {n: set() for n in graph}
+    for start in graph:
+        todo = list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m not in reach[start]:
+                reach[start].add(m)
+                todo.extend(graph.get(m, ()))
+    return [{n, m} for n in graph for m in reach[n] if n < m and n in reach[m]]
+
+
+@pytest.mark.parametrize("package", ["poptorch", "runtime"])
+def test_no_import_circle(package):
+    assert _circles(_graph(package)) == []
+
+
+def _stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in STAGES else None
+
+
+def test_poptorch_stages_import_in_one_direction():
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in _graph("poptorch").items()
+        for target in targets
+        if _stage(target) in FORBIDDEN.get(_stage(module) or "", set())
+    )
+    assert wrong == []
+
+
+def test_every_poptorch_stage_says_what_it_owns():
+    for stage in STAGES:
+        doc = ast.get_docstring(ast.parse((ROOT / "poptorch" / stage / "__init__.py").read_text()))
+        assert doc and len(doc) > 40, stage
