@@ -141,7 +141,8 @@ def _lower_polygamma(ctx: NodeContext, n: int, x: popxl.Tensor) -> Any:
 
 # Binary records take both operands as tensors of torch's computation dtype: the promoted
 # dtype, or the float output dtype of ops that make floats of integers (``atan2``).
-_BINARY = {"promote": Promote.INT_TO_FLOAT, "operands": (0, 1)}
+def _binary(*targets: Any, overloads: tuple[str, ...] | None = None) -> Any:
+    return lowering(*targets, promote=Promote.INT_TO_FLOAT, operands=(0, 1), overloads=overloads)
 
 
 def _floordiv(x: Any, y: Any) -> Any:
@@ -219,12 +220,12 @@ def _binary_jax(name: str, fn: Callable[[Any, Any], Any]) -> Callable[..., popxl
 
 
 for _target, _fn2 in _BINARY_POPXL.items():
-    lowering(_target, **_BINARY)(_binary_popxl(_fn2))
+    _binary(_target)(_binary_popxl(_fn2))
 for _target, (_name, _jfn2) in _BINARY_JAX.items():
-    lowering(_target, **_BINARY)(_binary_jax(_name, _jfn2))
+    _binary(_target)(_binary_jax(_name, _jfn2))
 for _packet, (_name, _jfn2) in _BINARY_JAX_PACKETS.items():
-    lowering(_packet, overloads=_SCALAR_FORMS, **_BINARY)(_binary_jax(_name, _jfn2))
-lowering(aten.special_zeta, overloads=("default", "self_scalar", "other_scalar"), **_BINARY)(
+    _binary(_packet, overloads=_SCALAR_FORMS)(_binary_jax(_name, _jfn2))
+_binary(aten.special_zeta, overloads=("default", "self_scalar", "other_scalar"))(
     _binary_jax("special_zeta", jsp.zeta)
 )
 
@@ -258,25 +259,25 @@ def _scaled(ctx: NodeContext, t: popxl.Tensor, alpha: Any) -> popxl.Tensor:
     return t if alpha == 1 else ops.mul(t, ctx.constant(alpha, t.dtype))
 
 
-@lowering(aten.add.Tensor, aten.add.Scalar, **_BINARY)
+@_binary(aten.add.Tensor, aten.add.Scalar)
 def _lower_add(ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor, alpha: Any = 1) -> Any:
     if a.dtype == popxl.bool:  # torch: logical or
         return ctx.jax("logical_or", jnp.logical_or, a, b)
     return ctx.tensor(ops.add(a, _scaled(ctx, b, alpha)))
 
 
-@lowering(aten.sub.Tensor, aten.sub.Scalar, **_BINARY)
+@_binary(aten.sub.Tensor, aten.sub.Scalar)
 def _lower_sub(ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor, alpha: Any = 1) -> Any:
     return ctx.tensor(ops.sub(a, _scaled(ctx, b, alpha)))
 
 
 # True division computes in its (float) output dtype.
-@lowering(aten.div.Tensor, aten.div.Scalar, **_BINARY)
+@_binary(aten.div.Tensor, aten.div.Scalar)
 def _lower_div(ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
     return ops.div(a, b)
 
 
-@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, **_BINARY)
+@_binary(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def _lower_div_mode(
     ctx: NodeContext, a: popxl.Tensor, b: popxl.Tensor, rounding_mode: str | None = None
 ) -> Any:

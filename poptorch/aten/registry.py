@@ -220,6 +220,10 @@ class Translator(Protocol):
 
     training: bool
     options: Any
+    # The losses marked so far (``poptorch.identity_loss``), the last one being the model's.
+    losses: list[popxl.Tensor]
+    # The overlapped IO marks the capture accepted (``poptorch.set_overlap_for_*``).
+    overlap_marks: set[Node]
 
     def next_seed(self) -> popxl.Tensor: ...
 
