@@ -71,3 +71,46 @@ def _put_back(model: torch.nn.Module, buffers: dict[str, torch.Tensor]) -> None:
 def _restore_removed(model: torch.nn.Module, real: dict[str, torch.Tensor]) -> None:
     now = _buffers(model)
     _put_back(model, {n: t for n, t in real.items() if n not in now})
+
+
+def replica_local_buffers(program: torch.export.ExportedProgram) -> set[str]:
+    """Buffers the forward updates that replicas may keep apart, as PopTorch let them.
+
+    PopTorch refused in-place buffer updates under replication (``broadcastBuffers``), but
+    BatchNorm's running statistics were never such updates: PopART's BatchNormalization
+    updated them on each replica from that replica's own micro-batch, and the host read
+    replica 0's. Counters computed from buffers alone (``num_batches_tracked += 1``) stay
+    equal on every replica. Both are returned; any other update reads the replica's data.
+    """
+    sig = program.graph_signature
+    user_inputs = set(sig.user_inputs)
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    by_name = {getattr(v, "name", None): v for v in output.args[0]}
+    local = set()
+    for out_name, buffer in sig.buffers_to_mutate.items():
+        value = by_name.get(out_name)
+        if value is not None and (_from_batch_norm(value) or not _reads(value, user_inputs)):
+            local.add(buffer)
+    return local
+
+
+def _from_batch_norm(node: torch.fx.Node) -> bool:
+    """``node`` is one of a batch norm's outputs (its updated running mean or variance)."""
+    if node.op == "call_function" and getattr(node.target, "__name__", "") == "getitem":
+        node = node.args[0]  # type: ignore[assignment]
+    name = getattr(getattr(node, "target", None), "__name__", "")
+    return node.op == "call_function" and "batch_norm" in name
+
+
+def _reads(node: torch.fx.Node, names: set[str]) -> bool:
+    """Whether ``node`` depends on a placeholder named in ``names``."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder" and n.name in names:
+            return True
+        todo.extend(n.all_input_nodes)
+    return False

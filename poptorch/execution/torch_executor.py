@@ -35,7 +35,7 @@ from .. import _log
 from ..aten.registry import popxl_dtype, torch_dtype
 from ..blocks import module_repr
 from ..capture import arguments as _args
-from ..capture.buffer_guard import guard_buffers
+from ..capture.buffer_guard import guard_buffers, replica_local_buffers
 from ..capture.export import Capture, capture
 from ..capture.model import CapturedModel
 from ..capture.translate import Leaf
@@ -339,11 +339,13 @@ class TorchExecutor(PoplarExecutor):
         return value
 
     def _check_buffer_broadcast(self, captured: Capture) -> None:
-        """PopTorch kept replicas' buffers equal by refusing forwards that update them."""
+        """PopTorch kept replicas' buffers equal by refusing forwards that update them from
+        a replica's data where replicas read different inputs (BatchNorm's running
+        statistics excepted: see ``replica_local_buffers``)."""
         o = self._options
-        if o.replication_factor > 1 and o.broadcast_buffers:
-            sig = captured.program.graph_signature
-            if set(sig.buffers_to_mutate.values()) - captured.frozen:
+        if o.input_group_size < o.replication_factor and o.broadcast_buffers:
+            updated = set(captured.program.graph_signature.buffers_to_mutate.values())
+            if updated - captured.frozen - replica_local_buffers(captured.program):
                 raise Error(BROADCAST_BUFFERS_MSG, "poptorch")
 
     def _updatable_buffers(self) -> list[str]:

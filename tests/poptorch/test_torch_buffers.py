@@ -105,3 +105,42 @@ def test_replicas_refuse_buffer_updates_unless_broadcast_is_off():
     # Each replica adds its own sample's sum to its own copy of y.
     expected = torch.stack([x[0] * (2 + x[0].sum()), x[1] * (2 + x[1].sum())])
     torch.testing.assert_close(poptorch.inferenceModel(UpdatesInPlace(), opts)(x), expected)
+
+
+class NormedRegression(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(3)
+        self.lin = torch.nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple:
+        out = self.lin(self.norm(x))
+        return out, torch.nn.functional.mse_loss(out, y)
+
+
+def test_replicas_keep_their_own_batch_norm_statistics():
+    """As under PopART's BatchNormalization: each replica updates the running statistics
+    from its own micro-batch, the host reads replica 0's, and the gradients are averaged
+    over the replicas (each normalising with its own batch's statistics)."""
+    torch.manual_seed(0)
+    model = NormedRegression()
+    reference = NormedRegression()
+    reference.load_state_dict(model.state_dict())
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+    opts = poptorch.Options().replicationFactor(2)  # broadcastBuffers stays on
+    pm = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    pm(x, y)
+    pm.copyWeightsToHost()
+
+    halves = [reference(x[:4], y[:4])[1], reference(x[4:], y[4:])[1]]
+    ((halves[0] + halves[1]) / 2).backward()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p -= 0.1 * p.grad
+    replica0 = torch.nn.BatchNorm1d(3)
+    replica0(x[:4])  # the running statistics replica 0 computed
+    torch.testing.assert_close(model.norm.running_mean, replica0.running_mean)
+    torch.testing.assert_close(model.norm.running_var, replica0.running_var)
+    assert int(model.norm.num_batches_tracked) == 1
+    for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)
