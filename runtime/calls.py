@@ -198,7 +198,7 @@ def lower_run(ctx: LoweringContext, env: Env, run: Run) -> None:
             for i, v in zip(in_place, row_stacks)
         )
         ys = (
-            _ys_of_call(ctx, run, outs, scratch, x[-1], in_scratch),
+            _ys_of_call(ctx, run, outs, scratch, x[-1] if scratch else None, in_scratch),
             tuple(portable_value(ctx, finals[i]) for i in stacked_modified if i not in in_place),
         )
         return (new, new_stacks, new_rows, ctx.fx), ys
@@ -242,11 +242,12 @@ def _ys_of_call(
     run: Run,
     outs: Sequence[Any],
     scratch: dict[int, Any],
-    row: Array,
+    row: Array | None,
     in_scratch: list[int],
 ) -> tuple:
     """One call's outputs used after the run: written into their scratch buffer at ``row``
-    where one is kept (noted in ``in_scratch``), else returned as the scan's ``ys``."""
+    (the call's index; None when the run keeps no scratch buffer) where one is kept (noted
+    in ``in_scratch``), else returned as the scan's ``ys``."""
     kept = []
     for m in run.ys:
         value = portable_value(ctx, outs[m])

@@ -1,6 +1,6 @@
 """A captured ``torch.nn`` model in the shape the program builder takes.
 
-``_program.build`` builds every PopTorch program from an object with ``create_graph(*specs)``
+``poptorch.execution.program.build`` builds every PopTorch program from an object with ``create_graph(*specs)``
 returning ``(variable factories, GraphWithNamedArgs)``, as a popxl_addons ``Module`` has.
 ``CapturedModel`` is that object for a torch model: ``create_graph`` translates the captured
 ATen program into the IR being built and keeps the ``Forward`` that says which outputs are

@@ -436,7 +436,7 @@ class PoplarExecutor:
 
     def detachFromDevice(self) -> None:  # noqa: N802
         """Detach; the device's weights are kept in the session's host copy, and a
-        ``poptorch.optim.optimizers`` optimiser reads its state first (as PopTorch did)."""
+        ``poptorch.optim`` optimiser reads its state first (as PopTorch did)."""
         session = self._require_session("detachFromDevice")
         if not session.is_attached:
             raise Error("detachFromDevice: the model is not attached.", "poptorch")
@@ -560,7 +560,7 @@ class PoplarExecutor:
 
     def setOptimizer(self, optimizer: Any) -> None:  # noqa: N802
         """Use ``optimizer``'s hyper-parameters from the next call, without recompiling
-        (only those that changed are sent to the device). A new ``poptorch.optim.optimizers``
+        (only those that changed are sent to the device). A new ``poptorch.optim``
         optimiser continues from the device's optimiser state, unless it holds a state of
         its own (``load_state_dict``), which is written to the device.
 

@@ -9,7 +9,7 @@ the rows each output store sends), from the options alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import popxl
 from popxl.errors import InternalError
@@ -35,6 +35,14 @@ INPUT_GROUP_MSG = (
     "inputReplicaGrouping group size {k} must divide replicationFactor {r}: each group of "
     "{k} replicas reads one slice of the batch."
 )
+
+
+class ForwardModel(Protocol):
+    """What the program builder takes: a popxl_addons ``Module``, or a captured torch model
+    (``poptorch.capture.model.CapturedModel``). ``create_graph(*specs)`` builds the forward
+    graph for one micro-batch and returns its variable factories and the graph."""
+
+    def create_graph(self, *specs: popxl.TensorSpec) -> tuple[Any, Any]: ...
 
 
 @dataclass

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import Error
+from ..optim.optimizers import SGD
 from ..options import Options
 from .executor import PoplarExecutor
 from .export import import_step
@@ -21,15 +22,13 @@ def trainingModel(  # noqa: N802
 
     ``model`` is a ``torch.nn.Module`` whose ``forward`` returns the loss (marked with
     ``poptorch.identity_loss`` or as its last scalar output), or a popxl_addons ``Module``.
-    ``optimizer`` defaults to ``SGD(lr=0.01)``; ``torch.optim`` and ``poptorch.optim.optimizers``
+    ``optimizer`` defaults to ``SGD(lr=0.01)``; ``torch.optim`` and ``poptorch.optim``
     optimizers are accepted.
     """
     if _is_torch_module(model):
-        from .torch_executor import new_executor  # noqa: PLC0415 (torch models only)
+        from .torch_executor import new_executor  # noqa: PLC0415 (capture loads with the first torch model)
 
         return new_executor(_unwrap_executor(model), options, True, optimizer)
-    from ..optim.optimizers import SGD  # noqa: PLC0415
-
     return PoplarExecutor(
         model, options, True, optimizer if optimizer is not None else SGD(lr=0.01)
     )
@@ -39,7 +38,7 @@ def inferenceModel(model: Any, options: Options | None = None) -> PoplarExecutor
     """Wrap ``model`` (a ``torch.nn.Module`` or popxl_addons ``Module``) for inference:
     each call runs the forward pass on every micro-batch of the combined batch."""
     if _is_torch_module(model):
-        from .torch_executor import new_executor  # noqa: PLC0415 (torch models only)
+        from .torch_executor import new_executor  # noqa: PLC0415 (capture loads with the first torch model)
 
         return new_executor(_unwrap_executor(model), options, False, None)
     return PoplarExecutor(model, options, False)

@@ -49,6 +49,7 @@ from . import staged as _staged
 from .anchors import Anchors
 from .layout import (
     Built,
+    ForwardModel,
     Interface,
     Layout,
     replica_grouping,
@@ -129,7 +130,7 @@ def _collect_losses() -> Iterator[list[popxl.Tensor]]:
 
 
 def build(
-    module: addons.Module,
+    module: ForwardModel,
     options: Options,
     specs: Sequence[popxl.TensorSpec],
     optimizer: Optimizer | None,

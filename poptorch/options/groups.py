@@ -1,6 +1,6 @@
 """The sub-objects of ``poptorch.Options``: ``Training``, ``Precision``,
 ``TensorLocations`` (with ``TensorLocationSettings``), ``Distributed``, ``Jit``, and the
-anchored tensors. ``poptorch.options.core`` re-exports them under PopTorch's names."""
+anchored tensors. ``poptorch.options`` re-exports them under PopTorch's names."""
 
 from __future__ import annotations
 
