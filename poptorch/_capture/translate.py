@@ -93,6 +93,19 @@ def _spec_of(val: torch.Tensor, what: str) -> tuple[tuple[int, ...], popxl.dtype
     return tuple(int(d) for d in val.shape), popxl_dtype(val.dtype, what)
 
 
+def _canonical_names(module: torch.nn.Module) -> dict[str, str]:
+    """Each name of a parameter or buffer that is also reachable under another name
+    (tied weights), mapped to the name ``named_parameters()``/``named_buffers()`` keep."""
+    kept: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for named in (module.named_parameters, module.named_buffers):
+        for name, t in named(remove_duplicate=False):
+            first = kept.setdefault(id(t), name)
+            if first != name:
+                aliases[name] = first
+    return aliases
+
+
 def _constantly(value: np.ndarray) -> Any:
     return lambda: value
 
@@ -176,10 +189,17 @@ class Translator:
                         name=spec.target or spec.arg.name,
                     )
                 )
+        # A tied weight (``proj.weight = emb.weight``) is one graph input under the name
+        # torch's ``named_parameters()`` gives it, so its gradient sums every use.
+        canonical = _canonical_names(self.capture.module)
+        state_specs = [(canonical.get(name, name), node) for name, node in state_specs]
         if state_order is not None:
             rank = {name: i for i, name in enumerate(state_order)}
             state_specs.sort(key=lambda s: rank[s[0]])
         for name, node in state_specs:
+            if name in named:
+                self.env[node] = named[name]
+                continue
             value = state_dict[name]
             shape, dtype = _spec_of(value, f"Weight {name}")
             t = popxl.graph_input(shape, dtype, name)
