@@ -38,6 +38,7 @@ from ._capture.export import Capture, capture
 from ._capture.model import CapturedModel
 from ._capture.translate import Leaf
 from ._hooks import compiling
+from ._names import tree_key
 from .blocks import module_repr
 from .enums import ConnectionType
 from .errors import Error
@@ -311,7 +312,8 @@ class TorchExecutor(PoplarExecutor):
     def _named_state(self) -> dict[str, torch.Tensor]:
         with _unwrapped(self._user_model):
             model = self._torch_model
-            return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+            state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+            return {tree_key(n): t for n, t in state.items()}
 
     def _adopt_weights(self) -> None:
         """Weights come from the torch model (``copyWeightsToDevice`` after compiling)."""
@@ -366,7 +368,7 @@ class TorchExecutor(PoplarExecutor):
         """
         if self._session is None or self._built is None:
             raise Error(NO_EXECUTABLE_ERR, "poptorch")
-        names = self._updatable_buffers()
+        names = [tree_key(n) for n in self._updatable_buffers()]
         if not names:
             raise Error(NO_UPDATABLE_MSG, "poptorch")
         state = self._named_state()

@@ -32,6 +32,7 @@ from .._aten import TABLE
 from .._aten._registry import NodeContext, describe_node, popxl_dtype
 from .._aten.loss import LOSS_OPS
 from .._fx import args_of, node_arg
+from .._names import tree_key
 from .._popart_ir import MODULE_PATH
 from .._scopes import ATTRIBUTE_KEY, NAME_SCOPE_KEY, scope_path
 from ..blocks import BLOCK_KEY, NO_ACTIVE_BLOCK, current_recorder, mark_node_block
@@ -197,16 +198,17 @@ class Translator:
             rank = {name: i for i, name in enumerate(state_order)}
             state_specs.sort(key=lambda s: rank[s[0]])
         for name, node in state_specs:
-            if name in named:
-                self.env[node] = named[name]
+            key = tree_key(name)
+            if key in named:
+                self.env[node] = named[key]
                 continue
             value = state_dict[name]
             shape, dtype = _spec_of(value, f"Weight {name}")
             t = popxl.graph_input(shape, dtype, name)
             self.env[node] = t
-            named[name] = t
+            named[key] = t
             data = _host_value(value)
-            factories[name] = VariableFactory(_constantly(data), dtype, name)
+            factories[key] = VariableFactory(_constantly(data), dtype, name)
         return user, named, factories
 
     # ---- nodes ------------------------------------------------------------------------
@@ -312,7 +314,7 @@ class Translator:
                 user_values.append(self._arg(value))
             elif spec.kind == OutputKind.BUFFER_MUTATION:
                 if spec.target not in self.capture.frozen:
-                    state.append((spec.target, self._arg(value)))
+                    state.append((tree_key(spec.target), self._arg(value)))
             elif spec.kind == OutputKind.USER_INPUT_MUTATION:
                 inputs.append((user_names.index(spec.target), self._arg(value)))
             elif spec.kind == OutputKind.TOKEN:
@@ -498,7 +500,10 @@ def translate(capture: Capture, training: bool, name: str, options: Any = None) 
         marked = t.outputs()
         if t._seed_input is not None:
             named[SEED_NAME] = t._seed_input
-    trainable = [n for n, p in capture.module.named_parameters() if p.requires_grad and n in named]
+    trainable = [
+        tree_key(n) for n, p in capture.module.named_parameters() if p.requires_grad
+    ]
+    trainable = [k for k in trainable if k in named]
     return Forward(
         graph=graph,
         factories=NamedVariableFactories.from_dict(factories),
