@@ -28,6 +28,7 @@ from popxl._op import Op
 from popxl_addons import NamedTensors
 from popxl_addons.variable_factory import NamedVariableFactories, VariableFactory
 
+from .. import _composite
 from .._aten import TABLE
 from .._aten._registry import NodeContext, describe_node, popxl_dtype
 from .._aten.loss import LOSS_OPS
@@ -231,6 +232,8 @@ class Translator:
         if target is torch.ops.higher_order.with_effects:
             return (None, *_as_tuple(self._lower(_without_token(node))))
         fn = TABLE.get(target)
+        if fn is None and _composite.decomposable(target):
+            return _composite.lower(self, node)
         if fn is None:
             raise NotImplementedError(
                 MISSING_OP_MSG.format(op=_op_name(target), where=describe_node(node))
