@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from . import _transformers
 from ._log import logger
 from .errors import Error
 
@@ -139,6 +140,8 @@ def register_types(value: Any) -> None:
             register_types(v)
     elif type(value) in _PARSERS:
         _register_with_pytree(type(value))
+    elif _transformers.is_cache(value):
+        _transformers.register_cache(value)
 
 
 @dataclass

@@ -44,7 +44,9 @@ def _tensors(out: Any) -> list[torch.Tensor]:
     if hasattr(out, "to_tuple"):  # transformers' ModelOutput
         out = out.to_tuple()
     leaves = pytree.tree_leaves(out)
-    return [t.detach().float() for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return [
+        t.detach().float() for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
 
 
 def inference_error(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None) -> float:
@@ -53,8 +55,9 @@ def inference_error(model: torch.nn.Module, args: tuple = (), kwargs: dict | Non
     model.eval()
     eager = copy.deepcopy(model)
     with torch.no_grad():
-        want = _tensors(eager(*args, **kwargs))
+        eager_out = eager(*args, **kwargs)
     got = _tensors(poptorch.inferenceModel(model)(*args, **kwargs))
+    want = _tensors(eager_out)  # after poptorch registered the output's types with pytree
     assert len(got) == len(want), (len(got), len(want))
     for g, w in zip(got, want):
         assert g.shape == w.shape, (g.shape, w.shape)
