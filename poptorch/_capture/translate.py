@@ -503,9 +503,7 @@ def translate(capture: Capture, training: bool, name: str, options: Any = None) 
         marked = t.outputs()
         if t._seed_input is not None:
             named[SEED_NAME] = t._seed_input
-    trainable = [
-        tree_key(n) for n, p in capture.module.named_parameters() if p.requires_grad
-    ]
+    trainable = [tree_key(n) for n, p in capture.module.named_parameters() if p.requires_grad]
     trainable = [k for k in trainable if k in named]
     return Forward(
         graph=graph,
