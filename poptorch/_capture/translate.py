@@ -358,9 +358,11 @@ class Translator:
         """Where the model returns its final loss function's value, when no
         ``identity_loss`` marks one and the last output (taken as the loss by default)
         is not a scalar: ``return loss_fn(out, y), out`` trains on the loss, as in
-        PopTorch."""
+        PopTorch. An integer scalar is no loss (a transformers cache ends with its
+        sliding window's length)."""
         loss = self.final_loss
-        if loss is None or not returned or returned[-1].shape == ():
+        last = returned[-1] if returned else None
+        if loss is None or last is None or (last.shape == () and last.dtype.is_floating_point):
             return None
         return next((i for i, t in enumerate(returned) if t is loss), None)
 

@@ -83,25 +83,28 @@ def training_errors(
     args: tuple = (),
     kwargs: dict | None = None,
     optimizer: Optimizer = _sgd,
+    loss_of: Callable[[Any], torch.Tensor] | None = None,
 ) -> tuple[float, float]:
     """One training step through poptorch and eager torch from the same weights.
 
-    The model returns its loss (``out.loss``, or its last output). Returns the loss's
+    The model returns its loss (``loss_of(out)``; by default ``out.loss``, or its last
+    output). Returns the loss's
     relative error and the relative error of the parameter updates (all parameters
     together), each against eager torch's.
     """
     kwargs = kwargs or {}
+    loss_of = loss_of or _loss
     without_dropout(model).train()
     eager = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     opt = optimizer(eager.parameters())
-    want_loss = _loss(eager(*args, **kwargs))
+    want_loss = loss_of(eager(*args, **kwargs))
     want_loss.backward()
     opt.step()
 
     trainer = poptorch.trainingModel(model, optimizer=optimizer(model.parameters()))
-    got_loss = _loss(trainer(*args, **kwargs))
+    got_loss = loss_of(trainer(*args, **kwargs))
     trainer.copyWeightsToHost()
     got = dict(model.named_parameters())
     names = [n for n, p in eager.named_parameters() if p.requires_grad]
