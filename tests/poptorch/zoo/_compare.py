@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -78,6 +79,73 @@ def _sgd(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.1)
 
 
+def _eager_step(
+    model: torch.nn.Module, args: tuple, kwargs: dict, optimizer: Optimizer, loss_of: Any
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss and the parameters after one eager step of (a copy of) ``model``."""
+    opt = optimizer(model.parameters())
+    loss = loss_of(model(*args, **kwargs))
+    loss.backward()
+    opt.step()
+    return loss.detach(), {n: p.detach() for n, p in model.named_parameters()}
+
+
+def _double(value: Any) -> Any:
+    return pytree.tree_map_only(
+        torch.Tensor, lambda t: t.double() if t.is_floating_point() else t, value
+    )
+
+
+@dataclass
+class Step:
+    """One training step of a model through poptorch and eager torch."""
+
+    loss_error: float  # poptorch's loss against eager torch's (relative)
+    update_error: float  # poptorch's parameter updates against eager torch's (relative L2)
+    # Against eager torch in float64, when asked for: poptorch's error and float32 eager
+    # torch's error (how well float32 can do at all).
+    update_error_float64: float | None = None
+    eager_error_float64: float | None = None
+
+
+def training_step(
+    model: torch.nn.Module,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    optimizer: Optimizer = _sgd,
+    loss_of: Callable[[Any], torch.Tensor] | None = None,
+    float64: bool = False,
+) -> Step:
+    """One training step through poptorch and eager torch from the same weights.
+
+    The model returns its loss (``loss_of(out)``; by default ``out.loss``, or its last
+    output). With ``float64`` the updates are also compared with an eager step in float64.
+    """
+    kwargs = kwargs or {}
+    loss_of = loss_of or _loss
+    without_dropout(model).train()
+    exact = copy.deepcopy(model).double() if float64 else None
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    want_loss, want = _eager_step(copy.deepcopy(model), args, kwargs, optimizer, loss_of)
+
+    trainer = poptorch.trainingModel(model, optimizer=optimizer(model.parameters()))
+    got_loss = loss_of(trainer(*args, **kwargs)).detach()
+    trainer.copyWeightsToHost()
+    got = {n: p.detach() for n, p in model.named_parameters()}
+    trainer.detachFromDevice()
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+
+    def steps(params: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        return [params[n].double() - before[n].double() for n in names]
+
+    step = Step(relative([got_loss], [want_loss]), relative(steps(got), steps(want)))
+    if exact is not None:
+        _, exact_params = _eager_step(exact, _double(args), _double(kwargs), optimizer, loss_of)
+        step.update_error_float64 = relative(steps(got), steps(exact_params))
+        step.eager_error_float64 = relative(steps(want), steps(exact_params))
+    return step
+
+
 def training_errors(
     model: torch.nn.Module,
     args: tuple = (),
@@ -85,30 +153,28 @@ def training_errors(
     optimizer: Optimizer = _sgd,
     loss_of: Callable[[Any], torch.Tensor] | None = None,
 ) -> tuple[float, float]:
-    """One training step through poptorch and eager torch from the same weights.
+    """``training_step``'s loss and update errors against eager torch."""
+    step = training_step(model, args, kwargs, optimizer, loss_of)
+    return step.loss_error, step.update_error
 
-    The model returns its loss (``loss_of(out)``; by default ``out.loss``, or its last
-    output). Returns the loss's
-    relative error and the relative error of the parameter updates (all parameters
-    together), each against eager torch's.
+
+def assert_trains_as_eager(
+    model: torch.nn.Module,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    loss_of: Callable[[Any], torch.Tensor] | None = None,
+    tol: float = 1e-2,
+) -> Step:
+    """One step's loss (1e-4) and updates (``tol``, relative L2) agree with eager torch's.
+
+    Some steps are ill-conditioned in float32: batch norm over a batch of two through 50
+    layers (ResNet-50), where float32 rounding alone moves eager torch's update by ~1-2% from
+    the float64 update. Those pass too when the updates are as close to the float64 update
+    as eager float32's are (within 1.5 times).
     """
-    kwargs = kwargs or {}
-    loss_of = loss_of or _loss
-    without_dropout(model).train()
-    eager = copy.deepcopy(model)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-
-    opt = optimizer(eager.parameters())
-    want_loss = loss_of(eager(*args, **kwargs))
-    want_loss.backward()
-    opt.step()
-
-    trainer = poptorch.trainingModel(model, optimizer=optimizer(model.parameters()))
-    got_loss = loss_of(trainer(*args, **kwargs))
-    trainer.copyWeightsToHost()
-    got = dict(model.named_parameters())
-    names = [n for n, p in eager.named_parameters() if p.requires_grad]
-    want_steps = [eager.get_parameter(n).detach() - before[n] for n in names]
-    got_steps = [got[n].detach() - before[n] for n in names]
-    trainer.detachFromDevice()
-    return relative([got_loss.detach()], [want_loss.detach()]), relative(got_steps, want_steps)
+    step = training_step(model, args, kwargs, loss_of=loss_of, float64=True)
+    assert step.loss_error < 1e-4, step
+    assert step.eager_error_float64 is not None and step.update_error_float64 is not None
+    as_good_as_float32 = step.update_error_float64 <= 1.5 * step.eager_error_float64
+    assert step.update_error < tol or as_good_as_float32, step
+    return step
