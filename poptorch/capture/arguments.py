@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 
 from .._log import logger
 from ..errors import Error
+from . import transformers_cache as _transformers
 
 MISMATCH_END = (
     "\nThis error occurred because the inputs passed at runtime don't match the inputs used "
@@ -139,6 +140,8 @@ def register_types(value: Any) -> None:
             register_types(v)
     elif type(value) in _PARSERS:
         _register_with_pytree(type(value))
+    elif _transformers.is_cache(value):
+        _transformers.register_cache(value)
 
 
 @dataclass

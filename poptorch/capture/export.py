@@ -22,10 +22,11 @@ from torch.utils import _pytree as pytree
 
 from .. import _state
 from .. import blocks as blocks_api
-from ..aten import PRESERVED
+from .._log import logger
 from ..errors import Error
 from .arguments import register_types
 from .blocks import Block, NotABlock, as_blocks, find_groups
+from .composite import decomposition_table
 from .cpu_tensors import refuse_legacy_constructors
 from .index_expansion import log_graph, remove_index_expansions
 from .redirects import Redirects, masks_as_given
@@ -163,10 +164,11 @@ def _decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram
     with warnings.catch_warnings(), fx_traceback.preserve_node_meta():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        table = torch.export.default_decompositions()
-        for op in PRESERVED:
-            table.pop(op, None)
-        ep = ep.run_decompositions(table)
+        try:
+            ep = ep.run_decompositions(decomposition_table())
+        except Exception as error:  # torch raises many types; see poptorch.capture.composite
+            logger.debug("Decomposing to core ATen failed (%s); keeping composite ops", error)
+            ep = ep.run_decompositions({})
     if remove_index_expansions(ep.graph) | group_scatters(ep.graph):
         ep.graph_module.recompile()
     log_graph("Graph after capture (core ATen):", ep.graph)

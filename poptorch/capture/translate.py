@@ -29,6 +29,7 @@ from popxl._op import Op
 from popxl_addons import NamedTensors
 from popxl_addons.variable_factory import NamedVariableFactories, VariableFactory
 
+from .._names import tree_key
 from ..aten import TABLE
 from ..aten.fx import args_of, node_arg
 from ..aten.loss import LOSS_OPS as ATEN_LOSS_OPS
@@ -36,6 +37,7 @@ from ..aten.registry import NodeContext, popxl_dtype
 from ..blocks import BLOCK_KEY, NO_ACTIVE_BLOCK, current_recorder, mark_node_block
 from ..errors import Error
 from ..ops import lowerings as poptorch_lowerings  # also registers PopTorch's ops in TABLE
+from . import composite as _composite
 from . import control, overlap
 from .blocks import is_block_node
 from .describe import describe_node
@@ -96,6 +98,19 @@ class Leaf:
 
 def _spec_of(val: torch.Tensor, what: str) -> tuple[tuple[int, ...], popxl.dtype]:
     return tuple(int(d) for d in val.shape), popxl_dtype(val.dtype, what)
+
+
+def _canonical_names(module: torch.nn.Module) -> dict[str, str]:
+    """Each name of a parameter or buffer that is also reachable under another name
+    (tied weights), mapped to the name ``named_parameters()``/``named_buffers()`` keep."""
+    kept: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for named in (module.named_parameters, module.named_buffers):
+        for name, t in named(remove_duplicate=False):
+            first = kept.setdefault(id(t), name)
+            if first != name:
+                aliases[name] = first
+    return aliases
 
 
 def _constantly(value: np.ndarray) -> Any:
@@ -184,17 +199,25 @@ class Translator:
                         name=spec.target or spec.arg.name,
                     )
                 )
+        # A tied weight (``proj.weight = emb.weight``) is one graph input under the name
+        # torch's ``named_parameters()`` gives it, so its gradient sums every use.
+        canonical = _canonical_names(self.capture.module)
+        state_specs = [(canonical.get(name, name), node) for name, node in state_specs]
         if state_order is not None:
             rank = {name: i for i, name in enumerate(state_order)}
             state_specs.sort(key=lambda s: rank[s[0]])
         for name, node in state_specs:
+            key = tree_key(name)
+            if key in named:
+                self.env[node] = named[key]
+                continue
             value = state_dict[name]
             shape, dtype = _spec_of(value, f"Weight {name}")
             t = popxl.graph_input(shape, dtype, name)
             self.env[node] = t
-            named[name] = t
+            named[key] = t
             data = _host_value(value)
-            factories[name] = VariableFactory(_constantly(data), dtype, name)
+            factories[key] = VariableFactory(_constantly(data), dtype, name)
         return user, named, factories
 
     # ---- nodes ------------------------------------------------------------------------
@@ -217,6 +240,8 @@ class Translator:
         if target is torch.ops.higher_order.with_effects:
             return (None, *_as_tuple(self._lower(_without_token(node))))
         fn = TABLE.get(target)
+        if fn is None and _composite.decomposable(target):
+            return _composite.lower(self, node)
         if fn is None:
             raise NotImplementedError(
                 MISSING_OP_MSG.format(op=_op_name(target), where=describe_node(node))
@@ -300,7 +325,7 @@ class Translator:
                 user_values.append(self._arg(value))
             elif spec.kind == OutputKind.BUFFER_MUTATION:
                 if spec.target not in self.capture.frozen:
-                    state.append((spec.target, self._arg(value)))
+                    state.append((tree_key(spec.target), self._arg(value)))
             elif spec.kind == OutputKind.USER_INPUT_MUTATION:
                 inputs.append((user_names.index(spec.target), self._arg(value)))
             elif spec.kind == OutputKind.TOKEN:
@@ -341,9 +366,11 @@ class Translator:
         """Where the model returns its final loss function's value, when no
         ``identity_loss`` marks one and the last output (taken as the loss by default)
         is not a scalar: ``return loss_fn(out, y), out`` trains on the loss, as in
-        PopTorch."""
+        PopTorch. An integer scalar is no loss (a transformers cache ends with its
+        sliding window's length)."""
         loss = self.final_loss
-        if loss is None or not returned or returned[-1].shape == ():
+        last = returned[-1] if returned else None
+        if loss is None or last is None or (last.shape == () and last.dtype.is_floating_point):
             return None
         return next((i for i, t in enumerate(returned) if t is loss), None)
 
@@ -478,7 +505,8 @@ def translate(capture: Capture, training: bool, name: str, options: Any = None) 
         marked = t.outputs()
         if t._seed_input is not None:
             named[SEED_NAME] = t._seed_input
-    trainable = [n for n, p in capture.module.named_parameters() if p.requires_grad and n in named]
+    trainable = [tree_key(n) for n, p in capture.module.named_parameters() if p.requires_grad]
+    trainable = [k for k in trainable if k in named]
     return Forward(
         graph=graph,
         factories=NamedVariableFactories.from_dict(factories),

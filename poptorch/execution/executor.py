@@ -29,6 +29,7 @@ import popxl_addons as addons
 from popxl._printing import format_schedule
 from popxl.errors import InternalError
 
+from .._names import torch_name
 from ..compat.popart_ir import log_lowered, popart_ir_json
 from ..enums import CommGroupType, ConnectionType, VariableRetrievalMode
 from ..errors import Error
@@ -661,7 +662,7 @@ class PoplarExecutor:
         ir = self.ir
         graphs = [ir.main_graph, *[g for g in ir._graphs.values() if g is not ir.main_graph]]
         built_weights = self._require_built("print_schedule").weights
-        weights: dict[popxl.Tensor, str] = {v: name for name, v in built_weights.items()}
+        weights: dict[popxl.Tensor, str] = {v: torch_name(k) for k, v in built_weights.items()}
         text = "\n".join(
             format_schedule(g, {**weights, **{t: t.name for t in g.inputs}}) for g in graphs
         )

@@ -32,6 +32,7 @@ import popxl
 from popxl.errors import InternalError
 
 from .. import _log
+from .._names import tree_key
 from ..aten.registry import popxl_dtype, torch_dtype
 from ..blocks import module_repr
 from ..capture import arguments as _args
@@ -310,7 +311,8 @@ class TorchExecutor(PoplarExecutor):
     def _named_state(self) -> dict[str, torch.Tensor]:
         with _unwrapped(self._user_model):
             model = self._torch_model
-            return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+            state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+            return {tree_key(n): t for n, t in state.items()}
 
     def _adopt_weights(self) -> None:
         """Weights come from the torch model (``copyWeightsToDevice`` after compiling)."""
@@ -367,7 +369,7 @@ class TorchExecutor(PoplarExecutor):
         """
         if self._session is None or self._built is None:
             raise Error(NO_EXECUTABLE_ERR, "poptorch")
-        names = self._updatable_buffers()
+        names = [tree_key(n) for n in self._updatable_buffers()]
         if not names:
             raise Error(NO_UPDATABLE_MSG, "poptorch")
         state = self._named_state()

@@ -13,13 +13,14 @@ from typing import Any
 
 import torch
 
+from .._names import tree_key
 from . import optimizers as optim
 from .link import Bound
 
 
 def names_of(model: torch.nn.Module) -> dict[int, str]:
     """id(parameter) -> its name in ``model`` (as the program names its weights)."""
-    return {id(p): n for n, p in model.named_parameters()}
+    return {id(p): tree_key(n) for n, p in model.named_parameters()}
 
 
 def bind(optimizer: Any, model: torch.nn.Module) -> Bound:

@@ -1,0 +1,124 @@
+"""torchvision models through poptorch: inference and one training step against eager torch.
+
+Models are built from torchvision's constructors with random weights (nothing is
+downloaded), ``num_classes=10``, at the smallest input each family takes. ResNet-18 is in the
+fast sample; every other family runs with ``-m zoo_full`` (see ``conftest``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import torchvision.models as tvm
+import torchvision.models.segmentation as seg
+import torchvision.models.video as video
+
+from ._compare import assert_trains_as_eager, inference_error
+
+
+class WithLoss(torch.nn.Module):
+    """``model(x)`` and the cross-entropy of its output (``out["out"]`` for segmentation)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        out = self.model(x)
+        logits = out["out"] if isinstance(out, dict) else out
+        return out, torch.nn.functional.cross_entropy(logits, y)
+
+
+@dataclass(frozen=True)
+class Case:
+    build: Callable[[], torch.nn.Module]
+    shape: tuple[int, ...]  # the input's, batch first
+    target: tuple[int, ...] = (2,)  # class indices (per pixel for segmentation)
+    fast: bool = False
+
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(self.shape), torch.randint(0, 4, self.target)
+
+
+def _classifier(name: str, size: int = 32, **kwargs: Any) -> Case:
+    fn = getattr(tvm, name)
+    return Case(lambda: fn(num_classes=10, **kwargs), (2, 3, size, size))
+
+
+def _segmentation(name: str, size: int = 32) -> Case:
+    fn = getattr(seg, name)
+    return Case(
+        lambda: fn(weights=None, weights_backbone=None, num_classes=4),
+        (2, 3, size, size),
+        (2, size, size),
+    )
+
+
+def _video(name: str, frames: int = 4, size: int = 32) -> Case:
+    fn = getattr(video, name)
+    return Case(lambda: fn(num_classes=10), (2, 3, frames, size, size))
+
+
+def _tiny_vit() -> torch.nn.Module:
+    return tvm.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+        num_classes=10,
+    )  # fmt: skip
+
+
+CASES: dict[str, Case] = {
+    "resnet18": Case(lambda: tvm.resnet18(num_classes=10), (2, 3, 32, 32), fast=True),
+    # At 32x32 the last stage's batch norm sees 2 values per channel; 64x64 is the smallest
+    # size at which float32 eager torch itself is near its float64 result.
+    "resnet50": _classifier("resnet50", 64),
+    "resnext50_32x4d": _classifier("resnext50_32x4d", 64),
+    "wide_resnet50_2": _classifier("wide_resnet50_2", 64),
+    "regnet_y_400mf": _classifier("regnet_y_400mf", 64),
+    "mobilenet_v2": _classifier("mobilenet_v2", 64),
+    "mobilenet_v3_small": _classifier("mobilenet_v3_small", 64),
+    "efficientnet_b0": _classifier("efficientnet_b0", 64),
+    "efficientnet_v2_s": _classifier("efficientnet_v2_s", 64),
+    "convnext_tiny": _classifier("convnext_tiny"),
+    "densenet121": _classifier("densenet121"),
+    "googlenet": _classifier("googlenet", 32, aux_logits=False, init_weights=True),
+    "inception_v3": _classifier("inception_v3", 75, aux_logits=False, init_weights=True),
+    "mnasnet0_5": _classifier("mnasnet0_5", 64),
+    "shufflenet_v2_x0_5": _classifier("shufflenet_v2_x0_5", 64),
+    "squeezenet1_1": _classifier("squeezenet1_1", 64),
+    "vgg11": _classifier("vgg11"),
+    "alexnet": _classifier("alexnet", 63),
+    "vit": Case(_tiny_vit, (2, 3, 32, 32)),
+    "swin_t": _classifier("swin_t", 64),
+    "maxvit_t": _classifier("maxvit_t", 64),
+    "fcn_resnet50": _segmentation("fcn_resnet50"),
+    "deeplabv3_mobilenet_v3_large": _segmentation("deeplabv3_mobilenet_v3_large"),
+    "lraspp_mobilenet_v3_large": _segmentation("lraspp_mobilenet_v3_large"),
+    "r3d_18": _video("r3d_18"),
+    "mc3_18": _video("mc3_18"),
+    "r2plus1d_18": _video("r2plus1d_18"),
+    "s3d": _video("s3d", 8, 32),
+}
+
+
+def _params(fast: bool | None = None) -> list[Any]:
+    return [
+        pytest.param(name, marks=() if case.fast else pytest.mark.zoo_full, id=name)
+        for name, case in CASES.items()
+    ]
+
+
+@pytest.mark.parametrize("name", _params())
+def test_inference_matches_eager(name: str) -> None:
+    case = CASES[name]
+    x, _ = case.inputs()
+    assert inference_error(case.build(), (x,)) < 1e-3
+
+
+@pytest.mark.parametrize("name", _params())
+def test_a_training_step_matches_eager(name: str) -> None:
+    case = CASES[name]
+    assert_trains_as_eager(WithLoss(case.build()), case.inputs())

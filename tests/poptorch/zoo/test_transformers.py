@@ -1,0 +1,270 @@
+"""HuggingFace transformers models through poptorch, called as their users call them:
+keyword inputs (``input_ids=..., attention_mask=..., labels=...``), ``ModelOutput`` results,
+the loss computed inside the model.
+
+Each model is built from its config (random weights, nothing downloaded) at a tiny width
+and two layers; dropout is off. BERT and GPT-2 are in the fast sample; every other family
+runs with ``-m zoo_full`` (see ``conftest``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import transformers as tf
+
+from ._compare import assert_trains_as_eager, inference_error
+
+V = 100  # vocabulary
+N = 8  # sequence length
+
+_TEXT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
+_DECODER = {**_TEXT, "hidden_size": 64, "intermediate_size": 128, "num_key_value_heads": 1}
+
+
+def _config(cls: type, **kwargs: Any) -> Any:
+    """``cls(**kwargs)`` with every dropout probability zero."""
+    config = cls(vocab_size=V, **kwargs) if "vocab_size" not in kwargs else cls(**kwargs)
+    for key, value in list(vars(config).items()):
+        if isinstance(value, float) and ("dropout" in key or "pdrop" in key):
+            setattr(config, key, 0.0)
+    return config
+
+
+def _text() -> dict[str, torch.Tensor]:
+    ids = torch.randint(3, V, (2, N))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+
+def _image(size: int = 32, labels: int = 4) -> dict[str, torch.Tensor]:
+    return {"pixel_values": torch.randn(2, 3, size, size), "labels": torch.randint(0, labels, (2,))}
+
+
+def _whisper() -> dict[str, torch.Tensor]:
+    return {"input_features": torch.randn(2, 8, 32), "labels": torch.randint(3, V, (2, N))}
+
+
+def _clip() -> dict[str, Any]:
+    ids = torch.randint(3, V, (2, N))
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "pixel_values": torch.randn(2, 3, 32, 32),
+        "return_loss": True,
+    }
+
+
+@dataclass(frozen=True)
+class Case:
+    build: Callable[[], torch.nn.Module]
+    inputs: Callable[[], dict[str, Any]] = _text
+    fast: bool = False
+
+
+_SPECIAL = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+_ENC_DEC = {
+    "d_model": 32,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "decoder_start_token_id": 1,
+    **_SPECIAL,
+}
+_VISION = {**_TEXT, "intermediate_size": 64, "image_size": 32, "patch_size": 8, "num_labels": 4}
+_MLM = {**_TEXT, "intermediate_size": 64, "max_position_embeddings": 32}
+
+CASES: dict[str, Case] = {
+    # Encoders (masked-LM heads: the decoder weight is tied to the word embeddings).
+    "bert": Case(lambda: tf.BertForMaskedLM(_config(tf.BertConfig, **_MLM)), fast=True),
+    "roberta": Case(
+        lambda: tf.RobertaForMaskedLM(
+            _config(tf.RobertaConfig, **{**_MLM, "max_position_embeddings": 34})
+        )
+    ),
+    "distilbert": Case(
+        lambda: tf.DistilBertForMaskedLM(
+            _config(
+                tf.DistilBertConfig,
+                dim=32,
+                n_layers=2,
+                n_heads=2,
+                hidden_dim=64,
+                max_position_embeddings=32,
+            )
+        )
+    ),  # fmt: skip
+    "albert": Case(
+        lambda: tf.AlbertForMaskedLM(_config(tf.AlbertConfig, embedding_size=16, **_MLM))
+    ),
+    "deberta_v2": Case(
+        lambda: tf.DebertaV2ForMaskedLM(
+            _config(
+                tf.DebertaV2Config,
+                relative_attention=True,
+                pos_att_type=["p2c", "c2p"],
+                max_relative_positions=16,
+                **_MLM,
+            )
+        )
+    ),  # fmt: skip
+    "electra": Case(
+        lambda: tf.ElectraForMaskedLM(_config(tf.ElectraConfig, embedding_size=16, **_MLM))
+    ),
+    # Decoders.
+    "gpt2": Case(
+        lambda: tf.GPT2LMHeadModel(
+            _config(tf.GPT2Config, n_positions=16, n_embd=64, n_layer=2, n_head=2)
+        ),
+        fast=True,
+    ),
+    "gpt_neo": Case(
+        lambda: tf.GPTNeoForCausalLM(
+            _config(
+                tf.GPTNeoConfig,
+                max_position_embeddings=16,
+                hidden_size=64,
+                num_layers=2,
+                num_heads=2,
+                attention_types=[[["global", "local"], 1]],
+                window_size=4,
+            )
+        )
+    ),  # fmt: skip
+    "gptj": Case(
+        lambda: tf.GPTJForCausalLM(
+            _config(tf.GPTJConfig, n_positions=16, n_embd=64, n_layer=2, n_head=2, rotary_dim=16)
+        )
+    ),
+    "opt": Case(
+        lambda: tf.OPTForCausalLM(
+            _config(
+                tf.OPTConfig,
+                max_position_embeddings=16,
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                ffn_dim=128,
+                word_embed_proj_dim=64,
+            )
+        )
+    ),  # fmt: skip
+    "bloom": Case(
+        lambda: tf.BloomForCausalLM(_config(tf.BloomConfig, hidden_size=64, n_layer=2, n_head=2))
+    ),
+    "llama": Case(
+        lambda: tf.LlamaForCausalLM(_config(tf.LlamaConfig, max_position_embeddings=16, **_DECODER))
+    ),
+    "mistral": Case(
+        lambda: tf.MistralForCausalLM(
+            _config(tf.MistralConfig, max_position_embeddings=16, **_DECODER)
+        )
+    ),
+    "qwen2": Case(
+        lambda: tf.Qwen2ForCausalLM(_config(tf.Qwen2Config, max_position_embeddings=16, **_DECODER))
+    ),
+    "phi": Case(
+        lambda: tf.PhiForCausalLM(
+            _config(
+                tf.PhiConfig, max_position_embeddings=16, **{**_DECODER, "num_key_value_heads": 2}
+            )
+        )
+    ),
+    "gemma": Case(
+        lambda: tf.GemmaForCausalLM(
+            _config(tf.GemmaConfig, head_dim=32, max_position_embeddings=16, **_DECODER)
+        )
+    ),
+    # Encoder-decoders.
+    "t5": Case(
+        lambda: tf.T5ForConditionalGeneration(
+            _config(
+                tf.T5Config,
+                d_model=32,
+                d_kv=8,
+                d_ff=64,
+                num_layers=2,
+                num_heads=4,
+                decoder_start_token_id=0,
+                pad_token_id=0,
+            )
+        )
+    ),  # fmt: skip
+    "bart": Case(
+        lambda: tf.BartForConditionalGeneration(
+            _config(tf.BartConfig, max_position_embeddings=32, **_ENC_DEC)
+        )
+    ),
+    "whisper": Case(
+        lambda: tf.WhisperForConditionalGeneration(
+            _config(
+                tf.WhisperConfig,
+                num_mel_bins=8,
+                max_source_positions=16,
+                max_target_positions=16,
+                **_ENC_DEC,
+            )
+        ),
+        _whisper,
+    ),  # fmt: skip
+    # Vision and multimodal encoders.
+    "vit": Case(lambda: tf.ViTForImageClassification(_config(tf.ViTConfig, **_VISION)), _image),
+    "deit": Case(lambda: tf.DeiTForImageClassification(_config(tf.DeiTConfig, **_VISION)), _image),
+    "swin": Case(
+        lambda: tf.SwinForImageClassification(
+            _config(
+                tf.SwinConfig,
+                image_size=32,
+                patch_size=4,
+                embed_dim=16,
+                depths=[1, 1],
+                num_heads=[1, 2],
+                window_size=4,
+                num_labels=4,
+            )
+        ),
+        _image,
+    ),  # fmt: skip
+    "convnext": Case(
+        lambda: tf.ConvNextForImageClassification(
+            _config(tf.ConvNextConfig, hidden_sizes=[8, 16], depths=[1, 1], num_labels=4)
+        ),
+        _image,
+    ),
+    "clip": Case(
+        lambda: tf.CLIPModel(
+            _config(
+                tf.CLIPConfig,
+                text_config={**_MLM, "vocab_size": V, "max_position_embeddings": 16},
+                vision_config={**_VISION, "num_labels": 2},
+                projection_dim=16,
+            )
+        ),
+        _clip,
+    ),
+}
+
+
+def _params() -> list[Any]:
+    return [
+        pytest.param(name, marks=() if case.fast else pytest.mark.zoo_full, id=name)
+        for name, case in CASES.items()
+    ]
+
+
+@pytest.mark.parametrize("name", _params())
+def test_inference_matches_eager(name: str) -> None:
+    case = CASES[name]
+    assert inference_error(case.build(), (), case.inputs()) < 1e-3
+
+
+@pytest.mark.parametrize("name", _params())
+def test_a_training_step_matches_eager(name: str) -> None:
+    case = CASES[name]
+    assert_trains_as_eager(case.build(), (), case.inputs())
