@@ -7,8 +7,10 @@ input gradient of a VALID convolution falls off the fast path), so every convolu
 is a ``custom_vjp`` whose forward, input gradient and weight gradient each take one of:
 
 * ``matmul``: the kernel taps of the padded input stacked into patches and one matmul per
-  group (im2col); the input gradient is the matmul with the kernel followed by the taps'
-  scatter (col2im), the weight gradient the matmul of the patches with the cotangent.
+  group (im2col), built channels-first (``(C, N, *spatial)``) so the patches need no
+  transpose; the input gradient is the same form of the "full" convolution of the
+  cotangent (strided: the matmul with the kernel, then the taps' scatter, col2im), the
+  weight gradient the matmul of the patches with the cotangent.
 * ``taps``: for depthwise convolutions (one input channel per group), a multiply-add per
   kernel tap, which XLA fuses into one loop.
 * ``lax``: XLA's own convolution (and JAX's rules for its gradients), where it is faster.
@@ -23,6 +25,7 @@ Imported lazily by the lowering rules: this module imports JAX.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -76,10 +79,10 @@ def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str
     if not fits or geo.groups > 1:
         return "matmul"  # a kernel wider than the map: XLA's kernel is 50-100x slower
     c = cg * geo.groups
-    if direction == "forward" and c <= 4 < 16 < m:
+    if max(c, m) <= 32:
+        return "lax"  # few channels: building patches costs more than XLA's kernel
+    if direction == "forward" and c <= 4:
         return "lax"  # a stem (RGB in, many channels out): patches too thin for a matmul
-    if direction == "weight" and max(c, m) <= 32:
-        return "lax"  # few channels: the patches cost more than XLA's kernel
     return "matmul"
 
 
@@ -123,53 +126,80 @@ def _pad(x: jax.Array, pads: tuple[tuple[int, int], ...], sign: int = 1) -> jax.
     return lax.pad(x, jnp.zeros((), x.dtype), config)
 
 
+def _channels_first(x: jax.Array) -> jax.Array:
+    """``(C, N, *spatial)``: the layout in which a group's patches are one matrix."""
+    return x.swapaxes(0, 1)
+
+
 def _patches(x: jax.Array, kernel: tuple, geo: Geometry) -> tuple[jax.Array, tuple]:
-    """``(N, C, T, *out)``: the input under each of the ``T`` kernel taps."""
+    """``(G, C/G * T, N * P)``: the input under each of the ``T`` kernel taps, as one matrix
+    per group whose rows match ``w.reshape(G, M/G, C/G * T)``'s columns.
+
+    Built from the ``(C, N, *spatial)`` input, so the patches (``T`` times the input) need
+    no transpose before the matmul: only the input is transposed.
+    """
     out = _out_shape(x.shape, kernel, geo)
-    xp = _pad(x, geo.pads)
-    cols = [tap_slice(xp, t, geo.dilation, out, geo.stride) for t in taps(kernel)]
-    return jnp.stack(cols, 2), out
+    xp = _pad(_channels_first(x), geo.pads)
+    cols = jnp.stack([tap_slice(xp, t, geo.dilation, out, geo.stride) for t in taps(kernel)], 1)
+    return cols.reshape(geo.groups, -1, x.shape[0] * math.prod(out)), out
 
 
 def _dot(a: jax.Array, b: jax.Array, contract: tuple, batch: tuple) -> jax.Array:
     return lax.dot_general(a, b, (contract, batch), precision=dot_precision(a.dtype))
 
 
+def _grouped(gy: jax.Array, groups: int) -> jax.Array:
+    """``(G, M/G, N * P)``: an output (or its cotangent) as one matrix per group."""
+    return _channels_first(gy).reshape(groups, gy.shape[1] // groups, -1)
+
+
 def _matmul_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
-    n, c = x.shape[:2]
-    m, cg, *kernel = w.shape
-    g = geo.groups
-    cols, out = _patches(x, tuple(kernel), geo)
-    cols = cols.reshape(n, g, cg * cols.shape[2], -1)
-    wm = w.reshape(g, m // g, -1)
-    # (G, M/G, K) x (N, G, K, P) -> (G, M/G, N, P): batch over groups, contract K.
-    y = _dot(wm, cols, ((2,), (2,)), ((0,), (1,)))
-    return y.transpose(2, 0, 1, 3).reshape(n, m, *out)
+    m = w.shape[0]
+    cols, out = _patches(x, tuple(w.shape[2:]), geo)
+    # (G, M/G, K) x (G, K, N P) -> (G, M/G, N P): batch over groups, contract K.
+    y = _dot(w.reshape(geo.groups, m // geo.groups, -1), cols, ((2,), (1,)), ((0,), (0,)))
+    return _channels_first(y.reshape(m, x.shape[0], *out))
 
 
 def _matmul_input_grad(w: jax.Array, geo: Geometry, x_shape: tuple, gy: jax.Array) -> jax.Array:
+    if all(s == 1 for s in geo.stride):
+        # The "full" convolution of the cotangent: its result comes out of a matmul, so XLA
+        # keeps it in memory; col2im's sum of shifted pads would be fused into, and
+        # recomputed by, each consumer (a pool's gradient reads it once per window element).
+        return _matmul_conv(gy, _adjoint_kernel(w, geo.groups), _adjoint_geometry(w, geo))
+    return _col2im_input_grad(w, geo, x_shape, gy)
+
+
+def _adjoint_kernel(w: jax.Array, groups: int) -> jax.Array:
+    """The kernel of the adjoint convolution: flipped, in/out channels swapped per group."""
+    m, cg, *kernel = w.shape
+    w = w.reshape(groups, m // groups, cg, *kernel).swapaxes(1, 2)
+    return jnp.flip(w.reshape(groups * cg, m // groups, *kernel), tuple(range(2, w.ndim - 1)))
+
+
+def _adjoint_geometry(w: jax.Array, geo: Geometry) -> Geometry:
+    """The stride-1 convolution of the output that is the input gradient ("full" padding)."""
+    reach = [(k - 1) * d for k, d in zip(w.shape[2:], geo.dilation)]
+    return geo._replace(pads=tuple((r - lo, r - hi) for r, (lo, hi) in zip(reach, geo.pads)))
+
+
+def _col2im_input_grad(w: jax.Array, geo: Geometry, x_shape: tuple, gy: jax.Array) -> jax.Array:
     n, c, *spatial = x_shape
     m, cg, *kernel = w.shape
-    g, out = geo.groups, gy.shape[2:]
-    wm = w.reshape(g, m // g, -1)
-    gm = gy.reshape(n, g, m // g, -1)
-    # (G, M/G, K) x (N, G, M/G, P) -> (G, K, N, P), contracting M/G.
-    cols = _dot(wm, gm, ((1,), (2,)), ((0,), (1,)))
-    cols = cols.transpose(2, 0, 1, 3).reshape(n, c, -1, *out)
-    parts = {t: cols[:, :, i] for i, t in enumerate(taps(tuple(kernel)))}
+    g = geo.groups
+    # (G, M/G, K) x (G, M/G, N P) -> (G, K, N P), contracting M/G; then col2im.
+    cols = _dot(w.reshape(g, m // g, -1), _grouped(gy, g), ((1,), (1,)), ((0,), (0,)))
+    cols = cols.reshape(c, -1, n, *gy.shape[2:])
+    parts = {t: cols[:, i] for i, t in enumerate(taps(tuple(kernel)))}
     padded = tuple(s + lo + hi for s, (lo, hi) in zip(spatial, geo.pads))
-    return _pad(scatter_taps(parts, padded, geo.stride, geo.dilation), geo.pads, -1)
+    dx = scatter_taps(parts, padded, geo.stride, geo.dilation)
+    return _channels_first(_pad(dx, geo.pads, -1))
 
 
 def _matmul_weight_grad(x: jax.Array, geo: Geometry, w_shape: tuple, gy: jax.Array) -> jax.Array:
-    n = x.shape[0]
-    m, cg, *kernel = w_shape
-    g = geo.groups
-    cols, _ = _patches(x, tuple(kernel), geo)
-    cols = cols.reshape(n, g, cg * cols.shape[2], -1)
-    gm = gy.reshape(n, g, m // g, -1)
-    # (N, G, M/G, P) x (N, G, K, P) -> (G, M/G, K), contracting N and P.
-    return _dot(gm, cols, ((0, 3), (0, 3)), ((1,), (1,))).reshape(w_shape)
+    cols, _ = _patches(x, tuple(w_shape[2:]), geo)
+    # (G, M/G, N P) x (G, K, N P) -> (G, M/G, K), contracting N P.
+    return _dot(_grouped(gy, geo.groups), cols, ((2,), (2,)), ((0,), (0,))).reshape(w_shape)
 
 
 def _depthwise(w: jax.Array, c: int) -> jax.Array:

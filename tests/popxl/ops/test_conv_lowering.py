@@ -158,6 +158,8 @@ def test_the_choice_avoids_xla_kernels_slow_cases():
     } == {"matmul"}
     depthwise = geo._replace(groups=96)
     assert choose((8, 96, 16, 16), (96, 1, 3, 3), depthwise, "input") == "taps"
+    # Few channels (tutorial 8's CNN): XLA's kernel beats building patches.
+    assert choose((16, 16, 12, 12), (32, 16, 5, 5), geo, "input") == "lax"
     # An RGB stem: XLA's kernel beats thin patches.
     stem = Geometry((2, 2), ((3, 3), (3, 3)), (1, 1), 1)
     assert choose((8, 3, 64, 64), (64, 3, 7, 7), stem, "forward") == "lax"
