@@ -25,6 +25,7 @@ Run: python bench/conv_lowering.py [--quick] [--only SUBSTRING]
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -144,8 +145,8 @@ def conv_case(spec: tuple, rng: np.random.Generator) -> tuple:
         np.float32
     )
     xla = {
-        name: (lambda lower: lambda x, w: lower[0](x, w, s, p, g))(lower)
-        for name, lower in LOWERINGS.items()
+        name: functools.partial(conv, stride=s, pad=p, groups=g)
+        for name, (conv, _) in LOWERINGS.items()
     }
     return [x, w], (0, 1) if input_grad else (1,), xla, lambda x, w: torch_conv(x, w, s, p, g)
 
@@ -153,10 +154,7 @@ def conv_case(spec: tuple, rng: np.random.Generator) -> tuple:
 def pool_case(spec: tuple, rng: np.random.Generator) -> tuple:
     b, c, size, k, s, p = spec
     x = np.maximum(rng.standard_normal((b, c, size, size)), 0).astype(np.float32)  # ReLU'd
-    xla = {
-        name: (lambda lower: lambda x: lower[1](x, k, s, p))(lower)
-        for name, lower in LOWERINGS.items()
-    }
+    xla = {name: functools.partial(pool, k=k, s=s, p=p) for name, (_, pool) in LOWERINGS.items()}
     return [x], (0,), xla, lambda x: torch_max_pool(x, k, s, p)
 
 
@@ -252,18 +250,26 @@ def load() -> str:
     return os.getloadavg().__repr__()
 
 
+def _repeats(fn: Callable, most: int, budget: float = 0.25) -> int:
+    """Calls per round: ``most``, fewer where a call is slow (a round within ``budget`` s)."""
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return max(1, min(most, int(budget / (time.perf_counter() - start))))
+
+
 def alternate(fns: dict[str, Callable], repeats: int, rounds: int) -> dict[str, float]:
     """Median seconds per call of each function, timed in alternating rounds."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():
         jax.block_until_ready(fn())
+    counts = {k: _repeats(fn, repeats) for k, fn in fns.items()}
     for _ in range(rounds):
         for name, fn in fns.items():
             start = time.perf_counter()
-            for _ in range(repeats):
+            for _ in range(counts[name]):
                 out = fn()
             jax.block_until_ready(out)
-            times[name].append((time.perf_counter() - start) / repeats)
+            times[name].append((time.perf_counter() - start) / counts[name])
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -312,12 +318,13 @@ def time_torch(args: list, wrt: tuple, f: Callable, repeats: int, rounds: int) -
     times: dict[str, list[float]] = {"torch fwd": [], "torch fwd+bwd": []}
     for fn in (fwd, fwd_bwd):
         fn()
+    counts = {fn: _repeats(fn, repeats) for fn in (fwd, fwd_bwd)}
     for _ in range(rounds):
         for name, fn in (("torch fwd", fwd), ("torch fwd+bwd", fwd_bwd)):
             start = time.perf_counter()
-            for _ in range(repeats):
+            for _ in range(counts[fn]):
                 fn()
-            times[name].append((time.perf_counter() - start) / repeats)
+            times[name].append((time.perf_counter() - start) / counts[fn])
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -326,7 +333,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats and rounds")
     parser.add_argument("--only", default="", help="cases whose name contains this")
     args = parser.parse_args()
-    repeats, rounds = (3, 3) if args.quick else (10, 7)
+    repeats, rounds = (3, 3) if args.quick else (10, 5)
     rng = np.random.default_rng(0)
     cases = {name: conv_case(spec, rng) for name, spec in CONVS.items()}
     cases |= {name: pool_case(spec, rng) for name, spec in POOLS.items()}

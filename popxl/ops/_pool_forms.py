@@ -12,7 +12,8 @@ windows are VALID):
   gradients scatter each tap's share back (``_taps.scatter_taps``).
 
 A max sends each window's gradient to the first maximum in row-major order (or to a NaN),
-as torch does.
+as torch does. These forms were measured on the CPU only; other backends keep
+``reduce_window``.
 
 Imported lazily by the lowering rules: this module imports JAX.
 """
@@ -21,9 +22,11 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from ._taps import scatter_taps, tap_slice, taps
 
@@ -64,8 +67,22 @@ def _window_axes(k: int) -> tuple[int, ...]:
     return tuple(3 + 2 * a for a in range(k))
 
 
+def _reduce_window(xp: jax.Array, op: Any, kernel: tuple, stride: tuple, dilation: tuple) -> Any:
+    ones = (1, 1)
+    init = jnp.asarray(0 if op is lax.add else _lowest(xp.dtype), xp.dtype)
+    return lax.reduce_window(
+        xp, init, op, ones + kernel, ones + stride, "VALID", None, ones + dilation
+    )
+
+
+def _lowest(dtype: Any) -> Any:
+    return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+
+
 def window_max(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> jax.Array:
     """The maximum of every VALID window of the padded ``(N, C, *spatial)`` input ``xp``."""
+    if jax.default_backend() != "cpu":  # measured on the CPU only: keep XLA's form elsewhere
+        return _reduce_window(xp, lax.max, kernel, stride, dilation)
     xp = _cropped(xp, kernel, stride, dilation)
     if not jnp.issubdtype(xp.dtype, jnp.floating):
         return _max(xp, kernel, stride, dilation)
@@ -123,6 +140,8 @@ _differentiable_max.defvjp(_max_fwd, _max_bwd)
 
 def window_sum(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> jax.Array:
     """The sum of every VALID window of the padded ``(N, C, *spatial)`` input ``xp``."""
+    if jax.default_backend() != "cpu":
+        return _reduce_window(xp, lax.add, kernel, stride, dilation)
     return _differentiable_sum(_cropped(xp, kernel, stride, dilation), kernel, stride, dilation)
 
 

@@ -163,3 +163,15 @@ def test_the_choice_avoids_xla_kernels_slow_cases():
     # An RGB stem: XLA's kernel beats thin patches.
     stem = Geometry((2, 2), ((3, 3), (3, 3)), (1, 1), 1)
     assert choose((8, 3, 64, 64), (64, 3, 7, 7), stem, "forward") == "lax"
+
+
+def test_other_backends_keep_xla_convolutions(rng, monkeypatch):
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    _, x_shape, w_shape, geo = CASES[IDS.index("2d_depthwise")]
+    x, w = _data(rng, x_shape, w_shape)
+    hlo = jax.jit(lambda a, b: conv(a, b, geo)).lower(x, w).as_text()
+    assert "convolution" in hlo and "dot_general" not in hlo
+    _close(conv(x, w, geo), _reference(x, w, geo))
+    y = _reference(x, w, geo)
+    want = jax.vjp(lambda a: _reference(a, w, geo), x)[1](y)[0]
+    _close(conv_transpose(y, w, geo, x_shape[2:]), want)

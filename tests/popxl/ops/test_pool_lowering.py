@@ -91,3 +91,14 @@ def test_max_pool_gradient_has_no_select_and_scatter(shape, kernel, stride, dila
     grad = jax.grad(lambda a: jnp.sum(window_max(a, kernel, stride, dilation) ** 2))
     hlo = jax.jit(grad).lower(x).as_text()
     assert "select_and_scatter" not in hlo and "reduce_window" not in hlo
+
+
+def test_other_backends_keep_reduce_window(rng, monkeypatch):
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    x = jnp.asarray(_tied(rng, (2, 3, 9, 9)))
+    hlo = jax.jit(lambda a: window_max(a, (3, 3), (2, 2), (1, 1))).lower(x).as_text()
+    assert "reduce_window" in hlo
+    np.testing.assert_array_equal(
+        window_sum(x, (2, 2), (2, 2), (1, 1)),
+        _reduce_window(x, 0.0, lax.add, (2, 2), (2, 2), (1, 1)),
+    )
