@@ -13,7 +13,7 @@ from typing import Any
 from .. import context, dtypes
 from .._op import core_error, define
 from ..tensor import Tensor
-from ._base import check_in_graph, dot_precision, jnp, lax, record, same_dtype, spec
+from ._base import _LazyModule, check_in_graph, jnp, lax, record, same_dtype, spec
 from ._spatial import (
     BAD_PAD_TYPE_MSG,
     PAD_TYPES,
@@ -25,6 +25,9 @@ from ._spatial import (
 )
 from .float8 import FLOAT8, _check_log2_scale
 from .nn import FLOATS, _check_choice
+
+# The lowering's forms (matmul, per-tap and XLA convolutions): imported on first lowering.
+_forms: Any = _LazyModule("popxl.ops._conv_forms")
 
 # Convolution -----------------------------------------------------------------------------
 
@@ -84,29 +87,6 @@ def _conv_dtype(op: str, t: Any, w: Any, scale: tuple) -> dtypes.dtype:
     return dt
 
 
-def _conv(
-    x: Any,
-    w: Any,
-    strides: tuple,
-    pads: list,
-    dilation: tuple,
-    groups: int,
-    lhs_dilation: tuple | None = None,
-) -> Any:
-    out = lax.conv_general_dilated(
-        x,
-        w,
-        strides,
-        pads,
-        lhs_dilation=lhs_dilation,
-        rhs_dilation=dilation,
-        feature_group_count=groups,
-        precision=dot_precision(x.dtype),
-        preferred_element_type=jnp.float32 if x.dtype == jnp.float16 else None,
-    )
-    return out.astype(x.dtype)
-
-
 def _conv_infer(
     t: Any,
     w: Any,
@@ -127,7 +107,8 @@ def _lower_conv(
     x: Any, w: Any, *, stride: tuple, padding: tuple, dilation: tuple, groups: int, pad_type: str
 ) -> Any:
     windows = _conv_windows(x.shape, w.shape, stride, padding, dilation, pad_type)
-    return _conv(x, w, stride, [(lo, hi) for lo, hi, _ in windows], dilation, groups)
+    pads = tuple((lo, hi) for lo, hi, _ in windows)
+    return _forms.conv(x, w, _forms.Geometry(stride, pads, dilation, groups))
 
 
 def _pow2scaled(lower: Any) -> Any:
@@ -304,20 +285,11 @@ def _conv_transpose_infer(t: Any, w: Any, *scale: Any, groups: int, **attrs: Any
 
 def _lower_conv_transpose(x: Any, w: Any, *, groups: int, **attrs: Any) -> Any:
     windows = _transpose_windows(x.shape, w.shape, **attrs)
-    c, m_per_group, *kernel = w.shape
-    # A transposed conv is a conv of the stride-dilated input with the spatially flipped
-    # kernel, its in/out channel axes swapped within each group.
-    w = w.reshape(groups, c // groups, m_per_group, *kernel).swapaxes(1, 2)
-    w = w.reshape(groups * m_per_group, c // groups, *kernel)
-    w = jnp.flip(w, tuple(range(2, w.ndim)))
-    pads = [
-        ((k - 1) * d - lo, (k - 1) * d - hi + extra)
-        for k, d, (lo, hi, _), extra in zip(
-            kernel, attrs["dilation"], windows, attrs["output_padding"]
-        )
-    ]
-    n = len(kernel)
-    return _conv(x, w, (1,) * n, pads, attrs["dilation"], groups, lhs_dilation=attrs["stride"])
+    # A transposed conv is the input gradient of the conv that maps its output back onto
+    # its input: the same stride, dilation and groups, the output padding taken off the end.
+    pads = tuple((lo, hi - extra) for (lo, hi, _), extra in zip(windows, attrs["output_padding"]))
+    geo = _forms.Geometry(attrs["stride"], pads, attrs["dilation"], groups)
+    return _forms.conv_transpose(x, w, geo, tuple(out for *_, out in windows))
 
 
 CONV_TRANSPOSE = define(

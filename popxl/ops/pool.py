@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Literal
 
 import numpy as np
@@ -10,7 +9,7 @@ import numpy as np
 from .. import context
 from .._op import define
 from ..tensor import Tensor
-from ._base import check_in_graph, jnp, lax, record, spec
+from ._base import _LazyModule, check_in_graph, jnp, lax, record, spec
 from ._spatial import (
     BAD_PAD_TYPE_MSG,
     PAD_TYPES,
@@ -21,6 +20,9 @@ from ._spatial import (
     _window,
 )
 from .nn import _check_choice, _compute_type
+
+# The lowering's window maxima and sums (and their gradients): imported on first lowering.
+_forms: Any = _LazyModule("popxl.ops._pool_forms")
 
 # Pooling ---------------------------------------------------------------------------------
 
@@ -65,58 +67,51 @@ def _pool_infer(op: str) -> Any:
     return infer
 
 
-def _tap_index(
-    tap: tuple[int, ...], dilation: tuple[int, ...], out_sp: list[int], stride: tuple[int, ...]
-) -> tuple[Any, ...]:
-    """The index picking kernel tap ``tap`` of every window, as strided slices."""
-    # Not inlined as x[(..., *slices)]: mypy takes that for 3.11-only x[..., *slices] syntax.
-    return (
-        ...,
-        *(
-            slice(j * d, j * d + (o - 1) * s + 1, s)
-            for j, d, o, s in zip(tap, dilation, out_sp, stride)
-        ),
-    )
-
-
-def _pool(x: Any, fill: Any, reducer: Any, attrs: dict) -> Any:
+def _pool(x: Any, fill: Any, form: str, attrs: dict) -> Any:
     """Reduce every window of ``x``; padding and input-dilation holes hold ``fill``."""
     windows = _pool_windows("pool", x.shape, **attrs)
-    fill = np.asarray(fill, x.dtype)  # concrete, so JAX picks the differentiable sum/max forms
     interior = [(lo, hi, d - 1) for (lo, hi, _), d in zip(windows, attrs["in_dilations"])]
-    padded = lax.pad(x, fill, [(0, 0, 0)] * 2 + interior)
-    kernel, stride, dilation = attrs["kernel_size"], attrs["stride"], attrs["dilation"]
-    if reducer is lax.max and any(d > 1 for d in dilation):
-        # JAX has no max-pool gradient with window dilation: take the max over kernel taps.
-        out_sp = [out for *_, out in windows]
-        taps = [padded[_tap_index(tap, dilation, out_sp, stride)] for tap in np.ndindex(*kernel)]
-        out = functools.reduce(jnp.maximum, taps)
-    else:
-        ones = (1, 1)
-        out = lax.reduce_window(
-            padded,
-            fill,
-            reducer,
-            ones + kernel,
-            ones + stride,
-            "VALID",
-            window_dilation=ones + dilation,
-        )
+    padded = lax.pad(x, jnp.asarray(fill, x.dtype), [(0, 0, 0)] * 2 + interior)
+    reduce = getattr(_forms, form)
+    out = reduce(padded, attrs["kernel_size"], attrs["stride"], attrs["dilation"])
     k, pads = x.ndim - 2, attrs["out_pads"]
     out_config = [(0, 0, 0)] * 2 + [(pads[i], pads[k + i], 0) for i in range(k)]
     return lax.pad(out, jnp.zeros((), x.dtype), out_config)
 
 
+def _counts(shape: tuple, attrs: dict) -> np.ndarray:
+    """How many input elements (not padding, not input-dilation holes) each window holds."""
+    windows = _pool_windows("pool", shape, **attrs)
+    counts = np.ones((), np.float32)
+    for n, (lo, hi, out), k, s, d, gap in zip(
+        shape[2:],
+        windows,
+        attrs["kernel_size"],
+        attrs["stride"],
+        attrs["dilation"],
+        attrs["in_dilations"],
+    ):
+        # Real elements of the padded axis, then the number each window covers.
+        real = np.zeros(lo + (n - 1) * gap + 1 + max(hi, 0), np.float32)
+        real[lo : lo + (n - 1) * gap + 1 : gap] = 1
+        taps = np.arange(k) * d
+        covered = np.array([real[o * s + taps].sum() for o in range(out)], np.float32)
+        counts = np.multiply.outer(counts, covered)
+    return counts
+
+
 def _lower_average_pool(x: Any, **attrs: Any) -> Any:
     f = _compute_type(x)
-    sums = _pool(x.astype(f), 0, lax.add, attrs)
-    counts = _pool(jnp.ones(x.shape, f), 0, lax.add, attrs)
-    return (sums / jnp.maximum(counts, 1)).astype(x.dtype)
+    sums = _pool(x.astype(f), 0, "window_sum", attrs)
+    counts = np.maximum(_counts(x.shape, attrs), 1)
+    k, pads = x.ndim - 2, attrs["out_pads"]
+    counts = np.pad(counts, [(pads[i], pads[k + i]) for i in range(k)], constant_values=1)
+    return (sums / jnp.asarray(counts, f)).astype(x.dtype)
 
 
 def _lower_max_pool(x: Any, storage_order: str, **attrs: Any) -> Any:
     lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-    return _pool(x, lowest, lax.max, attrs)
+    return _pool(x, lowest, "window_max", attrs)
 
 
 AVERAGE_POOL = define(

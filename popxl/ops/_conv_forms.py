@@ -1,0 +1,310 @@
+"""Convolutions lowered for speed: the form is chosen per backend, shape and direction.
+
+Off the CPU, convolutions stay ``lax.conv_general_dilated`` (cuDNN on a GPU). On XLA:CPU that
+kernel is slow or catastrophic at shapes deep networks reach (a 3x3 kernel over a 2x2 map is
+50x slower than the same arithmetic as a matmul, a depthwise convolution 10-100x, and the
+input gradient of a VALID convolution falls off the fast path), so every convolution there
+is a ``custom_vjp`` whose forward, input gradient and weight gradient each take one of:
+
+* ``matmul``: the kernel taps of the padded input stacked into patches and one matmul per
+  group (im2col), built channels-first (``(C, N, *spatial)``) so the patches need no
+  transpose; the input gradient is the same form of the "full" convolution of the
+  cotangent (strided: the matmul with the kernel, then the taps' scatter, col2im), the
+  weight gradient the matmul of the patches with the cotangent.
+* ``taps``: for depthwise convolutions (one input channel per group), a multiply-add per
+  kernel tap, which XLA fuses into one loop.
+* ``lax``: XLA's own convolution (and JAX's rules for its gradients), where it is faster.
+
+``choose`` holds the rule, measured on a 2-core AVX2 CPU (``bench/conv_lowering.py``). The
+transposed convolution is the input gradient of a convolution, so it reuses the same forms.
+Everything works in ``NC*`` layout, so no transposes are added around the convolution.
+
+Imported lazily by the lowering rules: this module imports JAX.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ._base import dot_precision
+from ._taps import scatter_taps, tap_slice, taps
+
+
+class Geometry(NamedTuple):
+    """A convolution's static arguments (per spatial axis, pads as ``(low, high)``)."""
+
+    stride: tuple[int, ...]
+    pads: tuple[tuple[int, int], ...]
+    dilation: tuple[int, ...]
+    groups: int
+
+
+def conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
+    """``NC*`` convolution of ``x`` with ``w`` (``(M, C/groups, *kernel)``), in ``x``'s dtype.
+
+    float16 and bfloat16 operands are multiplied exactly and accumulated in float32.
+    """
+    if jax.default_backend() != "cpu":
+        return _lax_conv(x, w, geo)
+    f = jnp.promote_types(x.dtype, jnp.float32)
+    return _cpu_conv(x.astype(f), w.astype(f), geo).astype(x.dtype)
+
+
+def conv_transpose(x: jax.Array, w: jax.Array, geo: Geometry, out: tuple[int, ...]) -> jax.Array:
+    """The transposed convolution: the input gradient of ``conv`` (``geo``) for an input of
+    spatial shape ``out``, applied to ``x``; ``w`` is ``(C, M/groups, *kernel)``."""
+    shape = (x.shape[0], w.shape[1] * geo.groups, *out)
+    if jax.default_backend() != "cpu":
+        return _vjp_input(_lax_conv, w, geo, shape, x)
+    f = jnp.promote_types(x.dtype, jnp.float32)
+    return _cpu_conv_transpose(x.astype(f), w.astype(f), geo, shape).astype(x.dtype)
+
+
+# The choice of form ------------------------------------------------------------------------
+
+
+def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str:
+    """The fastest form on XLA:CPU for ``direction`` ("forward", "input" or "weight")."""
+    m, cg, *kernel = w_shape
+    if cg == 1 and geo.groups > 1:
+        return "taps"  # depthwise: XLA's kernel is 10-100x slower in every direction
+    spatial = x_shape[2:]
+    fits = all((k - 1) * d + 1 <= n for k, d, n in zip(kernel, geo.dilation, spatial))
+    if not fits or geo.groups > 1:
+        return "matmul"  # a kernel wider than the map: XLA's kernel is 50-100x slower
+    c = cg * geo.groups
+    if max(c, m) <= 32:
+        return "lax"  # few channels: building patches costs more than XLA's kernel
+    if direction == "forward" and c <= 4:
+        return "lax"  # a stem (RGB in, many channels out): patches too thin for a matmul
+    return "matmul"
+
+
+# The forms: forward, input gradient, weight gradient ----------------------------------------
+
+
+def _lax_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
+    out = lax.conv_general_dilated(
+        x,
+        w,
+        geo.stride,
+        list(geo.pads),
+        rhs_dilation=geo.dilation,
+        feature_group_count=geo.groups,
+        precision=dot_precision(x.dtype),
+        preferred_element_type=jnp.float32 if x.dtype.itemsize < 4 else None,
+    )
+    return out.astype(x.dtype)
+
+
+def _vjp_input(form: Any, w: jax.Array, geo: Geometry, x_shape: tuple, g: jax.Array) -> jax.Array:
+    x = jnp.zeros(x_shape, g.dtype)
+    return jax.vjp(lambda x: form(x, w, geo), x)[1](g)[0]
+
+
+def _vjp_weight(form: Any, x: jax.Array, geo: Geometry, w_shape: tuple, g: jax.Array) -> jax.Array:
+    w = jnp.zeros(w_shape, g.dtype)
+    return jax.vjp(lambda w: form(x, w, geo), w)[1](g)[0]
+
+
+def _out_shape(x_shape: tuple, kernel: tuple, geo: Geometry) -> tuple[int, ...]:
+    return tuple(
+        (n + lo + hi - (k - 1) * d - 1) // s + 1
+        for n, k, (lo, hi), d, s in zip(x_shape[2:], kernel, geo.pads, geo.dilation, geo.stride)
+    )
+
+
+def _pad(x: jax.Array, pads: tuple[tuple[int, int], ...], sign: int = 1) -> jax.Array:
+    """``x`` zero-padded by ``pads`` (``sign=-1``: the inverse, which crops them again)."""
+    config = [(0, 0, 0)] * (x.ndim - len(pads)) + [(sign * lo, sign * hi, 0) for lo, hi in pads]
+    return lax.pad(x, jnp.zeros((), x.dtype), config)
+
+
+def _channels_first(x: jax.Array) -> jax.Array:
+    """``(C, N, *spatial)``: the layout in which a group's patches are one matrix."""
+    return x.swapaxes(0, 1)
+
+
+def _patches(x: jax.Array, kernel: tuple, geo: Geometry) -> tuple[jax.Array, tuple]:
+    """``(G, C/G * T, N * P)``: the input under each of the ``T`` kernel taps, as one matrix
+    per group whose rows match ``w.reshape(G, M/G, C/G * T)``'s columns.
+
+    Built from the ``(C, N, *spatial)`` input, so the patches (``T`` times the input) need
+    no transpose before the matmul: only the input is transposed.
+    """
+    out = _out_shape(x.shape, kernel, geo)
+    xp = _pad(_channels_first(x), geo.pads)
+    cols = jnp.stack([tap_slice(xp, t, geo.dilation, out, geo.stride) for t in taps(kernel)], 1)
+    return cols.reshape(geo.groups, -1, x.shape[0] * math.prod(out)), out
+
+
+def _dot(a: jax.Array, b: jax.Array, contract: tuple, batch: tuple) -> jax.Array:
+    return lax.dot_general(a, b, (contract, batch), precision=dot_precision(a.dtype))
+
+
+def _grouped(gy: jax.Array, groups: int) -> jax.Array:
+    """``(G, M/G, N * P)``: an output (or its cotangent) as one matrix per group."""
+    return _channels_first(gy).reshape(groups, gy.shape[1] // groups, -1)
+
+
+def _matmul_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
+    m = w.shape[0]
+    cols, out = _patches(x, tuple(w.shape[2:]), geo)
+    # (G, M/G, K) x (G, K, N P) -> (G, M/G, N P): batch over groups, contract K.
+    y = _dot(w.reshape(geo.groups, m // geo.groups, -1), cols, ((2,), (1,)), ((0,), (0,)))
+    return _channels_first(y.reshape(m, x.shape[0], *out))
+
+
+def _matmul_input_grad(w: jax.Array, geo: Geometry, x_shape: tuple, gy: jax.Array) -> jax.Array:
+    if all(s == 1 for s in geo.stride):
+        # The "full" convolution of the cotangent: its result comes out of a matmul, so XLA
+        # keeps it in memory; col2im's sum of shifted pads would be fused into, and
+        # recomputed by, each consumer (a pool's gradient reads it once per window element).
+        return _matmul_conv(gy, _adjoint_kernel(w, geo.groups), _adjoint_geometry(w, geo))
+    return _col2im_input_grad(w, geo, x_shape, gy)
+
+
+def _adjoint_kernel(w: jax.Array, groups: int) -> jax.Array:
+    """The kernel of the adjoint convolution: flipped, in/out channels swapped per group."""
+    m, cg, *kernel = w.shape
+    w = w.reshape(groups, m // groups, cg, *kernel).swapaxes(1, 2)
+    return jnp.flip(w.reshape(groups * cg, m // groups, *kernel), tuple(range(2, w.ndim - 1)))
+
+
+def _adjoint_geometry(w: jax.Array, geo: Geometry) -> Geometry:
+    """The stride-1 convolution of the output that is the input gradient ("full" padding)."""
+    reach = [(k - 1) * d for k, d in zip(w.shape[2:], geo.dilation)]
+    return geo._replace(pads=tuple((r - lo, r - hi) for r, (lo, hi) in zip(reach, geo.pads)))
+
+
+def _col2im_input_grad(w: jax.Array, geo: Geometry, x_shape: tuple, gy: jax.Array) -> jax.Array:
+    n, c, *spatial = x_shape
+    m, cg, *kernel = w.shape
+    g = geo.groups
+    # (G, M/G, K) x (G, M/G, N P) -> (G, K, N P), contracting M/G; then col2im.
+    cols = _dot(w.reshape(g, m // g, -1), _grouped(gy, g), ((1,), (1,)), ((0,), (0,)))
+    cols = cols.reshape(c, -1, n, *gy.shape[2:])
+    parts = {t: cols[:, i] for i, t in enumerate(taps(tuple(kernel)))}
+    padded = tuple(s + lo + hi for s, (lo, hi) in zip(spatial, geo.pads))
+    dx = scatter_taps(parts, padded, geo.stride, geo.dilation)
+    return _channels_first(_pad(dx, geo.pads, -1))
+
+
+def _matmul_weight_grad(x: jax.Array, geo: Geometry, w_shape: tuple, gy: jax.Array) -> jax.Array:
+    cols, _ = _patches(x, tuple(w_shape[2:]), geo)
+    # (G, M/G, N P) x (G, K, N P) -> (G, M/G, K), contracting N P.
+    return _dot(_grouped(gy, geo.groups), cols, ((2,), (2,)), ((0,), (0,))).reshape(w_shape)
+
+
+def _depthwise(w: jax.Array, c: int) -> jax.Array:
+    """``(C, mult, T)``: the weights of each input channel's outputs, per kernel tap."""
+    return w.reshape(c, w.shape[0] // c, -1)
+
+
+def _taps_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
+    n, c = x.shape[:2]
+    kernel = w.shape[2:]
+    out = _out_shape(x.shape, kernel, geo)
+    xp = _pad(x, geo.pads)
+    wt = _depthwise(w, c)
+    expand = (slice(None),) * 2 + (None,) * len(out)
+    y = sum(
+        tap_slice(xp, t, geo.dilation, out, geo.stride)[:, :, None] * wt[:, :, i][expand]
+        for i, t in enumerate(taps(kernel))
+    )
+    return y.reshape(n, w.shape[0], *out)
+
+
+def _taps_input_grad(w: jax.Array, geo: Geometry, x_shape: tuple, gy: jax.Array) -> jax.Array:
+    n, c, *spatial = x_shape
+    out = gy.shape[2:]
+    wt = _depthwise(w, c)
+    g3 = gy.reshape(n, c, -1, *out)
+    expand = (slice(None),) * 2 + (None,) * len(out)
+    parts = {t: (g3 * wt[:, :, i][expand]).sum(2) for i, t in enumerate(taps(w.shape[2:]))}
+    padded = tuple(s + lo + hi for s, (lo, hi) in zip(spatial, geo.pads))
+    return _pad(scatter_taps(parts, padded, geo.stride, geo.dilation), geo.pads, -1)
+
+
+def _taps_weight_grad(x: jax.Array, geo: Geometry, w_shape: tuple, gy: jax.Array) -> jax.Array:
+    n, c = x.shape[:2]
+    kernel = tuple(w_shape[2:])
+    out = gy.shape[2:]
+    xp = _pad(x, geo.pads)
+    g3 = gy.reshape(n, c, -1, *out)
+    axes = (0, *range(3, 3 + len(out)))
+    grads = [
+        (g3 * tap_slice(xp, t, geo.dilation, out, geo.stride)[:, :, None]).sum(axes)
+        for t in taps(kernel)
+    ]
+    return jnp.stack(grads, -1).reshape(w_shape)
+
+
+class _Form(NamedTuple):
+    forward: Any
+    input_grad: Any
+    weight_grad: Any
+
+
+FORMS = {
+    "lax": _Form(
+        _lax_conv,
+        lambda w, geo, x_shape, g: _vjp_input(_lax_conv, w, geo, x_shape, g),
+        lambda x, geo, w_shape, g: _vjp_weight(_lax_conv, x, geo, w_shape, g),
+    ),
+    "matmul": _Form(_matmul_conv, _matmul_input_grad, _matmul_weight_grad),
+    "taps": _Form(_taps_conv, _taps_input_grad, _taps_weight_grad),
+}
+
+
+def _form(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> _Form:
+    return FORMS[choose(x_shape, w_shape, geo, direction)]
+
+
+# The differentiable convolutions ---------------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _cpu_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
+    return _form(x.shape, w.shape, geo, "forward").forward(x, w, geo)
+
+
+def _cpu_conv_fwd(x: jax.Array, w: jax.Array, geo: Geometry) -> tuple:
+    return _cpu_conv(x, w, geo), (x, w)
+
+
+def _cpu_conv_bwd(geo: Geometry, res: tuple, gy: jax.Array) -> tuple:
+    x, w = res
+    dx = _form(x.shape, w.shape, geo, "input").input_grad(w, geo, x.shape, gy)
+    dw = _form(x.shape, w.shape, geo, "weight").weight_grad(x, geo, w.shape, gy)
+    return dx, dw
+
+
+_cpu_conv.defvjp(_cpu_conv_fwd, _cpu_conv_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _cpu_conv_transpose(x: jax.Array, w: jax.Array, geo: Geometry, shape: tuple) -> jax.Array:
+    return _form(shape, w.shape, geo, "input").input_grad(w, geo, shape, x)
+
+
+def _cpu_conv_transpose_fwd(x: jax.Array, w: jax.Array, geo: Geometry, shape: tuple) -> tuple:
+    return _cpu_conv_transpose(x, w, geo, shape), (x, w)
+
+
+def _cpu_conv_transpose_bwd(geo: Geometry, shape: tuple, res: tuple, gy: jax.Array) -> tuple:
+    # y = A_w^T x, with A_w the convolution: dx = A_w gy, and dw is the weight gradient of
+    # the convolution of gy whose cotangent is x.
+    x, w = res
+    dx = _form(shape, w.shape, geo, "forward").forward(gy, w, geo)
+    dw = _form(shape, w.shape, geo, "weight").weight_grad(gy, geo, w.shape, x)
+    return dx, dw
+
+
+_cpu_conv_transpose.defvjp(_cpu_conv_transpose_fwd, _cpu_conv_transpose_bwd)

@@ -1,0 +1,167 @@
+"""Pools lowered for speed: window maxima and sums without ``reduce_window``'s gradients.
+
+JAX differentiates a max ``reduce_window`` with ``select_and_scatter``, which XLA:CPU runs
+as a reduce-window with index outputs and a scatter, 5-15x slower than torch's pool
+backward; and a sum ``reduce_window``'s gradient is another padded ``reduce_window``. Here
+both are ``custom_vjp`` functions of the already padded ``(N, C, *spatial)`` input (the
+windows are VALID):
+
+* windows that tile the input (kernel = stride, no dilation) are a reshape and a ``max`` or
+  ``sum``; their gradients reshape back;
+* overlapping windows are maxima or sums of the kernel taps' strided slices, and their
+  gradients scatter each tap's share back (``_taps.scatter_taps``).
+
+A max sends each window's gradient to the first maximum in row-major order (or to a NaN),
+as torch does. These forms were measured on the CPU only; other backends keep
+``reduce_window``.
+
+Imported lazily by the lowering rules: this module imports JAX.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ._taps import scatter_taps, tap_slice, taps
+
+
+def _out(size: tuple, kernel: tuple, stride: tuple, dilation: tuple) -> tuple[int, ...]:
+    return tuple(
+        (n - (k - 1) * d - 1) // s + 1 for n, k, s, d in zip(size, kernel, stride, dilation)
+    )
+
+
+def _cropped(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> jax.Array:
+    """``xp`` without the trailing elements that no window reaches."""
+    out = _out(xp.shape[2:], kernel, stride, dilation)
+    used = tuple((o - 1) * s + (k - 1) * d + 1 for o, k, s, d in zip(out, kernel, stride, dilation))
+    return xp[(Ellipsis, *(slice(0, u) for u in used))]
+
+
+def _tiles(kernel: tuple, stride: tuple, dilation: tuple) -> bool:
+    """Whether the windows tile the (cropped) input: one reshape groups them."""
+    return all(k == s and d == 1 for k, s, d in zip(kernel, stride, dilation))
+
+
+def _blocked_shape(shape: tuple, kernel: tuple) -> tuple[int, ...]:
+    return (*shape[:2], *(a for n, k in zip(shape[2:], kernel) for a in (n // k, k)))
+
+
+def _blocked(x: jax.Array, kernel: tuple) -> jax.Array:
+    """``(N, C, o1, k1, o2, k2, ...)``: a tiled input, each window's elements on odd axes."""
+    return x.reshape(_blocked_shape(x.shape, kernel))
+
+
+def _between(kernel: tuple) -> tuple:
+    """The index that gives a pooled ``(N, C, o1, o2, ...)`` array ``_blocked``'s rank."""
+    return (slice(None),) * 2 + tuple(s for _ in kernel for s in (slice(None), None))
+
+
+def _window_axes(k: int) -> tuple[int, ...]:
+    return tuple(3 + 2 * a for a in range(k))
+
+
+def _reduce_window(xp: jax.Array, op: Any, kernel: tuple, stride: tuple, dilation: tuple) -> Any:
+    ones = (1, 1)
+    init = jnp.asarray(0 if op is lax.add else _lowest(xp.dtype), xp.dtype)
+    return lax.reduce_window(
+        xp, init, op, ones + kernel, ones + stride, "VALID", None, ones + dilation
+    )
+
+
+def _lowest(dtype: Any) -> Any:
+    return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+
+
+def window_max(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> jax.Array:
+    """The maximum of every VALID window of the padded ``(N, C, *spatial)`` input ``xp``."""
+    if jax.default_backend() != "cpu":  # measured on the CPU only: keep XLA's form elsewhere
+        return _reduce_window(xp, lax.max, kernel, stride, dilation)
+    xp = _cropped(xp, kernel, stride, dilation)
+    if not jnp.issubdtype(xp.dtype, jnp.floating):
+        return _max(xp, kernel, stride, dilation)
+    return _differentiable_max(xp, kernel, stride, dilation)
+
+
+def _max(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> jax.Array:
+    if _tiles(kernel, stride, dilation):
+        return _blocked(xp, kernel).max(_window_axes(len(kernel)))
+    out = _out(xp.shape[2:], kernel, stride, dilation)
+    slices = (tap_slice(xp, t, dilation, out, stride) for t in taps(kernel))
+    return functools.reduce(jnp.maximum, slices)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _differentiable_max(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> jax.Array:
+    return _max(xp, kernel, stride, dilation)
+
+
+def _max_fwd(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> tuple:
+    y = _max(xp, kernel, stride, dilation)
+    return y, (xp, y)
+
+
+def _max_bwd(kernel: tuple, stride: tuple, dilation: tuple, res: tuple, g: jax.Array) -> tuple:
+    xp, y = res
+    if _tiles(kernel, stride, dilation):
+        return (_tiled_max_grad(xp, y, g, kernel),)
+    out = y.shape[2:]
+    # The first maximum of each window: an argmax over the stacked taps (a reduction, so
+    # XLA computes it once instead of once per tap in the scatter's fusion).
+    stacked = jnp.stack([tap_slice(xp, t, dilation, out, stride) for t in taps(kernel)])
+    first = jnp.argmax(stacked, 0).astype(jnp.int32)
+    zero = jnp.zeros((), g.dtype)
+    parts = {t: jnp.where(first == i, g, zero) for i, t in enumerate(taps(kernel))}
+    return (scatter_taps(parts, xp.shape[2:], stride, dilation),)
+
+
+def _tiled_max_grad(xp: jax.Array, y: jax.Array, g: jax.Array, kernel: tuple) -> jax.Array:
+    blocks = _blocked(xp, kernel)
+    expand = _between(kernel)
+    winner = jnp.full(y.shape, math.prod(kernel), jnp.int32)
+    for i, t in reversed(list(enumerate(taps(kernel)))):
+        element = blocks[(slice(None),) * 2 + tuple(s for j in t for s in (slice(None), j))]
+        hit = (element == y) | jnp.isnan(element)
+        winner = jnp.where(hit, i, winner)
+    order = jnp.arange(math.prod(kernel), dtype=jnp.int32).reshape(kernel)
+    order = order.reshape((1, 1) + tuple(s for n in kernel for s in (1, n)))
+    grad = jnp.where(winner[expand] == order, g[expand], jnp.zeros((), g.dtype))
+    return grad.reshape(xp.shape)
+
+
+_differentiable_max.defvjp(_max_fwd, _max_bwd)
+
+
+def window_sum(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> jax.Array:
+    """The sum of every VALID window of the padded ``(N, C, *spatial)`` input ``xp``."""
+    if jax.default_backend() != "cpu":
+        return _reduce_window(xp, lax.add, kernel, stride, dilation)
+    return _differentiable_sum(_cropped(xp, kernel, stride, dilation), kernel, stride, dilation)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _differentiable_sum(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> jax.Array:
+    if _tiles(kernel, stride, dilation):
+        return _blocked(xp, kernel).sum(_window_axes(len(kernel)))
+    out = _out(xp.shape[2:], kernel, stride, dilation)
+    return sum(tap_slice(xp, t, dilation, out, stride) for t in taps(kernel))
+
+
+def _sum_fwd(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> tuple:
+    return _differentiable_sum(xp, kernel, stride, dilation), xp.shape
+
+
+def _sum_bwd(kernel: tuple, stride: tuple, dilation: tuple, shape: tuple, g: jax.Array) -> tuple:
+    if _tiles(kernel, stride, dilation):
+        spread = jnp.broadcast_to(g[_between(kernel)], _blocked_shape(shape, kernel))
+        return (spread.reshape(shape),)
+    return (scatter_taps({t: g for t in taps(kernel)}, shape[2:], stride, dilation),)
+
+
+_differentiable_sum.defvjp(_sum_fwd, _sum_bwd)

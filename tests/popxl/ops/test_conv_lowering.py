@@ -1,0 +1,177 @@
+"""How convolutions lower on XLA:CPU: every form (matmul, per-tap, XLA's own) computes the
+convolution, its input gradient and its weight gradient that ``lax.conv_general_dilated``
+and ``jax.vjp`` of it give, across 1-3 spatial axes, strides, paddings (negative ones too),
+dilations and groups; the chosen ``custom_vjp`` does too, in float32, float16 and bfloat16,
+and so does the transposed convolution."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from popxl.ops._conv_forms import FORMS, Geometry, choose, conv, conv_transpose
+
+# (name, input shape, weight shape, geometry)
+CASES = [
+    ("2d", (2, 3, 7, 6), (4, 3, 3, 3), Geometry((1, 1), ((0, 0), (0, 0)), (1, 1), 1)),
+    ("2d_pad", (2, 5, 6, 6), (8, 5, 3, 3), Geometry((1, 1), ((1, 1), (1, 1)), (1, 1), 1)),
+    ("2d_stride", (2, 4, 9, 8), (6, 4, 3, 2), Geometry((2, 3), ((1, 0), (2, 1)), (1, 1), 1)),
+    ("2d_dilation", (1, 3, 9, 9), (5, 3, 3, 3), Geometry((1, 2), ((2, 1), (0, 2)), (2, 1), 1)),
+    (
+        "2d_negative_pad",
+        (2, 3, 8, 8),
+        (4, 3, 3, 3),
+        Geometry((2, 2), ((0, -1), (1, -1)), (1, 1), 1),
+    ),
+    (
+        "2d_kernel_wider_than_map",
+        (2, 8, 2, 2),
+        (8, 8, 3, 3),
+        Geometry((1, 1), ((1, 1), (1, 1)), (1, 1), 1),
+    ),
+    ("2d_1x1_stride", (2, 6, 7, 7), (5, 6, 1, 1), Geometry((2, 2), ((0, 0), (0, 0)), (1, 1), 1)),
+    ("2d_groups", (2, 6, 7, 7), (9, 2, 3, 3), Geometry((1, 1), ((1, 1), (1, 1)), (1, 1), 3)),
+    ("2d_depthwise", (2, 6, 8, 8), (6, 1, 3, 3), Geometry((1, 1), ((1, 1), (1, 1)), (1, 1), 6)),
+    (
+        "2d_depthwise_stride_mult",
+        (2, 4, 9, 9),
+        (8, 1, 5, 5),
+        Geometry((2, 2), ((2, 2), (2, 2)), (1, 1), 4),
+    ),
+    (
+        "2d_depthwise_dilation",
+        (1, 3, 9, 9),
+        (3, 1, 3, 3),
+        Geometry((1, 1), ((2, 2), (2, 2)), (2, 2), 3),
+    ),
+    ("1d", (2, 3, 11), (4, 3, 3), Geometry((2,), ((1, 2),), (1,), 1)),
+    ("1d_depthwise", (2, 4, 10), (4, 1, 3), Geometry((1,), ((1, 1),), (2,), 4)),
+    (
+        "3d",
+        (1, 2, 5, 6, 4),
+        (3, 2, 2, 3, 2),
+        Geometry((1, 1, 2), ((0, 1), (1, 0), (1, 1)), (1, 1, 1), 1),
+    ),
+    (
+        "3d_stride_groups",
+        (1, 4, 6, 6, 6),
+        (4, 2, 3, 3, 3),
+        Geometry((2, 2, 2), ((1, 1),) * 3, (1, 1, 1), 2),
+    ),
+]
+IDS = [c[0] for c in CASES]
+
+
+def _reference(x, w, geo):
+    return lax.conv_general_dilated(
+        x,
+        w,
+        geo.stride,
+        list(geo.pads),
+        rhs_dilation=geo.dilation,
+        feature_group_count=geo.groups,
+        precision=lax.Precision.HIGHEST,
+    )
+
+
+def _data(rng, x_shape, w_shape, dtype=np.float32):
+    x = jnp.asarray(rng.standard_normal(x_shape), dtype)
+    w = jnp.asarray(rng.standard_normal(w_shape), dtype)
+    return x, w
+
+
+def _close(a, b, tol=1e-4):
+    np.testing.assert_allclose(
+        np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol
+    )
+
+
+# The per-tap form is for depthwise convolutions (one input channel per group).
+FORM_CASES = [
+    pytest.param(form, *case[1:], id=f"{form}-{case[0]}")
+    for case in CASES
+    for form in sorted(FORMS)
+    if form != "taps" or (case[2][1] == 1 and case[3].groups > 1)
+]
+
+
+@pytest.mark.parametrize("form,x_shape,w_shape,geo", FORM_CASES)
+def test_every_form_matches_lax_in_every_direction(rng, form, x_shape, w_shape, geo):
+    x, w = _data(rng, x_shape, w_shape)
+    y, pullback = jax.vjp(lambda a, b: _reference(a, b, geo), x, w)
+    gy = jnp.asarray(rng.standard_normal(y.shape), jnp.float32)
+    dx, dw = pullback(gy)
+    f = FORMS[form]
+    _close(f.forward(x, w, geo), y)
+    _close(f.input_grad(w, geo, x.shape, gy), dx)
+    _close(f.weight_grad(x, geo, w.shape, gy), dw)
+
+
+@pytest.mark.parametrize("name,x_shape,w_shape,geo", CASES, ids=IDS)
+def test_the_chosen_forms_differentiate_like_lax(rng, name, x_shape, w_shape, geo):
+    x, w = _data(rng, x_shape, w_shape)
+    loss = lambda f: lambda a, b: jnp.sum(jnp.tanh(f(a, b, geo)))  # noqa: E731
+    _close(conv(x, w, geo), _reference(x, w, geo))
+    for got, want in zip(
+        jax.grad(loss(conv), (0, 1))(x, w), jax.grad(loss(_reference), (0, 1))(x, w)
+    ):
+        _close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("name", ["2d_pad", "2d_depthwise", "3d"])
+def test_half_precision_accumulates_in_float32(rng, dtype, name):
+    _, x_shape, w_shape, geo = CASES[IDS.index(name)]
+    x, w = _data(rng, x_shape, w_shape, dtype)
+    want = _reference(x.astype(jnp.float32), w.astype(jnp.float32), geo).astype(dtype)
+    got = conv(x, w, geo)
+    assert got.dtype == dtype
+    tol = 1e-2 if dtype == jnp.float16 else 4e-2
+    _close(got, want, tol)
+    grads = jax.grad(lambda a, b: jnp.sum(conv(a, b, geo).astype(jnp.float32)), (0, 1))(x, w)
+    assert [g.dtype for g in grads] == [dtype, dtype]
+
+
+@pytest.mark.parametrize("name,x_shape,w_shape,geo", CASES, ids=IDS)
+def test_transposed_convolution_is_the_input_gradient(rng, name, x_shape, w_shape, geo):
+    x, w = _data(rng, x_shape, w_shape)
+    y_shape = _reference(x, w, geo).shape
+    t = jnp.asarray(rng.standard_normal(y_shape), jnp.float32)
+    want_fn = lambda t, w: jax.vjp(lambda a: _reference(a, w, geo), x)[1](t)[0]  # noqa: E731
+    got_fn = lambda t, w: conv_transpose(t, w, geo, x_shape[2:])  # noqa: E731
+    _close(got_fn(t, w), want_fn(t, w))
+    loss = lambda f: lambda a, b: jnp.sum(jnp.tanh(f(a, b)))  # noqa: E731
+    for got, want in zip(
+        jax.grad(loss(got_fn), (0, 1))(t, w), jax.grad(loss(want_fn), (0, 1))(t, w)
+    ):
+        _close(got, want)
+
+
+def test_the_choice_avoids_xla_kernels_slow_cases():
+    geo = Geometry((1, 1), ((1, 1), (1, 1)), (1, 1), 1)
+    # A 3x3 kernel over a 2x2 map (ResNet's last stage at 64x64): matmul in every direction.
+    assert {
+        choose((8, 512, 2, 2), (512, 512, 3, 3), geo, d) for d in ("forward", "input", "weight")
+    } == {"matmul"}
+    depthwise = geo._replace(groups=96)
+    assert choose((8, 96, 16, 16), (96, 1, 3, 3), depthwise, "input") == "taps"
+    # Few channels (tutorial 8's CNN): XLA's kernel beats building patches.
+    assert choose((16, 16, 12, 12), (32, 16, 5, 5), geo, "input") == "lax"
+    # An RGB stem: XLA's kernel beats thin patches.
+    stem = Geometry((2, 2), ((3, 3), (3, 3)), (1, 1), 1)
+    assert choose((8, 3, 64, 64), (64, 3, 7, 7), stem, "forward") == "lax"
+
+
+def test_other_backends_keep_xla_convolutions(rng, monkeypatch):
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    _, x_shape, w_shape, geo = CASES[IDS.index("2d_depthwise")]
+    x, w = _data(rng, x_shape, w_shape)
+    hlo = jax.jit(lambda a, b: conv(a, b, geo)).lower(x, w).as_text()
+    assert "convolution" in hlo and "dot_general" not in hlo
+    _close(conv(x, w, geo), _reference(x, w, geo))
+    y = _reference(x, w, geo)
+    want = jax.vjp(lambda a: _reference(a, w, geo), x)[1](y)[0]
+    _close(conv_transpose(y, w, geo, x_shape[2:]), want)

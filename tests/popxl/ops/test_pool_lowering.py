@@ -1,0 +1,104 @@
+"""How pools lower: window maxima and sums (tiled windows as a reshape, overlapping ones as
+maxima and sums of the taps' slices) give ``reduce_window``'s values, a max sends each
+window's gradient to its first maximum as torch does (ties are common after a ReLU), and
+neither gradient uses ``select_and_scatter``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from jax import lax
+
+from popxl.ops._pool_forms import window_max, window_sum
+
+# (input shape, kernel, stride, dilation); inputs are already padded, windows VALID.
+CASES = [
+    ((2, 3, 8, 8), (2, 2), (2, 2), (1, 1)),  # tiled
+    ((2, 3, 9, 7), (2, 2), (2, 2), (1, 1)),  # tiled, trailing elements no window reaches
+    ((2, 3, 9, 9), (3, 3), (2, 2), (1, 1)),  # overlapping (ResNet's stem pool)
+    ((1, 2, 8, 8), (3, 3), (1, 1), (1, 1)),
+    ((1, 2, 9, 10), (2, 3), (3, 2), (2, 1)),  # dilated, gaps between windows
+    ((2, 3, 10), (3,), (2,), (1,)),
+    ((1, 2, 4, 6, 6), (2, 2, 2), (2, 2, 2), (1, 1, 1)),
+    ((1, 2, 5, 6, 7), (3, 2, 3), (2, 1, 2), (1, 2, 1)),
+]
+IDS = ["tiled", "tiled_cropped", "overlap_s2", "overlap_s1", "dilated", "1d", "3d_tiled", "3d"]
+
+
+def _reduce_window(x, fill, op, kernel, stride, dilation):
+    ones = (1, 1)
+    return lax.reduce_window(
+        x, fill, op, ones + kernel, ones + stride, "VALID", None, ones + dilation
+    )
+
+
+def _tied(rng, shape):
+    """ReLU'd values on a coarse grid: many windows hold equal maxima (often zeros)."""
+    return np.maximum(np.round(rng.standard_normal(shape) * 2) / 2, 0).astype(np.float32)
+
+
+def _torch_max_pool_grad(x, gy, kernel, stride, dilation):
+    pool = getattr(torch.nn.functional, f"max_pool{len(kernel)}d")
+    tx = torch.tensor(x, requires_grad=True)
+    pool(tx, kernel, stride, 0, dilation).backward(torch.tensor(np.asarray(gy)))
+    return tx.grad.numpy()
+
+
+@pytest.mark.parametrize("shape,kernel,stride,dilation", CASES, ids=IDS)
+def test_max_values_and_first_maximum_gradient_match_torch(rng, shape, kernel, stride, dilation):
+    x = _tied(rng, shape)
+    y, pullback = jax.vjp(lambda a: window_max(a, kernel, stride, dilation), jnp.asarray(x))
+    np.testing.assert_array_equal(y, _reduce_window(x, -np.inf, lax.max, kernel, stride, dilation))
+    gy = rng.standard_normal(y.shape).astype(np.float32)
+    (dx,) = pullback(jnp.asarray(gy))
+    want = _torch_max_pool_grad(x, gy, kernel, stride, dilation)
+    np.testing.assert_allclose(dx, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape,kernel,stride,dilation", CASES, ids=IDS)
+def test_sum_values_and_gradient_match_reduce_window(rng, shape, kernel, stride, dilation):
+    x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    got, pull_got = jax.vjp(lambda a: window_sum(a, kernel, stride, dilation), x)
+    want, pull_want = jax.vjp(
+        lambda a: _reduce_window(a, 0.0, lax.add, kernel, stride, dilation), x
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    gy = jnp.asarray(rng.standard_normal(got.shape), jnp.float32)
+    np.testing.assert_allclose(pull_got(gy)[0], pull_want(gy)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_max_of_integers_has_no_gradient_rule_to_trip_on():
+    x = jnp.arange(2 * 16, dtype=jnp.int32).reshape(1, 2, 4, 4)
+    y = window_max(x, (2, 2), (2, 2), (1, 1))
+    assert y.dtype == jnp.int32
+    np.testing.assert_array_equal(y[0, 0], [[5, 7], [13, 15]])
+
+
+def test_a_nan_takes_its_window_gradient():
+    x = np.zeros((1, 1, 2, 2), np.float32)
+    x[0, 0, 1, 0] = np.nan
+    y, pullback = jax.vjp(lambda a: window_max(a, (2, 2), (2, 2), (1, 1)), jnp.asarray(x))
+    assert np.isnan(y).all()
+    np.testing.assert_array_equal(pullback(jnp.ones_like(y))[0][0, 0], [[0, 0], [1, 0]])
+
+
+@pytest.mark.parametrize("shape,kernel,stride,dilation", CASES[:3], ids=IDS[:3])
+def test_max_pool_gradient_has_no_select_and_scatter(shape, kernel, stride, dilation):
+    x = jnp.zeros(shape, jnp.float32)
+    grad = jax.grad(lambda a: jnp.sum(window_max(a, kernel, stride, dilation) ** 2))
+    hlo = jax.jit(grad).lower(x).as_text()
+    assert "select_and_scatter" not in hlo and "reduce_window" not in hlo
+
+
+def test_other_backends_keep_reduce_window(rng, monkeypatch):
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    x = jnp.asarray(_tied(rng, (2, 3, 9, 9)))
+    hlo = jax.jit(lambda a: window_max(a, (3, 3), (2, 2), (1, 1))).lower(x).as_text()
+    assert "reduce_window" in hlo
+    np.testing.assert_array_equal(
+        window_sum(x, (2, 2), (2, 2), (1, 1)),
+        _reduce_window(x, 0.0, lax.add, (2, 2), (2, 2), (1, 1)),
+    )
