@@ -11,7 +11,7 @@ LOSSES = [
     "F.huber_loss({0}, {1}, reduction='{r}', delta=0.75)",
     "F.binary_cross_entropy_with_logits({0}, torch.sigmoid({1}), reduction='{r}')",
     "F.binary_cross_entropy(torch.sigmoid({0}), torch.sigmoid({1}), reduction='{r}')",
-    "F.kl_div(F.log_softmax({0}, dim=-1), F.softmax({1}, dim=-1), reduction='{r}')",
+    "F.kl_div(F.log_softmax({0}, dim=-1), F.softmax({1}, dim=-1), reduction='{r}'.replace('mean', 'batchmean'))",
     "F.soft_margin_loss({0}, torch.sign({1}) + ({1} == 0).float(), reduction='{r}')",
     "F.cross_entropy({0}, F.softmax({1}, dim=1), reduction='{r}')",
     "F.poisson_nll_loss({0}, {1}.abs(), reduction='{r}')",
@@ -131,16 +131,18 @@ def class_loss(s: State) -> Value | None:
 
 
 def embedding(s: State) -> Value | None:
+    """Embedding lookups and one-hot codes of integer values (taken modulo the table size,
+    as the inputs of later calls hold other values than the example)."""
     idx = s.pick(lambda v: v.dtype in ("int64", "int32") and v.exact and v.tensor.dim() <= 3)
     if idx is None:
         return None
-    num = int(idx.tensor.abs().max()) + 1 + s.rng.randint(0, 2)
+    num = s.rng.randint(2, 6)
     dim = s.rng.randint(1, 5)
     if s.rng.random() < 0.3:
-        return s.emit(f"F.one_hot({{0}}.abs().long(), {num})", [idx], "embedding", exact=True)
+        return s.emit(f"F.one_hot({{0}}.long().abs() % {num}, {num})", [idx], "embedding", exact=True)
     pad = f", padding_idx={s.rng.randrange(num)}" if s.rng.random() < 0.3 else ""
     name = s.attribute("emb", f"torch.nn.Embedding({num}, {dim}{pad})")
-    return s.emit(f"self.{name}({{0}}.abs())", [idx], "embedding", trained=True) if name else None
+    return s.emit(f"self.{name}({{0}}.abs() % {num})", [idx], "embedding", trained=True) if name else None
 
 
 def attention(s: State) -> Value | None:

@@ -8,6 +8,7 @@ case shows exactly the code that failed.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 
 import torch
@@ -109,6 +110,8 @@ class Program:
     loss: str = ""  # the value trained on (training only)
     methods: list[str] = field(default_factory=list)  # extra methods, full source
     mode: Mode = field(default_factory=Mode)
+    raw: str = ""  # the module's source as written (a kept case), instead of the parts
+    families: tuple[str, ...] = ()  # the op families of a ``raw`` source
 
     def forward_lines(self) -> list[str]:
         lines = [s.line() for s in self.stmts]
@@ -130,6 +133,8 @@ class Program:
 
     def source(self) -> str:
         """The module's Python source (class ``Model``)."""
+        if self.raw:
+            return textwrap.dedent(self.raw).strip()
         args = ", ".join(["self", *(i.name for i in self.inputs)])
         body = ["super().__init__()", *self.init]
         lines = ["class Model(torch.nn.Module):", "    def __init__(self):"]

@@ -16,10 +16,10 @@ import torch
 import poptorch
 
 from ..differential.runner import Outcome
-from .program import FLOATS, Program, make_inputs, make_model
+from .program import FLOATS, Input, Mode, Program, make_inputs, make_model
 from .reference import Result, flatten, make_optimizer, run_eager, set_learning_rate, state_of
 
-__all__ = ["Outcome", "Refusal", "check", "compare", "run_poptorch", "tolerance"]
+__all__ = ["Outcome", "Refusal", "assert_agrees", "check", "compare", "run_poptorch", "tolerance"]
 
 # Unit roundoff of each float dtype.
 ROUNDOFF = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
@@ -65,7 +65,8 @@ def tolerance(program: Program, dtype: str) -> tuple[float, float]:
         s.spec.dtype for s in program.stmts if s.spec is not None
     }
     lowest = max((ROUNDOFF[d] for d in dtypes | {dtype} if d in ROUNDOFF), default=ROUNDOFF[dtype])
-    factor = max((OP_CLASS[s.family] for s in program.stmts), default=8)
+    families = [s.family for s in program.stmts] or list(program.families)
+    factor = max((OP_CLASS[f] for f in families), default=8)
     if program.mode.kind == "training":
         name = program.mode.optimizer.split("(")[0].rsplit(".", 1)[-1]
         factor *= OPTIMIZER_CLASS[name] * program.mode.calls
@@ -167,8 +168,9 @@ def run_poptorch(program: Program) -> Result:
 
 
 def _names_the_op(program: Program, message: str) -> bool:
-    """Whether a refusal's message says what was refused: an ATen op, or the model's line."""
-    words = ("aten.", "aten::", "Model", "line ", "forward")
+    """Whether a refusal's message says what was refused: an ATen op, the model's line, or
+    the input (an input dtype the IPU lacks)."""
+    words = ("aten.", "aten::", "Model", "line ", "forward", "Input ")
     return any(w in message for w in words)
 
 
@@ -191,3 +193,13 @@ def check(program: Program) -> Outcome | Refusal | None:
         return Outcome(program, "poptorch failed:\n" + traceback.format_exc(limit=-6))
     msg = compare(program, got, want)
     return None if msg is None else Outcome(program, msg)
+
+
+def assert_agrees(
+    source: str, inputs: list[Input], mode: Mode, seed: int, families: tuple[str, ...] = ()
+) -> None:
+    """Fail unless poptorch runs the model of ``source`` as eager torch does, or refuses it
+    properly (the check a kept case makes; see ``shrink.as_pytest``)."""
+    program = Program(seed, (), inputs, [], [], [], mode=mode, raw=source, families=families)
+    result = check(program)
+    assert not isinstance(result, Outcome), result.message if result else ""
