@@ -81,7 +81,7 @@ class Mode:
     output_period: int = 1
     calls: int = 1
     set_optimizer: str = ""  # a second optimizer given by setOptimizer after the first call
-    train_mode: bool = False  # inference of a model left in train mode (batch norm stats)
+    reduction: str = "Mean"  # accumulationAndReplicationReductionType
 
     def micro_batches(self) -> int:
         return self.device_iterations * self.accumulation * self.replicas
@@ -189,4 +189,4 @@ def make_model(program: Program) -> torch.nn.Module:
     cls = module_class(program.source())
     torch.manual_seed(program.seed)
     model = cls()
-    return model.train() if program.mode.kind == "training" or program.mode.train_mode else model.eval()
+    return model.train() if program.mode.kind == "training" else model.eval()

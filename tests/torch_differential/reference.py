@@ -5,7 +5,7 @@ documented semantics applied where a poptorch call differs from one eager call.
   dim 0, in that order (replica innermost); the model runs once per micro-batch.
 * Training: each device iteration is one optimiser step on the mean of the gradients of
   its ``accumulation x replicas`` micro-batches (``ReductionType.Mean``, PopTorch's
-  default), each taken with the weights of the step's start.
+  default; ``Sum`` if asked), each taken with the weights of the step's start.
 * The output mode picks what a call returns: ``All`` every micro-batch's results
   (concatenated along dim 0, scalars stacked), ``Final`` the last device iteration's last
   micro-batch of each replica, ``Sum`` each replica's sum over the call, ``EveryN`` every
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .program import Program, make_inputs, make_model
+from .program import Mode, Program, make_inputs, make_model
 
 # The optimiser constructors a program may name, evaluated over ``params``.
 OPTIMIZER_NAMESPACE = {"torch": torch}
@@ -107,23 +107,31 @@ def run_eager(program: Program) -> Result:
             with torch.no_grad():
                 per_micro = [flatten(model(*mb)) for mb in inputs]
         else:
-            per_micro = _train_call(model, optimizer, inputs, mode.accumulation * mode.replicas)
+            per_micro = _train_call(model, optimizer, inputs, mode)
         calls.append([t.detach() for t in select(per_micro, program)])
     return Result(calls, state_of(model))
 
 
 def _train_call(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: list, per_step: int
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: list, mode: Mode
 ) -> list[list[torch.Tensor]]:
+    per_step = mode.accumulation * mode.replicas
+    divisor = gradient_divisor(mode)
     per_micro = []
     for start in range(0, len(inputs), per_step):
         optimizer.zero_grad()
         for mb in inputs[start : start + per_step]:
             out = flatten(model(*mb))
-            (out[-1] / per_step).backward()
+            (out[-1] / divisor).backward()
             per_micro.append([t.detach() for t in out])
         optimizer.step()
     return per_micro
+
+
+def gradient_divisor(mode: Mode) -> int:
+    """What the sum of a step's micro-batch gradients is divided by: their number for
+    ``ReductionType.Mean``, 1 for ``Sum``."""
+    return mode.accumulation * mode.replicas if mode.reduction == "Mean" else 1
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: str) -> None:

@@ -126,6 +126,9 @@ def _options(program: Program) -> poptorch.Options:
     opts = eval(mode.options_source(), {"poptorch": poptorch})  # noqa: S307 (our own source)
     if mode.accumulation > 1:
         opts.Training.gradientAccumulation(mode.accumulation)
+    if mode.reduction != "Mean":
+        reduction = getattr(poptorch.ReductionType, mode.reduction)
+        opts.Training.accumulationAndReplicationReductionType(reduction)
     return opts
 
 
