@@ -28,13 +28,16 @@ import time  # noqa: E402
 from collections import Counter  # noqa: E402
 
 from .generator import FEATURES, generate  # noqa: E402
+from .random_ops import check_random, generate_random  # noqa: E402
 from .runner import Outcome, Refusal, check  # noqa: E402
 from .shrink import as_pytest, shrink  # noqa: E402
 
-FEATURE_SETS = [(f,) for f in FEATURES if f != "core"] + [FEATURES]
+FEATURE_SETS = [(f,) for f in FEATURES if f != "core"] + [FEATURES, ("random",)]
 
 
 def set_name(features: tuple[str, ...]) -> str:
+    if features == ("random",):
+        return "random"
     return "all" if len(features) > 2 else "+".join(f for f in features if f != "core") or "core"
 
 
@@ -52,11 +55,10 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
     index = 0
     while time.monotonic() - start < seconds:
         features = chosen or FEATURE_SETS[index % len(FEATURE_SETS)]
-        program = generate(program_seed(seed, index), features)
-        name = set_name(program.features)
+        name = set_name(features)
+        result = run_one(program_seed(seed, index), features)
         counts[name] += 1
         index += 1
-        result = check(program)
         if isinstance(result, Refusal):
             refused[name] += 1
             reasons[result.reason.splitlines()[0][:120]] += 1
@@ -80,9 +82,16 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
     return {"summary": summary, "failures": failures}
 
 
+def run_one(seed: int, features: tuple[str, ...]) -> Outcome | Refusal | None:
+    """Generate and check the program of ``seed``."""
+    if features == ("random",):
+        return check_random(generate_random(seed))
+    return check(generate(seed, features))
+
+
 def report(outcome: Outcome, out) -> dict:  # noqa: ANN001
     """Shrink a disagreement, print it as a pytest case, and return it as a record."""
-    small = shrink(outcome, check)
+    small = shrink(outcome, check) if "random" not in outcome.program.features else outcome
     text = as_pytest(small)
     seed = outcome.program.seed
     print(f"DISAGREEMENT (program seed {seed})\n{text}\n", file=out, flush=True)
@@ -93,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--features", nargs="*", choices=FEATURES, default=None)
+    parser.add_argument("--features", nargs="*", choices=(*FEATURES, "random"), default=None)
     args = parser.parse_args(argv)
     result = run(args.seconds, args.seed, tuple(args.features) if args.features else None)
     return 1 if result["failures"] else 0

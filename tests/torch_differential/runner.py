@@ -172,8 +172,8 @@ def run_poptorch(program: Program) -> Result:
 
 def _names_the_op(program: Program, message: str) -> bool:
     """Whether a refusal's message says what was refused: an ATen op, the model's line, or
-    the input (an input dtype the IPU lacks)."""
-    words = ("aten.", "aten::", "Model", "line ", "forward", "Input ")
+    the input or weight (a dtype the IPU lacks)."""
+    words = ("aten.", "aten::", "Model", "line ", "forward", "Input ", "Weight ", "Buffer ")
     return any(w in message for w in words)
 
 

@@ -1,15 +1,17 @@
 """Shrink a disagreeing torch program and print it as a standalone pytest case.
 
 Edits, biggest first, tried by the popxl shrinker's greedy loop: replace a statement by a
-constant of its shape and dtype (later statements read the same name), drop an effect
-statement, drop an output, simplify the mode (one call, one device iteration, no
-accumulation or replication, the default output mode, plain SGD, inference), make an
-input contiguous. After each edit, statements, submodules, methods and inputs nobody
-reads are removed. A candidate counts only if it fails the same way.
+constant of its shape and dtype (later statements read the same name), delete a statement
+nobody reads (or all of them, with the submodules, methods and inputs only they used),
+drop an output, simplify the mode (one call, one device iteration, no accumulation or
+replication, the default output mode, plain SGD, inference), delete an unused submodule
+or input, make an input contiguous. A candidate counts only if it fails the same way (an
+unread statement can matter: a refused dtype, an effect).
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable
 
@@ -42,14 +44,16 @@ def _mode_edits() -> list[tuple[str, object]]:
 
 
 def _edits(program: Program) -> list[Edit]:
-    edits: list[Edit] = []
+    pruned = dead_code(copy.deepcopy(program))
+    edits: list[Edit] = [dead_code] if pruned.source() != program.source() else []
+    used = _read(program)
     for i, stmt in reversed(list(enumerate(program.stmts))):
         if stmt.template.startswith("torch.full("):
             continue
 
         def replace(p: Program, i: int = i) -> None:
             old = p.stmts[i]
-            if old.effect:
+            if old.effect or old.out not in _read(p):
                 del p.stmts[i]
             else:
                 p.stmts[i] = constant(old)
@@ -66,12 +70,26 @@ def _edits(program: Program) -> list[Edit]:
     for field, value in _mode_edits():
         if getattr(program.mode, field) != value and (training or field != "optimizer"):
             edits.append(lambda p, f=field, v=value: setattr(p.mode, f, v))
-    if program.mode.kind == "training":
+    if training:
         edits.append(_to_inference)
+    for k, line in enumerate(program.init):
+        if _attribute(line) not in _text(program):
+            edits.append(lambda p, k=k: p.init.__delitem__(k))
     for k, spec in enumerate(program.inputs):
         if spec.layout != "contiguous":
             edits.append(lambda p, k=k: p.inputs.__setitem__(k, _contiguous(p.inputs[k])))
+        if spec.name not in used:
+            edits.append(lambda p, k=k: p.inputs.__delitem__(k))
     return edits
+
+
+def _read(program: Program) -> set[str]:
+    """The names the program reads (statement arguments, outputs, the loss)."""
+    return {a for s in program.stmts for a in s.args} | set(program.outputs) | {program.loss}
+
+
+def _text(program: Program) -> str:
+    return "\n".join(s.line() for s in program.stmts) + "\n".join(program.methods)
 
 
 def _to_inference(p: Program) -> None:
@@ -89,21 +107,17 @@ def _contiguous(spec):  # noqa: ANN001, ANN202
 
 def dead_code(program: Program) -> Program:
     """Remove what nothing reads: statements, ``__init__`` attributes, methods, inputs."""
-    changed = True
-    while changed:
-        used = set(program.outputs) | ({program.loss} if program.loss else set())
-        keep: list[Stmt] = []
-        for stmt in reversed(program.stmts):
-            if stmt.effect or stmt.out in used:
-                keep.append(stmt)
-                used |= set(stmt.args)
-        changed = len(keep) != len(program.stmts)
-        program.stmts = keep[::-1]
-    text = "\n".join(s.line() for s in program.stmts) + "\n".join(program.methods)
+    used = set(program.outputs) | ({program.loss} if program.loss else set())
+    keep: list[Stmt] = []
+    for stmt in reversed(program.stmts):
+        if stmt.effect or stmt.out in used:
+            keep.append(stmt)
+            used |= set(stmt.args)
+    program.stmts = keep[::-1]
+    text = _text(program)
     program.init = [line for line in program.init if _attribute(line) in text]
     program.methods = [m for m in program.methods if _method_name(m) in text.replace(m, "")]
-    used = {a for s in program.stmts for a in s.args} | set(program.outputs) | {program.loss}
-    program.inputs = [i for i in program.inputs if i.name in used] or program.inputs[:1]
+    program.inputs = [i for i in program.inputs if i.name in _read(program)] or program.inputs[:1]
     return program
 
 
@@ -136,7 +150,6 @@ def shrink(outcome: Outcome, check_program: Callable = check, budget: int = 150)
     target = kind(outcome.message)
 
     def attempt(candidate: Program) -> Outcome | None:
-        candidate = dead_code(candidate)
         if not candidate.stmts and not candidate.outputs:
             return None
         try:
