@@ -11,7 +11,8 @@ from .state import State, Value
 
 def reuse(s: State) -> Value | None:
     """Call a submodule (or read a parameter) made earlier again, on another value."""
-    mods = [n for n, m in s.holder.named_children() if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.LayerNorm, torch.nn.PReLU))]
+    kinds = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.LayerNorm, torch.nn.PReLU)
+    mods = [n for n, m in s.holder.named_children() if isinstance(m, kinds) and not n.startswith("blk")]
     params = [n for n, _ in s.holder.named_parameters(recurse=False)]
     if not mods and not params:
         return None
@@ -117,6 +118,19 @@ def branch(s: State) -> Value | None:
     )
 
 
+def block(s: State) -> Value | None:
+    """A submodule wrapped in ``poptorch.BeginBlock`` on IPU 1: from its call on, the model
+    runs as a second pipeline stage (one per program; the mode is made pipelinable)."""
+    if any("BeginBlock" in line for line in s.init):
+        return None
+    x = s.pick(lambda v: v.dtype == "float32" and v.tensor.dim() >= 1)
+    if x is None:
+        return None
+    n = x.shape[-1]
+    name = s.attribute("blk", f"poptorch.BeginBlock(torch.nn.Linear({n}, {s.rng.randint(1, 4)}), ipu_id=1)")
+    return s.emit(f"self.{name}({{0}})", [x], "structure", trained=True) if name else None
+
+
 def _method(s: State, name: str, source: str) -> None:
     scope: dict = {"torch": torch}
     exec(source, scope)  # noqa: S102 (our own source)
@@ -125,6 +139,6 @@ def _method(s: State, name: str, source: str) -> None:
 
 
 STRUCTURE = {
-    "structure": [reuse, twice, buffer_update, slice_write, control],
+    "structure": [reuse, twice, buffer_update, slice_write, control, block],
     "control": [loop, branch],
 }

@@ -94,7 +94,21 @@ def generate(seed: int, features: tuple[str, ...]) -> Program:
         emitter(state)
     program = Program(seed, features, inputs, state.init, state.stmts, [], methods=state.methods, mode=mode)
     _finish(state, program)
+    if any("BeginBlock" in line for line in program.init):
+        _pipelinable(mode)
     return program
+
+
+def _pipelinable(mode: Mode) -> None:
+    """PopTorch pipelines a model with blocks on two IPUs: an inference call needs a device
+    iteration per stage, a training step an accumulated micro-batch per stage of the
+    forward and backward (three)."""
+    if mode.kind == "training":
+        mode.accumulation = max(mode.accumulation, 3)
+        mode.output_mode = "Final" if mode.output_mode == "EveryN" else mode.output_mode
+    else:
+        mode.device_iterations = max(mode.device_iterations, 2)
+        mode.output_period = 1
 
 
 def _mode(rng: random.Random, features: tuple[str, ...]) -> Mode:

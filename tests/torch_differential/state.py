@@ -84,6 +84,8 @@ class State:
             obj = eval(ctor, dict(NAMESPACE))  # noqa: S307 (our own source)
         except Exception:  # noqa: BLE001 (an invalid constructor: try something else)
             return None
+        if isinstance(obj, torch.nn.Module):
+            obj.train(self.training)
         setattr(self.holder, name, obj)
         self.init.append(f"self.{name} = {ctor}")
         return name
