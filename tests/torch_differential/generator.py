@@ -146,7 +146,8 @@ def _inputs(state: State) -> list[Input]:
     for k in range(count):
         rank = rng.choice([2, 3, 3, 4] + ([5] if "conv" in features else []))
         shape = (BATCH, *(rng.randint(2, 4) for _ in range(rank - 1)))
-        dtype = rng.choice(dtypes[:2]) if k or rng.random() < 0.5 else dtypes[-1]
+        # bfloat16 inputs are refused (the IPU has none): a few check the refusal.
+        dtype = dtypes[-1] if rng.random() < 0.1 else rng.choice(dtypes[:2])
         inputs.append(_input(state, f"x{k}", Spec(shape, dtype)))
     if set(features) & {"dtype", "index", "embedding", "loss"}:
         rank = rng.randint(1, 3)
