@@ -15,7 +15,12 @@ LOSSES = [
     "F.soft_margin_loss({0}, torch.sign({1}) + ({1} == 0).float(), reduction='{r}')",
     "F.cross_entropy({0}, F.softmax({1}, dim=1), reduction='{r}')",
     "F.poisson_nll_loss({0}, {1}.abs(), reduction='{r}')",
-    "F.cosine_embedding_loss({0}, {1}, torch.ones({0}.shape[0]), reduction='{r}')"
+    "F.cosine_embedding_loss({0}, {1}, torch.ones({0}.shape[0]), reduction='{r}')",
+    "F.margin_ranking_loss({0}, {1}, torch.sign({1}.detach()) + 0.5, reduction='{r}', margin=0.1)",
+    "F.hinge_embedding_loss({0}, torch.sign({1}.detach()) + ({1} == 0).float(), reduction='{r}')",
+    "F.multilabel_soft_margin_loss({0}, ({1} > 0).float(), reduction='{r}')",
+    "F.gaussian_nll_loss({0}, {1}, {1}.detach().abs() + 0.5, reduction='{r}')",
+    "F.triplet_margin_loss({0}, {1}, {1}.flip(0), reduction='{r}')",
 ]
 REDUCTION = ["none", "mean", "sum"]
 

@@ -59,6 +59,9 @@ def view(s: State) -> Value | None:
         options.append(f"{{0}}.unfold({a}, {size}, {s.rng.randint(1, 2)})")
     if rank == 2:
         options.append("{0}.t()")
+    if x.tensor.numel() >= 4:
+        options.append("{0}.contiguous().as_strided((2, 2), (1, 2))")
+        options.append(f"{{0}}.contiguous().as_strided(({x.shape[0]}, 2), ({x.tensor[0].numel()}, 1), 1)")
     return s.emit(s.choice(options), [x], "view", exact=True)
 
 

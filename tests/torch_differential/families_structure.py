@@ -24,6 +24,51 @@ def reuse(s: State) -> Value | None:
     return s.emit(f"{{0}} @ self.{s.choice(params)}", [x], "structure", trained=True)
 
 
+def frozen(s: State) -> Value | None:
+    """Parameters the optimiser must leave alone: one frozen (``requires_grad=False``), one
+    of a layer ``forward`` never calls (torch's optimisers skip a parameter without a
+    gradient, weight decay and momentum included)."""
+    x = s.pick(lambda v: v.dtype == "float32" and v.tensor.dim() >= 1)
+    if x is None:
+        return None
+    n = x.shape[-1]
+    name = s.attribute("frz", f"torch.nn.Linear({n}, 2)")
+    if name is None:
+        return None
+    s.init.append(f"self.{name}.weight.requires_grad_(False)")
+    s.attribute("unused", f"torch.nn.Linear({n}, 3)")
+    return s.emit(f"self.{name}({{0}})", [x], "structure", trained=True)
+
+
+def buffer_slice(s: State) -> Value | None:
+    """In-place ops on a slice of a buffer, then a read of the whole buffer."""
+    if s.replicated:
+        return None
+    x = s.pick(lambda v: v.dtype == "float32" and v.tensor.dim() >= 2)
+    if x is None:
+        return None
+    shape = list(x.shape[1:])
+    name = s.buffer("acc", f"torch.ones({shape})")
+    k = s.rng.randint(1, shape[0])
+    update = s.choice([
+        f"self.{name}[:{k}].mul_(0.5)",
+        f"self.{name}[{k - 1}].add_({{0}}.detach().mean(0)[{k - 1}])",
+        f"self.{name}[:{k}] += {{0}}.detach()[0, :{k}]",
+    ])
+    s.emit(update, [x], "structure", effect=True)
+    return s.emit(f"{{0}} * self.{name}", [x], "structure")
+
+
+def input_inplace(s: State) -> Value | None:
+    """An in-place op on (a slice of) a model input, which is read again afterwards."""
+    x = s.pick(lambda v: v.is_float and v.name.startswith("x") and v.tensor.dim() >= 2)
+    if x is None:
+        return None
+    write = s.choice(["{0}.mul_(2)", "{0}[:, :1].add_(1)", "{0}.transpose(0, 1)[0].zero_()"])
+    s.emit(write, [x], "structure", effect=True)
+    return s.emit("{0} + 0", [x], "structure")
+
+
 def twice(s: State) -> Value | None:
     """A square layer applied twice in one expression (its weights read twice)."""
     x = s.pick(lambda v: v.dtype == "float32" and v.tensor.dim() >= 1)
@@ -139,6 +184,7 @@ def _method(s: State, name: str, source: str) -> None:
 
 
 STRUCTURE = {
-    "structure": [reuse, twice, buffer_update, slice_write, control, block],
+    "structure": [reuse, twice, buffer_update, slice_write, control, block, frozen,
+                  buffer_slice, input_inplace],
     "control": [loop, branch],
 }

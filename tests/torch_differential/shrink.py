@@ -122,7 +122,7 @@ def dead_code(program: Program) -> Program:
 
 
 def _attribute(line: str) -> str:
-    found = re.match(r'self\.(\w+) =|self\.register_buffer\("(\w+)"', line)
+    found = re.match(r'self\.register_buffer\("(\w+)"|self\.(\w+)', line)
     name = found.group(1) or found.group(2)
     return f"self.{name}"
 
