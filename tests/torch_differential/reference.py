@@ -33,6 +33,7 @@ class Result:
 
     calls: list[list[torch.Tensor]]
     state: dict[str, torch.Tensor]
+    gradless: frozenset[str] = frozenset()  # trainable parameters no step gave a gradient
 
 
 def flatten(value: object) -> list[torch.Tensor]:
@@ -109,7 +110,10 @@ def run_eager(program: Program) -> Result:
         else:
             per_micro = _train_call(model, optimizer, inputs, mode)
         calls.append([t.detach() for t in select(per_micro, program)])
-    return Result(calls, state_of(model))
+    gradless = frozenset(
+        n for n, p in model.named_parameters() if p.requires_grad and p.grad is None
+    ) if optimizer is not None else frozenset()
+    return Result(calls, state_of(model), gradless)
 
 
 def _train_call(

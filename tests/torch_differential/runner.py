@@ -49,6 +49,10 @@ OP_CLASS = {
 OPTIMIZER_CLASS = {"SGD": 4, "Adam": 16, "AdamW": 16, "RMSprop": 16, "LAMB": 16}
 
 
+# Faults found and kept in ``found_faults.py``: the campaign counts them apart.
+KNOWN_GRADLESS = "known fault (a parameter without gradient is updated)"
+
+
 @dataclass
 class Refusal:
     """poptorch refused the program at capture, as it should refuse invalid programs."""
@@ -116,6 +120,8 @@ def compare(program: Program, got: Result, want: Result) -> str | None:
             return f"state {name}: missing after the run"
         dtype = str(want_value.dtype).removeprefix("torch.")
         msg = _close(got.state[name], want_value, *tolerance(program, dtype))
+        if msg and name in want.gradless:
+            return f"{KNOWN_GRADLESS}: state {name}: {msg}"
         if msg:
             return f"state {name}: {msg}"
     return None
