@@ -61,10 +61,12 @@ def buffer_slice(s: State) -> Value | None:
 
 def input_inplace(s: State) -> Value | None:
     """An in-place op on (a slice of) a model input, which is read again afterwards. Not on
-    a stride-0 input: eager torch would write every element sharing the memory, while an
-    input reaching the device is a value."""
+    a stride-0 input (eager torch would write every element sharing the memory, while an
+    input reaching the device is a value), nor on one already read (autograd may have
+    saved it)."""
+    read = {a for stmt in s.stmts for a in stmt.args}
     x = s.pick(lambda v: v.is_float and v.name.startswith("x") and v.tensor.dim() >= 2
-               and 0 not in v.tensor.stride())
+               and 0 not in v.tensor.stride() and v.name not in read)
     if x is None:
         return None
     write = s.choice(["{0}.mul_(2)", "{0}[:, :1].add_(1)", "{0}.transpose(0, 1)[0].zero_()"])

@@ -175,6 +175,7 @@ def _finish(state: State, program: Program) -> None:
     outs = list(dict.fromkeys(rng.choice(made[-3:]).name for _ in range(rng.randint(1, 2))))
     if program.mode.kind == "training":
         program.loss = _loss(state)
+        program.loss_reduction = state.loss_reduction
         program.stmts = state.stmts
         program.init = state.init
     program.outputs = outs
@@ -193,6 +194,12 @@ def _loss(state: State) -> str:
     # PopTorch trains on one final loss: every torch loss function must feed it.
     losses = {s.out for s in state.stmts if s.family == "loss"}
     parts = trained[-2:] + [v for v in state.values if v.name in losses and v not in trained[-2:]]
-    template = " + ".join(f"{{{i}}}.float().square().mean()" for i in range(len(parts)))
-    loss = state.emit(template, parts, "reduce") or state.emit("{0}.float().tanh().mean()", parts[:1], "reduce")
+    program_reduction = state.choice(["mean", "mean", "sum", "none"])
+    if program_reduction != "none" and len(parts) == 1 and state.rng.random() < 0.5:
+        loss = state.emit("{0}.float().square()", parts, "reduce")  # reduced by identity_loss
+    else:
+        template = " + ".join(f"{{{i}}}.float().square().mean()" for i in range(len(parts)))
+        loss = state.emit(template, parts, "reduce")
+    loss = loss or state.emit("{0}.float().tanh().mean()", parts[:1], "reduce")
+    state.loss_reduction = program_reduction
     return loss.name

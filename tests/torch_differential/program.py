@@ -108,6 +108,7 @@ class Program:
     outputs: list[str]
     out_kind: str = "tuple"  # tuple, list, dict or single
     loss: str = ""  # the value trained on (training only)
+    loss_reduction: str = "mean"  # of ``poptorch.identity_loss``
     methods: list[str] = field(default_factory=list)  # extra methods, full source
     mode: Mode = field(default_factory=Mode)
     raw: str = ""  # the module's source as written (a kept case), instead of the parts
@@ -116,7 +117,7 @@ class Program:
     def forward_lines(self) -> list[str]:
         lines = [s.line() for s in self.stmts]
         if self.mode.kind == "training":
-            lines.append(f'loss = poptorch.identity_loss({self.loss}, reduction="mean")')
+            lines.append(f'loss = poptorch.identity_loss({self.loss}, reduction="{self.loss_reduction}")')
         return lines
 
     def returned(self) -> str:
@@ -150,9 +151,10 @@ class Program:
 NAMESPACE = {"torch": torch, "F": torch.nn.functional, "poptorch": poptorch}
 
 
-def module_class(source: str) -> type[torch.nn.Module]:
-    """Execute a program's source and return its ``Model`` class."""
-    scope = dict(NAMESPACE)
+def module_class(source: str, namespace: dict | None = None) -> type[torch.nn.Module]:
+    """Execute a program's source and return its ``Model`` class (``namespace`` replaces
+    names the source uses, such as ``poptorch``)."""
+    scope = {**NAMESPACE, **(namespace or {})}
     exec(compile(source, "<generated model>", "exec"), scope)  # noqa: S102 (our own source)
     return scope["Model"]
 
@@ -184,9 +186,9 @@ def make_inputs(program: Program, call: int = 0) -> list[torch.Tensor]:
     return [input_tensor(i, program.mode.micro_batches(), gen) for i in program.inputs]
 
 
-def make_model(program: Program) -> torch.nn.Module:
+def make_model(program: Program, namespace: dict | None = None) -> torch.nn.Module:
     """A fresh instance of the program's model, its parameters drawn from the program's seed."""
-    cls = module_class(program.source())
+    cls = module_class(program.source(), namespace)
     torch.manual_seed(program.seed)
     model = cls()
     return model.train() if program.mode.kind == "training" else model.eval()

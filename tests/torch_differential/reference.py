@@ -16,6 +16,7 @@ documented semantics applied where a poptorch call differs from one eager call.
 from __future__ import annotations
 
 import functools
+import types
 from dataclasses import dataclass
 
 import torch
@@ -29,10 +30,10 @@ OPTIMIZER_NAMESPACE = {"torch": torch}
 @dataclass
 class Result:
     """What a run produced: each call's returned tensors (flattened in return order) and
-    the model's parameters and buffers after the last call."""
+    the model's parameters and buffers after each call."""
 
     calls: list[list[torch.Tensor]]
-    state: dict[str, torch.Tensor]
+    states: list[dict[str, torch.Tensor]]
     gradless: frozenset[str] = frozenset()  # trainable parameters no step gave a gradient
 
 
@@ -94,12 +95,39 @@ def make_optimizer(source: str, params: object) -> torch.optim.Optimizer:
     return eval(source, {**OPTIMIZER_NAMESPACE, "poptorch": poptorch, "params": params})  # noqa: S307
 
 
+def _identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
+    return {"sum": torch.sum, "mean": torch.mean, "none": lambda t: t}[reduction](x)
+
+
+def _for_loop(count: int, body: object, inputs: list) -> list:
+    for _ in range(count):
+        out = body(*inputs)
+        inputs = list(out) if isinstance(out, (list, tuple)) else [out]
+    return inputs
+
+
+def _cond(condition: torch.Tensor, then_body: object, then_inputs: list, else_body: object, else_inputs: list) -> list:
+    out = then_body(*then_inputs) if bool(condition) else else_body(*else_inputs)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+# PopTorch's ops as plain torch, so the reference model runs none of poptorch's code: the
+# loss marker reduces, the device loop and branch run in Python, a block is its module.
+# (poptorch.optim's optimisers are torch optimisers; LAMB's step is poptorch's own.)
+EAGER_POPTORCH = types.SimpleNamespace(
+    identity_loss=_identity_loss,
+    for_loop=_for_loop,
+    cond=_cond,
+    BeginBlock=lambda module, *args, **kwargs: module,
+)
+
+
 def run_eager(program: Program) -> Result:
     """Every call of the program in eager PyTorch."""
-    model = make_model(program)
+    model = make_model(program, {"poptorch": EAGER_POPTORCH})
     mode = program.mode
     optimizer = make_optimizer(mode.optimizer, model.parameters()) if mode.kind == "training" else None
-    calls = []
+    calls, states = [], []
     for c in range(mode.calls):
         if c == 1 and mode.set_optimizer:
             set_learning_rate(optimizer, mode.set_optimizer)
@@ -110,10 +138,11 @@ def run_eager(program: Program) -> Result:
         else:
             per_micro = _train_call(model, optimizer, inputs, mode)
         calls.append([t.detach() for t in select(per_micro, program)])
+        states.append(state_of(model))
     gradless = frozenset(
         n for n, p in model.named_parameters() if p.requires_grad and p.grad is None
     ) if optimizer is not None else frozenset()
-    return Result(calls, state_of(model), gradless)
+    return Result(calls, states, gradless)
 
 
 def _train_call(

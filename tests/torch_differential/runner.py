@@ -115,12 +115,20 @@ def compare(program: Program, got: Result, want: Result) -> str | None:
             msg = _close(o, r, *tolerance(program, str(r.dtype).removeprefix("torch.")))
             if msg:
                 return f"call {c} output {i}: {msg}"
-    for name, want_value in want.state.items():
-        if name not in got.state:
+    for c, (got_state, want_state) in enumerate(zip(got.states, want.states)):
+        msg = _compare_state(program, got_state, want_state, want.gradless)
+        if msg:
+            return f"{msg} (after call {c})"
+    return None
+
+
+def _compare_state(program: Program, got: dict, want: dict, gradless: frozenset) -> str | None:
+    for name, want_value in want.items():
+        if name not in got:
             return f"state {name}: missing after the run"
         dtype = str(want_value.dtype).removeprefix("torch.")
-        msg = _close(got.state[name], want_value, *tolerance(program, dtype))
-        if msg and name in want.gradless:
+        msg = _close(got[name], want_value, *tolerance(program, dtype))
+        if msg and name in gradless:
             return f"{KNOWN_GRADLESS}: state {name}: {msg}"
         if msg:
             return f"state {name}: {msg}"
@@ -148,7 +156,7 @@ class CaptureError(Exception):
 
 
 def run_poptorch(program: Program) -> Result:
-    """Every call of the program through a poptorch model; weights read back at the end."""
+    """Every call of the program through a poptorch model; weights read back after each."""
     model = make_model(program)
     mode = program.mode
     opts = _options(program)
@@ -164,16 +172,16 @@ def run_poptorch(program: Program) -> Result:
         after = state_of(model)
         same = before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
         raise CaptureError(e, same) from e
-    calls = []
+    calls, states = [], []
     for c in range(mode.calls):
         if c == 1 and mode.set_optimizer:
             set_learning_rate(optimizer, mode.set_optimizer)
             pm.setOptimizer(optimizer)
         calls.append([t.detach().clone() for t in flatten(pm(*make_inputs(program, c)))])
-    pm.copyWeightsToHost()
-    state = state_of(model)
+        pm.copyWeightsToHost()
+        states.append(state_of(model))
     pm.destroy()
-    return Result(calls, state)
+    return Result(calls, states)
 
 
 def _names_the_op(program: Program, message: str) -> bool:

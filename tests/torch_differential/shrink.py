@@ -137,7 +137,7 @@ def kind(message: str) -> str:
     first = message.splitlines()[0]
     if first.startswith(("poptorch failed", "reference failed")):
         last = message.rstrip().splitlines()[-1]
-        return first.split()[0] + " " + last.split(":", 1)[0]
+        return first.split()[0] + " " + last[:60]
     if first.startswith("refusal"):
         return first.split(":", 1)[0]
     where = "state" if first.startswith("state") else "output"

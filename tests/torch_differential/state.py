@@ -53,6 +53,7 @@ class State:
     methods: list[str] = field(default_factory=list)
     holder: torch.nn.Module = field(default_factory=torch.nn.Module)
     counter: int = 0
+    loss_reduction: str = "mean"
 
     # -- choosing --------------------------------------------------------------------
     def pick(self, ok=lambda v: True) -> Value | None:  # noqa: ANN001
