@@ -62,7 +62,7 @@ def test_wrong_gradient_averaging_is_caught(monkeypatch):
                 y = self.fc(x)
                 return y, poptorch.identity_loss(y.square().mean(), reduction="mean")
     """
-    with pytest.raises(AssertionError, match="state fc.*after call 0"):
+    with pytest.raises(AssertionError, match=r"(?s)state fc.*after call 0"):
         assert_agrees(source, [Input("x", Spec((2, 3), "float32"))], mode, seed=1)
 
 
