@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -130,29 +131,47 @@ def _kind(message: str) -> str:
     return f"{where.split()[0]} {what.split()[0]}"
 
 
-def shrink(outcome: Outcome, check: Check, budget: int = 300) -> Outcome:
-    """A smaller program that still fails ``check`` the same way: a candidate PopXL refuses
-    to build, or that fails otherwise (a crash for a wrong value), is not a reproduction."""
-    best = outcome
-    kind = _kind(outcome.message)
+def greedy(
+    start: Outcome,
+    edits: Callable[[Any], list[Callable[[Any], None]]],
+    attempt: Callable[[Any], "Outcome | None"],
+    budget: int = 300,
+) -> Outcome:
+    """Greedy shrinking, for any program representation: apply each of ``edits(program)``
+    (biggest first) to a deep copy of the best program so far, and keep the first
+    candidate ``attempt`` says still fails; repeat until no edit is kept or ``budget``
+    candidates have been tried."""
+    best = start
     tries = 0
     progress = True
     while progress and tries < budget:
         progress = False
-        for edit in _variants(best.program):
+        for edit in edits(best.program):
             candidate = copy.deepcopy(best.program)
             edit(candidate)
-            candidate = _dead_code(candidate)
             tries += 1
-            if not _builds(candidate):
-                continue
-            result = check(candidate)
-            if result is not None and _kind(result.message) == kind:
+            result = attempt(candidate)
+            if result is not None:
                 best, progress = result, True
                 break
             if tries >= budget:
                 break
     return best
+
+
+def shrink(outcome: Outcome, check: Check, budget: int = 300) -> Outcome:
+    """A smaller program that still fails ``check`` the same way: a candidate PopXL refuses
+    to build, or that fails otherwise (a crash for a wrong value), is not a reproduction."""
+    kind = _kind(outcome.message)
+
+    def attempt(candidate: Program) -> Outcome | None:
+        candidate = _dead_code(candidate)
+        if not _builds(candidate):
+            return None
+        result = check(candidate)
+        return result if result is not None and _kind(result.message) == kind else None
+
+    return greedy(outcome, _variants, attempt, budget)
 
 
 def describe(outcome: Outcome) -> str:

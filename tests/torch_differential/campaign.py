@@ -1,0 +1,116 @@
+"""The torch differential campaign: random torch programs through poptorch, feature by feature.
+
+    python -m tests.torch_differential.campaign --seconds 300 --seed 1 [--features conv]
+
+Programs come from consecutive seeds, rotating over the feature sets (each feature with
+the core ops; the last set has them all). Each runs through poptorch and through eager
+torch; a disagreement is shrunk and printed as a standalone pytest case, a refusal is
+counted with its reason, and a known fault (one kept in ``found_faults.py``) is counted
+apart. The summary gives programs, disagreements and refusals per feature set.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Eight CPU devices for replication; cheap XLA optimisation, since each program runs once.
+os.environ.setdefault(
+    "XLA_FLAGS",
+    "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
+    "--xla_llvm_disable_expensive_passes=true",
+)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections import Counter  # noqa: E402
+
+from .generator import FEATURES, generate  # noqa: E402
+from .random_ops import check_random, generate_random  # noqa: E402
+from .runner import Outcome, Refusal, check  # noqa: E402
+from .shrink import as_pytest, shrink  # noqa: E402
+
+FEATURE_SETS = [(f,) for f in FEATURES if f != "core"] + [FEATURES, ("random",)]
+
+
+def set_name(features: tuple[str, ...]) -> str:
+    if features == ("random",):
+        return "random"
+    return "all" if len(features) > 2 else "+".join(f for f in features if f != "core") or "core"
+
+
+def program_seed(seed: int, index: int) -> int:
+    return seed * 1_000_003 + index
+
+
+def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdout) -> dict:  # noqa: ANN001
+    start = time.monotonic()
+    counts: Counter[str] = Counter()
+    found: Counter[str] = Counter()
+    refused: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    known: Counter[str] = Counter()
+    failures: list[dict] = []
+    index = 0
+    while time.monotonic() - start < seconds:
+        features = chosen or FEATURE_SETS[index % len(FEATURE_SETS)]
+        name = set_name(features)
+        result = run_one(program_seed(seed, index), features)
+        counts[name] += 1
+        index += 1
+        if isinstance(result, Refusal):
+            refused[name] += 1
+            reasons[result.reason.splitlines()[0][:120]] += 1
+        elif isinstance(result, Outcome) and result.message.startswith("known fault"):
+            known[result.message.split(":", 1)[0]] += 1
+        elif isinstance(result, Outcome):
+            found[name] += 1
+            failures.append(report(result, out))
+        if index % 25 == 0:
+            print(f"{time.monotonic() - start:6.0f}s {index} programs, {len(failures)} "
+                  f"disagreements, {sum(refused.values())} refusals", file=out, flush=True)  # fmt: skip
+    summary = {
+        "seed": seed,
+        "programs": index,
+        "per_feature_set": dict(counts),
+        "disagreements": len(failures),
+        "disagreements_per_feature_set": dict(found),
+        "refusals_per_feature_set": dict(refused),
+        "refusal_reasons": dict(reasons.most_common(12)),
+        "known_faults": dict(known),
+        "seconds": round(time.monotonic() - start),
+    }
+    print(json.dumps(summary, indent=1), file=out, flush=True)
+    return {"summary": summary, "failures": failures}
+
+
+def run_one(seed: int, features: tuple[str, ...]) -> Outcome | Refusal | None:
+    """Generate and check the program of ``seed``."""
+    if features == ("random",):
+        return check_random(generate_random(seed))
+    return check(generate(seed, features))
+
+
+def report(outcome: Outcome, out) -> dict:  # noqa: ANN001
+    """Shrink a disagreement, print it as a pytest case, and return it as a record."""
+    small = shrink(outcome, check) if "random" not in outcome.program.features else outcome
+    text = as_pytest(small)
+    seed = outcome.program.seed
+    print(f"DISAGREEMENT (program seed {seed})\n{text}\n", file=out, flush=True)
+    return {"seed": seed, "report": text, "features": outcome.program.features}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--features", nargs="*", choices=(*FEATURES, "random"), default=None)
+    args = parser.parse_args(argv)
+    result = run(args.seconds, args.seed, tuple(args.features) if args.features else None)
+    return 1 if result["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Run a program through poptorch and through the eager reference, and compare them.
+
+Tolerances come from the dtypes a program computes in (a unit roundoff per dtype) and the
+op classes it uses (how many roundings an output element accumulates), never from one
+case. A program poptorch refuses at capture is a *refusal*, accepted when the error names
+the op or the model's line and the user's model is unchanged.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+import poptorch
+
+from ..differential.runner import Outcome
+from .program import FLOATS, Input, Mode, Program, make_inputs, make_model
+from .reference import Result, flatten, make_optimizer, run_eager, set_learning_rate, state_of
+
+__all__ = ["Outcome", "Refusal", "assert_agrees", "check", "compare", "run_poptorch", "tolerance"]
+
+# Unit roundoff of each float dtype.
+ROUNDOFF = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+# How many roundings an element of each op class accumulates, relative to one
+# elementwise op (reductions and contractions sum many terms, norms divide by a
+# computed deviation, recurrences repeat).
+OP_CLASS = {
+    "elementwise": 8,
+    "activation": 8,
+    "view": 1,
+    "index": 1,
+    "creation": 1,
+    "reduce": 32,
+    "matmul": 64,
+    "conv": 64,
+    "pool": 16,
+    "norm": 128,
+    "loss": 64,
+    "attention": 128,
+    "rnn": 256,
+    "embedding": 1,
+    "structure": 8,
+    "dtype": 8,
+}
+# Weights after optimiser steps: adaptive optimisers divide by a root mean square, so a
+# gradient's relative error reaches the step almost unscaled.
+OPTIMIZER_CLASS = {"SGD": 4, "Adam": 16, "AdamW": 16, "RMSprop": 16, "LAMB": 16}
+
+
+# Faults found and kept in ``found_faults.py``: the campaign counts them apart.
+KNOWN_GRADLESS = "known fault (a parameter without gradient is updated)"
+
+
+@dataclass
+class Refusal:
+    """poptorch refused the program at capture, as it should refuse invalid programs."""
+
+    program: Program
+    reason: str
+
+
+def tolerance(program: Program, dtype: str) -> tuple[float, float]:
+    """(rtol, atol relative to the value's magnitude) for a value of ``dtype``."""
+    if dtype not in FLOATS:
+        return 0.0, 0.0
+    dtypes = {i.spec.dtype for i in program.inputs} | {
+        s.spec.dtype for s in program.stmts if s.spec is not None
+    }
+    lowest = max((ROUNDOFF[d] for d in dtypes | {dtype} if d in ROUNDOFF), default=ROUNDOFF[dtype])
+    families = [s.family for s in program.stmts] or list(program.families)
+    factor = max((OP_CLASS[f] for f in families), default=8)
+    if program.mode.kind == "training":
+        name = program.mode.optimizer.split("(")[0].rsplit(".", 1)[-1]
+        factor *= OPTIMIZER_CLASS[name] * program.mode.calls
+    rtol = min(lowest * factor, 0.2)
+    return rtol, rtol
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> str | None:
+    if got.shape != want.shape:
+        return f"shape {tuple(got.shape)} != reference {tuple(want.shape)}"
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype} != reference {want.dtype}"
+    if rtol == 0:
+        if torch.equal(got, want):
+            return None
+        return f"values differ:\n  got  {got.flatten()[:12].tolist()}\n  want {want.flatten()[:12].tolist()}"
+    g, w = got.double(), want.double()
+    finite = w[torch.isfinite(w)]
+    scale = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
+    if torch.allclose(g, w, rtol=rtol, atol=atol * scale, equal_nan=True):
+        return None
+    diff = (g - w).abs().flatten().nan_to_num(float("inf"))
+    k = int(diff.argmax())
+    return (
+        f"values differ (rtol {rtol:.2g}, atol {atol * scale:.2g}):\n"
+        f"  got  {got.flatten()[:8].tolist()}\n  want {want.flatten()[:8].tolist()}\n"
+        f"  worst: element {k}, got {got.flatten()[k].item()}, want {want.flatten()[k].item()}"
+    )
+
+
+# The IPU has no 64-bit types: PopTorch returns int64 and float64 results as 32-bit ones.
+RETURNED_AS = {torch.int64: torch.int32, torch.float64: torch.float32}
+
+
+def compare(program: Program, got: Result, want: Result) -> str | None:
+    """The first difference between poptorch's results and the reference's, if any."""
+    for c, (outs, refs) in enumerate(zip(got.calls, want.calls)):
+        if len(outs) != len(refs):
+            return f"call {c}: {len(outs)} outputs, reference {len(refs)}"
+        for i, (o, r) in enumerate(zip(outs, refs)):
+            r = r.to(RETURNED_AS.get(r.dtype, r.dtype))
+            msg = _close(o, r, *tolerance(program, str(r.dtype).removeprefix("torch.")))
+            if msg:
+                return f"call {c} output {i}: {msg}"
+    for c, (got_state, want_state) in enumerate(zip(got.states, want.states)):
+        msg = _compare_state(program, got_state, want_state, want.gradless)
+        if msg:
+            return f"{msg} (after call {c})"
+    return None
+
+
+def _compare_state(program: Program, got: dict, want: dict, gradless: frozenset) -> str | None:
+    for name, want_value in want.items():
+        if name not in got:
+            return f"state {name}: missing after the run"
+        dtype = str(want_value.dtype).removeprefix("torch.")
+        msg = _close(got[name], want_value, *tolerance(program, dtype))
+        if msg and name in gradless:
+            return f"{KNOWN_GRADLESS}: state {name}: {msg}"
+        if msg:
+            return f"state {name}: {msg}"
+    return None
+
+
+def _options(program: Program) -> poptorch.Options:
+    mode = program.mode
+    opts = eval(mode.options_source(), {"poptorch": poptorch})  # noqa: S307 (our own source)
+    if mode.accumulation > 1:
+        opts.Training.gradientAccumulation(mode.accumulation)
+    if mode.reduction != "Mean":
+        reduction = getattr(poptorch.ReductionType, mode.reduction)
+        opts.Training.accumulationAndReplicationReductionType(reduction)
+    return opts
+
+
+class CaptureError(Exception):
+    """poptorch raised while capturing and compiling (a refusal, if it is a good one)."""
+
+    def __init__(self, error: BaseException, unchanged: bool) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+        self.unchanged = unchanged
+
+
+def run_poptorch(program: Program) -> Result:
+    """Every call of the program through a poptorch model; weights read back after each."""
+    model = make_model(program)
+    mode = program.mode
+    opts = _options(program)
+    before = state_of(model)
+    if mode.kind == "training":
+        optimizer = make_optimizer(mode.optimizer, model.parameters())
+        pm = poptorch.trainingModel(model, opts, optimizer)
+    else:
+        pm = poptorch.inferenceModel(model, opts)
+    try:
+        pm.compile(*make_inputs(program, 0))
+    except Exception as e:  # noqa: BLE001 (any refusal is judged by the caller)
+        after = state_of(model)
+        same = before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+        raise CaptureError(e, same) from e
+    calls, states = [], []
+    for c in range(mode.calls):
+        if c == 1 and mode.set_optimizer:
+            set_learning_rate(optimizer, mode.set_optimizer)
+            pm.setOptimizer(optimizer)
+        calls.append([t.detach().clone() for t in flatten(pm(*make_inputs(program, c)))])
+        pm.copyWeightsToHost()
+        states.append(state_of(model))
+    pm.destroy()
+    return Result(calls, states)
+
+
+def _names_the_op(program: Program, message: str) -> bool:
+    """Whether a refusal's message says what was refused: an ATen op, the model's line, or
+    the input or weight (a dtype the IPU lacks)."""
+    words = ("aten.", "aten::", "Model", "line ", "forward", "Input ", "Weight ", "Buffer ")
+    return any(w in message for w in words)
+
+
+def check(program: Program) -> Outcome | Refusal | None:
+    """Run one program both ways: ``None`` when they agree, a ``Refusal`` when poptorch
+    refused it properly, an ``Outcome`` (a disagreement or crash) otherwise."""
+    try:
+        want = run_eager(program)
+    except Exception:  # noqa: BLE001 (the generator should not write such programs)
+        return Outcome(program, "reference failed:\n" + traceback.format_exc(limit=-4))
+    try:
+        got = run_poptorch(program)
+    except CaptureError as e:
+        if not e.unchanged:
+            return Outcome(program, f"refusal changed the user's model: {e}")
+        if not _names_the_op(program, str(e)):
+            return Outcome(program, f"refusal names no op or line: {e}")
+        return Refusal(program, str(e))
+    except Exception:  # noqa: BLE001 (any crash of a captured program is a finding)
+        return Outcome(program, "poptorch failed:\n" + traceback.format_exc(limit=-6))
+    msg = compare(program, got, want)
+    return None if msg is None else Outcome(program, msg)
+
+
+def assert_agrees(
+    source: str, inputs: list[Input], mode: Mode, seed: int, families: tuple[str, ...] = ()
+) -> None:
+    """Fail unless poptorch runs the model of ``source`` as eager torch does, or refuses it
+    properly (the check a kept case makes; see ``shrink.as_pytest``)."""
+    program = Program(seed, (), inputs, [], [], [], mode=mode, raw=source, families=families)
+    result = check(program)
+    assert not isinstance(result, Outcome), result.message if result else ""
