@@ -62,7 +62,12 @@ class Trainer:
         # Weight name -> the IPU its accumulator and update run on (staged programs).
         self.ipu_of: dict[str, int] = {}
         self._copies: dict[tuple, popxl.Tensor] = {}
-        trained = built.forward_interface().trained(fwd)
+        loss = fwd.graph.outputs[built.loss_index]
+        args = fwd.args.to_dict()
+        # A weight the loss does not depend on gets no gradient, and torch's optimisers
+        # (as PopART's) leave it alone: no weight decay, no momentum, no state.
+        used = _dependencies(loss)
+        trained = [n for n in built.forward_interface().trained(fwd) if args[n] in used]
         names = [n for n in built.weights if n in trained]
         if not names:
             raise ValueError(NO_WEIGHTS_MSG.format(cls=type(fwd).__name__))
@@ -72,8 +77,6 @@ class Trainer:
         self.spec = _optim_link.build_spec(optimizer, options)
         self.rule = self.spec.rule
         built.groups = group_of_each(self.spec, names)
-        loss = fwd.graph.outputs[built.loss_index]
-        args = fwd.args.to_dict()
         required = [args[n] for n in trained]
         if whole:  # staged programs differentiate block by block instead
             self.bwd = addons.autodiff(fwd, grads_provided=[loss], grads_required=required)
@@ -473,3 +476,18 @@ def offload_activations(
         ops.remote_store(buffer, 0, t)
         moved[key] = ops.remote_load(buffer, 0, f"{t.name}_reloaded")
     return moved
+
+
+def _dependencies(t: popxl.Tensor) -> set[popxl.Tensor]:
+    """The tensors of ``t``'s graph that ``t`` depends on, itself included (every input of
+    an op that makes one of them counts, a called subgraph's inputs too)."""
+    seen: set[popxl.Tensor] = set()
+    todo = [t]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current._producer is not None:
+            todo.extend(current._producer.inputs)
+    return seen

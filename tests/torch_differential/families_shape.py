@@ -210,8 +210,8 @@ def creation(s: State) -> Value | None:
         f"{{0}} * torch.linspace(0, 1, {n}, dtype={{0}}.dtype)" if x.is_float else f"{{0}} + torch.arange({n})",
         f"torch.eye({n}, dtype={{0}}.dtype) @ {{0}}.transpose(-1, -2)" if x.is_float and x.tensor.dim() >= 2 else "{0}.new_zeros(3) + 2",
         f"{{0}} + torch.full(({n},), 2, dtype={{0}}.dtype)" if x.dtype != "bool" else "{0}",
-        f"torch.tril({{0}})" if x.tensor.dim() >= 2 else "torch.zeros(2)",
-        f"torch.triu({{0}}, diagonal=1)" if x.tensor.dim() >= 2 else "torch.ones(3, dtype=torch.int64)",
+        "torch.tril({0})" if x.tensor.dim() >= 2 else "torch.zeros(2)",
+        "torch.triu({0}, diagonal=1)" if x.tensor.dim() >= 2 else "torch.ones(3, dtype=torch.int64)",
         "torch.empty_like({0}).fill_(3)",
     ]
     return s.emit(s.choice(options), [x], "creation", exact=True)

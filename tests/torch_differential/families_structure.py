@@ -117,7 +117,7 @@ def slice_write(s: State) -> Value | None:
         f"{{0}}[:, {k}:] = 0.5",
         f"{{0}}[:, {k}].add_({{0}}[:, 0].clone())",
         f"{{0}}.narrow(1, 0, {k}).tanh_()",
-        f"{{0}}[:, ::2].relu_()",
+        "{0}[:, ::2].relu_()",
     ])
     s.emit(write, [y], "structure", effect=True)
     return s.emit("{0} * 1", [y], "structure")
