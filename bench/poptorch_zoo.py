@@ -1,0 +1,225 @@
+"""Models people bring, through ``poptorch`` against eager torch and ``torch.compile``.
+
+For each model (torchvision, transformers, timm; random weights, nothing downloaded) and
+mode (inference, one SGD training step per call), each side runs in its own process so that
+nothing else shares the cores while it is timed (torch's OpenMP threads and XLA's would slow
+each other):
+
+* ``poptorch``: the first call, split into its stages (capture, building the program,
+  compiling, first run), then steady calls;
+* ``eager``: the first call and steady calls of the plain torch model;
+* ``compile``: ``torch.compile``'s first call (its compilation) and steady calls.
+
+Steady figures are medians; peak memory is the process's VmHWM. Say the machine's load
+with the figures (``uptime``): under load eager torch's threads collapse.
+
+Run: python bench/poptorch_zoo.py [--models resnet18,mobilenet_v2] [--modes infer,train]
+     [--sides poptorch,eager,compile] [--batch 8] [--size 64] [--calls 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench._common import peak_rss_mb, run_variant  # noqa: E402
+
+SIDES = ("poptorch", "eager", "compile")
+
+
+def _vision(builder: Callable[[], Any]) -> Callable[[int, int], tuple]:
+    def make(batch: int, size: int) -> tuple:
+        import torch  # noqa: PLC0415
+
+        model = builder()
+        x = torch.randn(batch, 3, size, size)
+        y = torch.randint(0, 10, (batch,))
+        return model, (x,), y
+
+    return make
+
+
+def _torchvision(name: str) -> Callable[[int, int], tuple]:
+    def build() -> Any:
+        import torchvision  # noqa: PLC0415
+
+        return getattr(torchvision.models, name)(num_classes=10)
+
+    return _vision(build)
+
+
+def _timm(name: str) -> Callable[[int, int], tuple]:
+    def build() -> Any:
+        import timm  # noqa: PLC0415
+
+        return timm.create_model(name, pretrained=False, num_classes=10)
+
+    return _vision(build)
+
+
+def _gpt2(batch: int, size: int) -> tuple:
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 512, (batch, size))
+    return model, (ids,), None
+
+
+def _bert(batch: int, size: int) -> tuple:
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+
+    config = transformers.BertConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=512,
+        num_labels=10,
+    )
+    model = transformers.BertForSequenceClassification(config)
+    ids = torch.randint(0, 512, (batch, size))
+    return model, (ids,), torch.randint(0, 10, (batch,))
+
+
+MODELS: dict[str, Callable[[int, int], tuple]] = {
+    "resnet18": _torchvision("resnet18"),
+    "mobilenet_v2": _torchvision("mobilenet_v2"),
+    "efficientnet_b0": _torchvision("efficientnet_b0"),
+    "vit_tiny": _timm("vit_tiny_patch16_224"),
+    "gpt2": _gpt2,
+    "bert": _bert,
+}
+
+
+class _Trained:
+    """The model with its loss computed inside, as PopTorch training models return it."""
+
+    def __new__(cls, model: Any, labels: Any) -> Any:
+        import torch  # noqa: PLC0415
+
+        class WithLoss(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, *inputs: Any) -> Any:
+                out = self.model(*inputs)
+                logits = getattr(out, "logits", out)
+                if labels is None:  # a language model: next-token loss on its own input
+                    target = inputs[0][:, 1:].reshape(-1)
+                    logits = logits[:, :-1].reshape(-1, logits.shape[-1])
+                else:
+                    target = labels
+                return torch.nn.functional.cross_entropy(logits, target)
+
+        return WithLoss()
+
+
+def _medians(call: Callable[[], Any], calls: int) -> tuple[float, float]:
+    """(first call s, median of the next ``calls`` in ms)."""
+    start = time.perf_counter()
+    call()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return first, statistics.median(times) * 1e3
+
+
+def worker(name: str, mode: str, side: str, batch: int, size: int, calls: int) -> dict:
+    import torch  # noqa: PLC0415
+
+    import poptorch  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    model, inputs, labels = MODELS[name](batch, size)
+    result: dict[str, Any] = {}
+    if mode == "infer":
+        model.eval()
+        if side == "poptorch":
+            pm = poptorch.inferenceModel(
+                model, poptorch.Options().showCompilationProgressBar(False)
+            )
+            call: Callable[[], Any] = lambda: pm(*inputs)  # noqa: E731
+        else:
+            target = torch.compile(model) if side == "compile" else model
+
+            def call() -> Any:
+                with torch.no_grad():
+                    return target(*inputs)
+    else:
+        trained = _Trained(model, labels)
+        trained.train()
+        if side == "poptorch":
+            opts = poptorch.Options().showCompilationProgressBar(False)
+            optimizer = torch.optim.SGD(trained.parameters(), lr=0.01)
+            pm = poptorch.trainingModel(trained, opts, optimizer)
+            call = lambda: pm(*inputs)  # noqa: E731
+        else:
+            target = torch.compile(trained) if side == "compile" else trained
+            optimizer = torch.optim.SGD(trained.parameters(), lr=0.01)
+
+            def call() -> Any:
+                optimizer.zero_grad()
+                loss = target(*inputs)
+                loss.backward()
+                optimizer.step()
+                return loss
+
+    first, steady = _medians(call, calls)
+    result.update(first_s=first, steady_ms=steady, peak_mb=peak_rss_mb())
+    if side == "poptorch":
+        result["stages_s"] = dict(getattr(pm, "_first_call_seconds", {}) or {})
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="resnet18,mobilenet_v2,efficientnet_b0,gpt2,bert")
+    parser.add_argument("--modes", default="infer,train")
+    parser.add_argument("--sides", default=",".join(SIDES))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--size", type=int, default=64, help="image side or sequence length")
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--worker", nargs=3, metavar=("MODEL", "MODE", "SIDE"))
+    args = parser.parse_args()
+    if args.worker:
+        name, mode, side = args.worker
+        print(json.dumps(worker(name, mode, side, args.batch, args.size, args.calls)))
+        return
+    print(
+        f"load: {os.getloadavg()[0]:.2f} (1-minute average), batch {args.batch}, size {args.size}"
+    )
+    header = "| model | mode | side | first call s | stages s | steady ms | steady ms / poptorch's | peak MiB |"
+    print(header + "\n|" + "---|" * 8)
+    for name in args.models.split(","):
+        for mode in args.modes.split(","):
+            rows = {}
+            for side in args.sides.split(","):
+                common = ["--batch", str(args.batch), "--size", str(args.size)]
+                common += ["--calls", str(args.calls), "--worker", name, mode, side]
+                rows[side] = run_variant(__file__, *common)
+            ours = rows.get("poptorch", {}).get("steady_ms")
+            for side, r in rows.items():
+                stages = ", ".join(f"{k} {v:.1f}" for k, v in r.get("stages_s", {}).items())
+                speed = f"{r['steady_ms'] / ours:.2f}" if ours else "-"
+                print(
+                    f"| {name} | {mode} | {side} | {r['first_s']:.1f} | {stages or '-'} | "
+                    f"{r['steady_ms']:.1f} | {speed} | {r['peak_mb']:.0f} |"
+                )
+
+
+if __name__ == "__main__":
+    main()
