@@ -38,8 +38,10 @@ def decomposition_table() -> dict[Any, Any]:
 
 
 def decomposable(target: Any) -> bool:
-    """Whether ``target`` is an ATen op that can be traced into core ATen ops."""
-    return isinstance(target, torch._ops.OpOverload)
+    """Whether ``target`` is an ATen op that torch decomposes (into core ATen ops)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    return target in decomposition_table() or target._can_decompose()
 
 
 def decompose(node: torch.fx.Node) -> torch.fx.GraphModule:
