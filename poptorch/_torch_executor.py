@@ -39,6 +39,7 @@ from ._capture.model import CapturedModel
 from ._capture.translate import Leaf
 from ._hooks import compiling
 from ._names import tree_key
+from ._progress import STAGES
 from .blocks import module_repr
 from .enums import ConnectionType
 from .errors import Error
@@ -124,6 +125,8 @@ def _host_array(t: torch.Tensor, what: str) -> np.ndarray:
 
 class TorchExecutor(PoplarExecutor):
     """A ``torch.nn.Module`` wrapped by ``trainingModel`` / ``inferenceModel``."""
+
+    _progress_stages = STAGES
 
     def __init__(
         self,
@@ -226,7 +229,7 @@ class TorchExecutor(PoplarExecutor):
         if any(t.requires_grad for t in tensors):
             _log.logger.warning(REQUIRES_GRAD_MSG)
         with compiling(), _unwrapped(self._user_model):
-            with guard_buffers(self._torch_model):
+            with guard_buffers(self._torch_model), self._compile_progress().stage("capture"):
                 captured = capture(self._torch_model, tuple(micro.args), dict(micro.kwargs))
             self._check_buffer_broadcast(captured)
             self._captured = CapturedModel(

@@ -13,6 +13,7 @@ another executor or the user needs them.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import pickle
@@ -29,6 +30,7 @@ import popxl_addons as addons
 from popxl._printing import format_schedule
 from popxl.errors import InternalError
 
+from . import _progress
 from ._hooks import compiling
 from ._names import torch_name
 from ._popart_ir import log_lowered, popart_ir_json
@@ -169,6 +171,7 @@ class PoplarExecutor:
         # Seconds from the first compile request to a compiled program (compilationTime).
         self._compile_started: float | None = None
         self._compile_seconds: float | None = None
+        self._progress: _progress.CompileProgress | None = None  # until the first run ends
         if optimizer is not None:
             optimizer._link(self)
 
@@ -235,12 +238,15 @@ class PoplarExecutor:
         if self._compile_started is None:
             self._compile_started = time.perf_counter()
         groupings = {n: (g[0], g[1]) for n, g in self._groupings.items()}
+        progress = self._compile_progress()
         with compiling():
-            self._built = build(module, self._options, specs, self._optimizer, groupings)
+            with progress.stage("building the program"):
+                self._built = build(module, self._options, specs, self._optimizer, groupings)
             self._specs = key
             log_lowered(self._built.ir)
             device = "ipu_model" if self._options.use_ipu_model else "ipu_hw"
-            self._session = popxl.Session(self._built.ir, device)
+            with progress.stage("compiling"):
+                self._session = popxl.Session(self._built.ir, device)
         self._adopt_weights()
         if self._optimizer is not None and self._optimizer._pending_state:
             self._load_optimizer_state(self._optimizer._pending_state)
@@ -248,6 +254,15 @@ class PoplarExecutor:
         if self._options.connection_type == ConnectionType.Always:
             self.attachToDevice()
         self._compile_seconds = time.perf_counter() - self._compile_started
+
+    # The first call's stages this executor shows (a torch model's begin with its capture).
+    _progress_stages: tuple[str, ...] = _progress.STAGES[1:]
+
+    def _compile_progress(self) -> _progress.CompileProgress:
+        """The first call's progress bar (``poptorch._progress``), made on first use."""
+        if self._progress is None:
+            self._progress = _progress.for_options(self._options, self._progress_stages)
+        return self._progress
 
     def compilationTime(self) -> datetime.timedelta:  # noqa: N802 (PopTorch's name)
         """How long compiling took, from the first call (capture included) to a compiled
@@ -313,7 +328,11 @@ class PoplarExecutor:
         self._sync_weights()
         feeds = {s: self._stream_layout(a) for s, a in zip(built.inputs, arrays)}
         loaded = time.perf_counter()
-        results = _run(session, feeds)
+        progress, self._progress = self._progress, None
+        with progress.stage("first run") if progress else contextlib.nullcontext():
+            results = _run(session, feeds)
+        if progress is not None:
+            progress.close()
         ran = time.perf_counter()
         outs = [self._host_layout(results[s], s) for s in built.outputs]
         done = time.perf_counter()
