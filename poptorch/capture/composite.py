@@ -38,8 +38,10 @@ def decomposition_table() -> dict[Any, Any]:
 
 
 def decomposable(target: Any) -> bool:
-    """Whether ``target`` is an ATen op that can be traced into core ATen ops."""
-    return isinstance(target, torch._ops.OpOverload)
+    """Whether ``target`` is an ATen op that torch decomposes (into core ATen ops)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    return target in decomposition_table() or target._can_decompose()
 
 
 def decompose(node: torch.fx.Node) -> torch.fx.GraphModule:
@@ -48,13 +50,14 @@ def decompose(node: torch.fx.Node) -> torch.fx.GraphModule:
     values = pytree.tree_map_only(torch.fx.Node, lambda n: n.meta["val"], (node.args, node.kwargs))
     leaves, spec = pytree.tree_flatten(values)
     is_tensor = [isinstance(v, torch.Tensor) for v in leaves]
+    op: Any = node.target
 
     def run(*tensors: torch.Tensor) -> Any:
         given = iter(tensors)
         args, kwargs = pytree.tree_unflatten(
             [next(given) if t else v for v, t in zip(leaves, is_tensor)], spec
         )
-        return node.target(*args, **kwargs)
+        return op(*args, **kwargs)
 
     examples = [v for v, t in zip(leaves, is_tensor) if t]
     fake_mode = detect_fake_mode(examples)

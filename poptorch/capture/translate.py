@@ -167,7 +167,8 @@ class Translator:
         nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
         constants = ep.constants
         state_dict = {**constants, **dict(ep.named_parameters()), **dict(ep.named_buffers())}
-        user, named, factories = [], {}, {}
+        user, factories = [], {}
+        named: dict[str, popxl.Tensor] = {}
         state_specs = []
         for spec in ep.graph_signature.input_specs:
             node = nodes[spec.arg.name]

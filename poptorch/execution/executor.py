@@ -13,6 +13,7 @@ another executor or the user needs them.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import pickle
@@ -45,6 +46,7 @@ from ..optim.link import (
 )
 from ..optim.optimizers import OPTIMIZERS, Optimizer
 from ..options.core import Options, batches_per_call
+from . import progress as _progress
 from .export import export_step, import_step
 from .hooks import compiling
 from .layout import Built, check_inference_accumulation
@@ -175,6 +177,9 @@ class PoplarExecutor:
         # Seconds from the first compile request to a compiled program (compilationTime).
         self._compile_started: float | None = None
         self._compile_seconds: float | None = None
+        self._progress: _progress.CompileProgress | None = None  # until the first run ends
+        # Seconds each stage of the first call took (capture, building, compiling, first run).
+        self._first_call_seconds: dict[str, float] = {}
         if optimizer is not None:
             attach(self, optimizer)
 
@@ -241,12 +246,15 @@ class PoplarExecutor:
         if self._compile_started is None:
             self._compile_started = time.perf_counter()
         groupings = {n: (g[0], g[1]) for n, g in self._groupings.items()}
+        progress = self._compile_progress()
         with compiling():
-            self._built = build(module, self._options, specs, self._optimizer, groupings)
+            with progress.stage("building the program"):
+                self._built = build(module, self._options, specs, self._optimizer, groupings)
             self._specs = key
             log_lowered(self._built.ir)
             device = "ipu_model" if self._options.use_ipu_model else "ipu_hw"
-            self._session = popxl.Session(self._built.ir, device)
+            with progress.stage("compiling"):
+                self._session = popxl.Session(self._built.ir, device)
         self._adopt_weights()
         if self._optimizer is not None and self._optimizer._pending_state:
             self._load_optimizer_state(self._optimizer._pending_state)
@@ -254,6 +262,15 @@ class PoplarExecutor:
         if self._options.connection_type == ConnectionType.Always:
             self.attachToDevice()
         self._compile_seconds = time.perf_counter() - self._compile_started
+
+    # The first call's stages this executor shows (a torch model's begin with its capture).
+    _progress_stages: tuple[str, ...] = _progress.STAGES[1:]
+
+    def _compile_progress(self) -> _progress.CompileProgress:
+        """The first call's progress bar (``poptorch.execution.progress``), made on first use."""
+        if self._progress is None:
+            self._progress = _progress.for_options(self._options, self._progress_stages)
+        return self._progress
 
     def compilationTime(self) -> datetime.timedelta:  # noqa: N802 (PopTorch's name)
         """How long compiling took, from the first call (capture included) to a compiled
@@ -319,7 +336,12 @@ class PoplarExecutor:
         self._sync_weights()
         feeds = {s: self._stream_layout(a) for s, a in zip(built.inputs, arrays)}
         loaded = time.perf_counter()
-        results = _run(session, feeds)
+        progress, self._progress = self._progress, None
+        with progress.stage("first run") if progress else contextlib.nullcontext():
+            results = _run(session, feeds)
+        if progress is not None:
+            progress.close()
+            self._first_call_seconds = dict(progress.seconds)
         ran = time.perf_counter()
         outs = [self._host_layout(results[s], s) for s in built.outputs]
         done = time.perf_counter()

@@ -45,6 +45,7 @@ from ..errors import Error
 from ..options.core import Options, batches_per_call
 from .executor import OfflineDeviceError, PoplarExecutor
 from .hooks import compiling
+from .progress import STAGES
 
 logger = logging.getLogger("poptorch")
 
@@ -125,6 +126,8 @@ def _host_array(t: torch.Tensor, what: str) -> np.ndarray:
 
 class TorchExecutor(PoplarExecutor):
     """A ``torch.nn.Module`` wrapped by ``trainingModel`` / ``inferenceModel``."""
+
+    _progress_stages = STAGES
 
     def __init__(
         self,
@@ -225,7 +228,7 @@ class TorchExecutor(PoplarExecutor):
         if any(t.requires_grad for t in tensors):
             _log.logger.warning(REQUIRES_GRAD_MSG)
         with compiling(), _unwrapped(self._user_model):
-            with guard_buffers(self._torch_model):
+            with guard_buffers(self._torch_model), self._compile_progress().stage("capture"):
                 captured = capture(self._torch_model, tuple(micro.args), dict(micro.kwargs))
             self._check_buffer_broadcast(captured)
             self._captured = CapturedModel(

@@ -141,7 +141,9 @@ class Options(_Base):
         description=_no_effect("no IR source locations are printed."),
     )
     show_compilation_progress_bar: bool = Field(
-        True, description="Record the compilation time (compilationTime); no bar is drawn."
+        True,
+        description="Show the first call's stages and elapsed time in a terminal (a bar on "
+        "stderr) and record the compilation time (compilationTime).",
     )
     relax_optimizer_attributes_checks: bool = Field(
         False, description=_no_effect("optimizer attributes are checked as given.")
@@ -492,8 +494,9 @@ class Options(_Base):
         return self
 
     def showCompilationProgressBar(self, show: bool = True) -> Options:  # noqa: N802
-        """Record how long compiling takes (``compilationTime``). No bar is drawn: the
-        compilation is one XLA call, with no progress to report."""
+        """Show a progress bar on the first call (its stages: capture, building the program,
+        compiling, first run, with the time elapsed) when stderr is a terminal, and record
+        how long compiling takes (``compilationTime``)."""
         self.show_compilation_progress_bar = _bool("showCompilationProgressBar", show)
         return self
 

@@ -17,6 +17,8 @@ import pytest
 import torch
 import transformers as tf
 
+import poptorch
+
 from ._compare import assert_trains_as_eager, inference_error
 
 V = 100  # vocabulary
@@ -58,11 +60,26 @@ def _clip() -> dict[str, Any]:
     }
 
 
+class MarkedLoss(torch.nn.Module):
+    """The model with its ``out.loss`` marked by ``poptorch.identity_loss``, as PopTorch
+    requires of a model whose loss adds independent losses (CLIP: text and image)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, **kwargs: Any) -> Any:
+        out = self.model(**kwargs)
+        out.loss = poptorch.identity_loss(out.loss, reduction="none")
+        return out
+
+
 @dataclass(frozen=True)
 class Case:
     build: Callable[[], torch.nn.Module]
     inputs: Callable[[], dict[str, Any]] = _text
     fast: bool = False
+    marks_loss: bool = False  # trained through ``MarkedLoss``
 
 
 _SPECIAL = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
@@ -233,7 +250,9 @@ CASES: dict[str, Case] = {
     ),  # fmt: skip
     "convnext": Case(
         lambda: tf.ConvNextForImageClassification(
-            _config(tf.ConvNextConfig, hidden_sizes=[8, 16], depths=[1, 1], num_labels=4)
+            _config(
+                tf.ConvNextConfig, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], num_labels=4
+            )
         ),
         _image,
     ),
@@ -247,6 +266,7 @@ CASES: dict[str, Case] = {
             )
         ),
         _clip,
+        marks_loss=True,
     ),
 }
 
@@ -267,4 +287,5 @@ def test_inference_matches_eager(name: str) -> None:
 @pytest.mark.parametrize("name", _params())
 def test_a_training_step_matches_eager(name: str) -> None:
     case = CASES[name]
-    assert_trains_as_eager(case.build(), (), case.inputs())
+    model = MarkedLoss(case.build()) if case.marks_loss else case.build()
+    assert_trains_as_eager(model, (), case.inputs())
