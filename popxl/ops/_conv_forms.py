@@ -70,19 +70,23 @@ def conv_transpose(x: jax.Array, w: jax.Array, geo: Geometry, out: tuple[int, ..
 
 
 def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str:
-    """The fastest form on XLA:CPU for ``direction`` ("forward", "input" or "weight")."""
+    """The fastest form on XLA:CPU for ``direction`` ("forward", "input" or "weight").
+
+    Measured with ``bench/conv_lowering.py`` (ResNet-18, tutorial 8's CNN, depthwise, 1-D and
+    3-D shapes): XLA's kernel is fast on maps at least twice the kernel's extent, where its
+    weight gradient is still slower than the patches' matmul unless channels are few; on
+    smaller maps (ResNet's last stages) it is 2-100x slower than the matmul.
+    """
     m, cg, *kernel = w_shape
     if cg == 1 and geo.groups > 1:
         return "taps"  # depthwise: XLA's kernel is 10-100x slower in every direction
-    spatial = x_shape[2:]
-    fits = all((k - 1) * d + 1 <= n for k, d, n in zip(kernel, geo.dilation, spatial))
-    if not fits or geo.groups > 1:
-        return "matmul"  # a kernel wider than the map: XLA's kernel is 50-100x slower
-    c = cg * geo.groups
-    if max(c, m) <= 32:
+    if geo.groups > 1:
+        return "matmul"  # grouped: XLA's gradients are 10x slower
+    roomy = all(n >= 2 * ((k - 1) * d + 1) for k, d, n in zip(kernel, geo.dilation, x_shape[2:]))
+    if not roomy:
+        return "matmul"
+    if max(cg, m) <= 32 or direction != "weight":
         return "lax"  # few channels: building patches costs more than XLA's kernel
-    if direction == "forward" and c <= 4:
-        return "lax"  # a stem (RGB in, many channels out): patches too thin for a matmul
     return "matmul"
 
 
