@@ -19,7 +19,9 @@ interleaved with XLA calls. The machine's load (``uptime``) is printed with each
 with other work on the 2 cores, compare ratios, not absolute times. Values are checked to
 agree before timing.
 
-Run: python bench/conv_lowering.py [--quick] [--only SUBSTRING]
+The first call (trace, lower, XLA compile) of each network's fwd+bwd is printed too.
+
+Run: python bench/conv_lowering.py [--quick] [--only SUBSTRING] [--torch-threads N]
 """
 
 from __future__ import annotations
@@ -219,6 +221,9 @@ def cnn_torch(p: dict, x: Any) -> Any:
     return f.linear(f.relu(f.linear(x.flatten(1), p["fc1"], p["fc1b"])), p["fc2"], p["fc2b"])
 
 
+NETWORKS = ("ResNet-18 (BN eval affine)", "tutorial 8 CNN")
+
+
 def network_cases(rng: np.random.Generator) -> dict:
     params, model = resnet18_params(rng)
     x = rng.standard_normal((8, 3, 64, 64)).astype(np.float32)
@@ -228,13 +233,13 @@ def network_cases(rng: np.random.Generator) -> dict:
     cnn_params = {k: (rng.standard_normal(s) * 0.1).astype(np.float32) for k, s in shapes.items()}
     images = rng.standard_normal((16, 1, 28, 28)).astype(np.float32)
     return {
-        "ResNet-18 (BN eval affine)": (
+        NETWORKS[0]: (
             [params, x],
             (0,),
             resnet,
             lambda p, x: model(x),
         ),
-        "tutorial 8 CNN": (
+        NETWORKS[1]: (
             [cnn_params, images],
             (0,),
             {name: cnn(*lower) for name, lower in LOWERINGS.items()},
@@ -295,6 +300,13 @@ def time_xla(args: list, wrt: tuple, xla: dict, repeats: int, rounds: int) -> di
     return alternate(fns, repeats, rounds)
 
 
+def compile_seconds(f: Callable, inputs: list, wrt: tuple) -> float:
+    args = [jax.tree.map(jnp.asarray, a) for a in inputs]
+    start = time.perf_counter()
+    jax.jit(jax.grad(lambda *a: jnp.sum(f(*a)), wrt)).lower(*args).compile()
+    return time.perf_counter() - start
+
+
 def time_torch(args: list, wrt: tuple, f: Callable, repeats: int, rounds: int) -> dict:
     def tensor(a: Any, grad: bool) -> Any:
         return torch.tensor(a, requires_grad=grad)
@@ -332,7 +344,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and rounds")
     parser.add_argument("--only", default="", help="cases whose name contains this")
+    parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
     args = parser.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     repeats, rounds = (3, 3) if args.quick else (10, 5)
     rng = np.random.default_rng(0)
     cases = {name: conv_case(spec, rng) for name, spec in CONVS.items()}
@@ -340,6 +355,11 @@ def main() -> None:
     cases |= network_cases(rng)
     cases = {k: v for k, v in cases.items() if args.only in k}
 
+    print(f"first call of the networks' fwd+bwd (trace, lower, compile), load {load()}")
+    for name, (inputs, wrt, xla, _) in cases.items():
+        if name in NETWORKS:
+            seconds = {k: compile_seconds(f, inputs, wrt) for k, f in xla.items()}
+            print(f"  {name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
     print(f"XLA phase, load {load()}", flush=True)
     results = {}
     for name, (inputs, wrt, xla, _) in cases.items():
@@ -348,7 +368,7 @@ def main() -> None:
             f"  {name}: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in results[name].items()),
             flush=True,
         )
-    print(f"torch phase, load {load()}", flush=True)
+    print(f"torch phase ({torch.get_num_threads()} threads), load {load()}", flush=True)
     for name, (inputs, wrt, _, f) in cases.items():
         results[name] |= time_torch(inputs, wrt, f, repeats, rounds)
     print(f"done, load {load()}\n")

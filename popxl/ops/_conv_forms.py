@@ -73,9 +73,9 @@ def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str
     """The fastest form on XLA:CPU for ``direction`` ("forward", "input" or "weight").
 
     Measured with ``bench/conv_lowering.py`` (ResNet-18, tutorial 8's CNN, depthwise, 1-D and
-    3-D shapes): XLA's kernel is fast on maps at least twice the kernel's extent, where its
-    weight gradient is still slower than the patches' matmul unless channels are few; on
-    smaller maps (ResNet's last stages) it is 2-100x slower than the matmul.
+    3-D shapes): XLA's kernel is fast on maps at least twice the kernel's extent; on smaller
+    maps (ResNet's last stages) it is 2-100x slower than the matmul, and so is its weight
+    gradient on maps of at most 8x8 outputs with more than 32 channels.
     """
     m, cg, *kernel = w_shape
     if cg == 1 and geo.groups > 1:
@@ -85,9 +85,10 @@ def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str
     roomy = all(n >= 2 * ((k - 1) * d + 1) for k, d, n in zip(kernel, geo.dilation, x_shape[2:]))
     if not roomy:
         return "matmul"
-    if max(cg, m) <= 32 or direction != "weight":
-        return "lax"  # few channels: building patches costs more than XLA's kernel
-    return "matmul"
+    positions = math.prod(_out_shape(x_shape, tuple(kernel), geo))
+    if direction == "weight" and max(cg, m) > 32 and positions <= 64:
+        return "matmul"
+    return "lax"
 
 
 # The forms: forward, input gradient, weight gradient ----------------------------------------

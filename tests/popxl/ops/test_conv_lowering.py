@@ -157,7 +157,9 @@ def test_the_choice_avoids_xla_kernels_slow_cases():
     assert {choose((8, 512, 2, 2), (512, 512, 3, 3), geo, d) for d in directions} == {"matmul"}
     depthwise = geo._replace(groups=96)
     assert choose((8, 96, 16, 16), (96, 1, 3, 3), depthwise, "input") == "taps"
-    # A roomy map: XLA's kernel, but the weight gradient as a matmul unless channels are few.
-    got = [choose((8, 64, 16, 16), (64, 64, 3, 3), geo, d) for d in directions]
+    # A roomy map: XLA's kernel, but the weight gradient of an 8x8 map with many channels
+    # as a matmul.
+    assert {choose((8, 64, 16, 16), (64, 64, 3, 3), geo, d) for d in directions} == {"lax"}
+    got = [choose((8, 128, 8, 8), (128, 128, 3, 3), geo, d) for d in directions]
     assert got == ["lax", "lax", "matmul"]
-    assert choose((16, 16, 12, 12), (32, 16, 5, 5), geo, "weight") == "lax"
+    assert choose((16, 16, 8, 8), (32, 16, 3, 3), geo, "weight") == "lax"
