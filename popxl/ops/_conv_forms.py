@@ -17,7 +17,8 @@ is a ``custom_vjp`` whose forward, input gradient and weight gradient each take 
 
 ``choose`` holds the rule, measured on a 2-core AVX2 CPU (``bench/conv_lowering.py``). The
 transposed convolution is the input gradient of a convolution, so it reuses the same forms.
-Everything works in ``NC*`` layout, so no transposes are added around the convolution.
+The forms take and return ``NC*`` arrays; the matmul form transposes its input and output
+(channels first), never the patches.
 
 Imported lazily by the lowering rules: this module imports JAX.
 """
