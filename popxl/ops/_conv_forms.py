@@ -220,10 +220,11 @@ def _taps_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
     xp = _pad(x, geo.pads)
     wt = _depthwise(w, c)
     expand = (slice(None),) * 2 + (None,) * len(out)
-    y = sum(
+    products = (
         tap_slice(xp, t, geo.dilation, out, geo.stride)[:, :, None] * wt[:, :, i][expand]
         for i, t in enumerate(taps(kernel))
     )
+    y = functools.reduce(jnp.add, products)
     return y.reshape(n, w.shape[0], *out)
 
 

@@ -41,7 +41,7 @@ def _cropped(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> ja
     """``xp`` without the trailing elements that no window reaches."""
     out = _out(xp.shape[2:], kernel, stride, dilation)
     used = tuple((o - 1) * s + (k - 1) * d + 1 for o, k, s, d in zip(out, kernel, stride, dilation))
-    return xp[(Ellipsis, *(slice(0, u) for u in used))]
+    return xp[(Ellipsis,) + tuple(slice(0, u) for u in used)]
 
 
 def _tiles(kernel: tuple, stride: tuple, dilation: tuple) -> bool:
@@ -150,7 +150,9 @@ def _differentiable_sum(xp: jax.Array, kernel: tuple, stride: tuple, dilation: t
     if _tiles(kernel, stride, dilation):
         return _blocked(xp, kernel).sum(_window_axes(len(kernel)))
     out = _out(xp.shape[2:], kernel, stride, dilation)
-    return sum(tap_slice(xp, t, dilation, out, stride) for t in taps(kernel))
+    return functools.reduce(
+        jnp.add, (tap_slice(xp, t, dilation, out, stride) for t in taps(kernel))
+    )
 
 
 def _sum_fwd(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> tuple:
