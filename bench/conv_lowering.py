@@ -44,7 +44,7 @@ import torch  # noqa: E402
 from jax import lax  # noqa: E402
 
 from popxl.ops.conv import _lower_conv  # noqa: E402
-from popxl.ops.pool import _lower_max_pool  # noqa: E402
+from popxl.ops.pool import _lower_average_pool, _lower_max_pool  # noqa: E402
 
 HIGHEST = lax.Precision.HIGHEST
 
@@ -93,7 +93,32 @@ def new_max_pool(x: Any, k: int, s: int, p: int) -> Any:
     )
 
 
+def old_avg_pool(x: Any, k: int, s: int, p: int) -> Any:
+    """The old average pool: windowed sums of the input and of ones (padding excluded)."""
+    n = x.ndim - 2
+    window, strides, pads = (1, 1) + (k,) * n, (1, 1) + (s,) * n, [(0, 0)] * 2 + [(p, p)] * n
+    sums = lax.reduce_window(x, 0.0, lax.add, window, strides, pads)
+    counts = lax.reduce_window(jnp.ones_like(x), 0.0, lax.add, window, strides, pads)
+    return sums / counts
+
+
+def new_avg_pool(x: Any, k: int, s: int, p: int) -> Any:
+    n = x.ndim - 2
+    return _lower_average_pool(
+        x,
+        kernel_size=(k,) * n,
+        stride=(s,) * n,
+        padding=(p,) * 2 * n,
+        out_pads=(0,) * 2 * n,
+        dilation=(1,) * n,
+        in_dilations=(1,) * n,
+        auto_pad="not_set",
+        ceil_mode=False,
+    )
+
+
 LOWERINGS = {"old": (old_conv, old_max_pool), "new": (new_conv, new_max_pool)}
+AVG_LOWERINGS = {"old": old_avg_pool, "new": new_avg_pool}
 
 
 def torch_conv(x: Any, w: Any, stride: int, pad: int, groups: int = 1) -> Any:
@@ -103,6 +128,11 @@ def torch_conv(x: Any, w: Any, stride: int, pad: int, groups: int = 1) -> Any:
 
 def torch_max_pool(x: Any, k: int, s: int, p: int) -> Any:
     return getattr(torch.nn.functional, f"max_pool{x.ndim - 2}d")(x, k, s, p)
+
+
+def torch_avg_pool(x: Any, k: int, s: int, p: int) -> Any:
+    f = getattr(torch.nn.functional, f"avg_pool{x.ndim - 2}d")
+    return f(x, k, s, p, count_include_pad=False)
 
 
 # ---- cases ----------------------------------------------------------------------------------
@@ -158,6 +188,21 @@ def pool_case(spec: tuple, rng: np.random.Generator) -> tuple:
     x = np.maximum(rng.standard_normal((b, c, size, size)), 0).astype(np.float32)  # ReLU'd
     xla = {name: functools.partial(pool, k=k, s=s, p=p) for name, (_, pool) in LOWERINGS.items()}
     return [x], (0,), xla, lambda x: torch_max_pool(x, k, s, p)
+
+
+# name: (batch, channels, size, kernel, stride, pad)
+AVG_POOLS = {
+    "average pool k2 @16": (8, 64, 16, 2, 2, 0),
+    "average pool k3 s1 p1 @16": (8, 64, 16, 3, 1, 1),
+    "average pool k3 s2 p1 @32": (8, 64, 32, 3, 2, 1),
+}
+
+
+def avg_pool_case(spec: tuple, rng: np.random.Generator) -> tuple:
+    b, c, size, k, s, p = spec
+    x = rng.standard_normal((b, c, size, size)).astype(np.float32)
+    xla = {name: functools.partial(pool, k=k, s=s, p=p) for name, pool in AVG_LOWERINGS.items()}
+    return [x], (0,), xla, lambda x: torch_avg_pool(x, k, s, p)
 
 
 # ---- networks -------------------------------------------------------------------------------
@@ -352,6 +397,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     cases = {name: conv_case(spec, rng) for name, spec in CONVS.items()}
     cases |= {name: pool_case(spec, rng) for name, spec in POOLS.items()}
+    cases |= {name: avg_pool_case(spec, rng) for name, spec in AVG_POOLS.items()}
     cases |= network_cases(rng)
     cases = {k: v for k, v in cases.items() if args.only in k}
 
