@@ -19,7 +19,9 @@ interleaved with XLA calls. The machine's load (``uptime``) is printed with each
 with other work on the 2 cores, compare ratios, not absolute times. Values are checked to
 agree before timing.
 
-Run: python bench/conv_lowering.py [--quick] [--only SUBSTRING]
+The first call (trace, lower, XLA compile) of each network's fwd+bwd is printed too.
+
+Run: python bench/conv_lowering.py [--quick] [--only SUBSTRING] [--torch-threads N]
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import torch  # noqa: E402
 from jax import lax  # noqa: E402
 
 from popxl.ops.conv import _lower_conv  # noqa: E402
-from popxl.ops.pool import _lower_max_pool  # noqa: E402
+from popxl.ops.pool import _lower_average_pool, _lower_max_pool  # noqa: E402
 
 HIGHEST = lax.Precision.HIGHEST
 
@@ -91,7 +93,32 @@ def new_max_pool(x: Any, k: int, s: int, p: int) -> Any:
     )
 
 
+def old_avg_pool(x: Any, k: int, s: int, p: int) -> Any:
+    """The old average pool: windowed sums of the input and of ones (padding excluded)."""
+    n = x.ndim - 2
+    window, strides, pads = (1, 1) + (k,) * n, (1, 1) + (s,) * n, [(0, 0)] * 2 + [(p, p)] * n
+    sums = lax.reduce_window(x, 0.0, lax.add, window, strides, pads)
+    counts = lax.reduce_window(jnp.ones_like(x), 0.0, lax.add, window, strides, pads)
+    return sums / counts
+
+
+def new_avg_pool(x: Any, k: int, s: int, p: int) -> Any:
+    n = x.ndim - 2
+    return _lower_average_pool(
+        x,
+        kernel_size=(k,) * n,
+        stride=(s,) * n,
+        padding=(p,) * 2 * n,
+        out_pads=(0,) * 2 * n,
+        dilation=(1,) * n,
+        in_dilations=(1,) * n,
+        auto_pad="not_set",
+        ceil_mode=False,
+    )
+
+
 LOWERINGS = {"old": (old_conv, old_max_pool), "new": (new_conv, new_max_pool)}
+AVG_LOWERINGS = {"old": old_avg_pool, "new": new_avg_pool}
 
 
 def torch_conv(x: Any, w: Any, stride: int, pad: int, groups: int = 1) -> Any:
@@ -101,6 +128,11 @@ def torch_conv(x: Any, w: Any, stride: int, pad: int, groups: int = 1) -> Any:
 
 def torch_max_pool(x: Any, k: int, s: int, p: int) -> Any:
     return getattr(torch.nn.functional, f"max_pool{x.ndim - 2}d")(x, k, s, p)
+
+
+def torch_avg_pool(x: Any, k: int, s: int, p: int) -> Any:
+    f = getattr(torch.nn.functional, f"avg_pool{x.ndim - 2}d")
+    return f(x, k, s, p, count_include_pad=False)
 
 
 # ---- cases ----------------------------------------------------------------------------------
@@ -156,6 +188,21 @@ def pool_case(spec: tuple, rng: np.random.Generator) -> tuple:
     x = np.maximum(rng.standard_normal((b, c, size, size)), 0).astype(np.float32)  # ReLU'd
     xla = {name: functools.partial(pool, k=k, s=s, p=p) for name, (_, pool) in LOWERINGS.items()}
     return [x], (0,), xla, lambda x: torch_max_pool(x, k, s, p)
+
+
+# name: (batch, channels, size, kernel, stride, pad)
+AVG_POOLS = {
+    "average pool k2 @16": (8, 64, 16, 2, 2, 0),
+    "average pool k3 s1 p1 @16": (8, 64, 16, 3, 1, 1),
+    "average pool k3 s2 p1 @32": (8, 64, 32, 3, 2, 1),
+}
+
+
+def avg_pool_case(spec: tuple, rng: np.random.Generator) -> tuple:
+    b, c, size, k, s, p = spec
+    x = rng.standard_normal((b, c, size, size)).astype(np.float32)
+    xla = {name: functools.partial(pool, k=k, s=s, p=p) for name, pool in AVG_LOWERINGS.items()}
+    return [x], (0,), xla, lambda x: torch_avg_pool(x, k, s, p)
 
 
 # ---- networks -------------------------------------------------------------------------------
@@ -219,6 +266,9 @@ def cnn_torch(p: dict, x: Any) -> Any:
     return f.linear(f.relu(f.linear(x.flatten(1), p["fc1"], p["fc1b"])), p["fc2"], p["fc2b"])
 
 
+NETWORKS = ("ResNet-18 (BN eval affine)", "tutorial 8 CNN")
+
+
 def network_cases(rng: np.random.Generator) -> dict:
     params, model = resnet18_params(rng)
     x = rng.standard_normal((8, 3, 64, 64)).astype(np.float32)
@@ -228,13 +278,13 @@ def network_cases(rng: np.random.Generator) -> dict:
     cnn_params = {k: (rng.standard_normal(s) * 0.1).astype(np.float32) for k, s in shapes.items()}
     images = rng.standard_normal((16, 1, 28, 28)).astype(np.float32)
     return {
-        "ResNet-18 (BN eval affine)": (
+        NETWORKS[0]: (
             [params, x],
             (0,),
             resnet,
             lambda p, x: model(x),
         ),
-        "tutorial 8 CNN": (
+        NETWORKS[1]: (
             [cnn_params, images],
             (0,),
             {name: cnn(*lower) for name, lower in LOWERINGS.items()},
@@ -295,6 +345,13 @@ def time_xla(args: list, wrt: tuple, xla: dict, repeats: int, rounds: int) -> di
     return alternate(fns, repeats, rounds)
 
 
+def compile_seconds(f: Callable, inputs: list, wrt: tuple) -> float:
+    args = [jax.tree.map(jnp.asarray, a) for a in inputs]
+    start = time.perf_counter()
+    jax.jit(jax.grad(lambda *a: jnp.sum(f(*a)), wrt)).lower(*args).compile()
+    return time.perf_counter() - start
+
+
 def time_torch(args: list, wrt: tuple, f: Callable, repeats: int, rounds: int) -> dict:
     def tensor(a: Any, grad: bool) -> Any:
         return torch.tensor(a, requires_grad=grad)
@@ -332,14 +389,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and rounds")
     parser.add_argument("--only", default="", help="cases whose name contains this")
+    parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
     args = parser.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     repeats, rounds = (3, 3) if args.quick else (10, 5)
     rng = np.random.default_rng(0)
     cases = {name: conv_case(spec, rng) for name, spec in CONVS.items()}
     cases |= {name: pool_case(spec, rng) for name, spec in POOLS.items()}
+    cases |= {name: avg_pool_case(spec, rng) for name, spec in AVG_POOLS.items()}
     cases |= network_cases(rng)
     cases = {k: v for k, v in cases.items() if args.only in k}
 
+    print(f"first call of the networks' fwd+bwd (trace, lower, compile), load {load()}")
+    for name, (inputs, wrt, xla, _) in cases.items():
+        if name in NETWORKS:
+            seconds = {k: compile_seconds(f, inputs, wrt) for k, f in xla.items()}
+            print(f"  {name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
     print(f"XLA phase, load {load()}", flush=True)
     results = {}
     for name, (inputs, wrt, xla, _) in cases.items():
@@ -348,7 +414,7 @@ def main() -> None:
             f"  {name}: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in results[name].items()),
             flush=True,
         )
-    print(f"torch phase, load {load()}", flush=True)
+    print(f"torch phase ({torch.get_num_threads()} threads), load {load()}", flush=True)
     for name, (inputs, wrt, _, f) in cases.items():
         results[name] |= time_torch(inputs, wrt, f, repeats, rounds)
     print(f"done, load {load()}\n")

@@ -17,7 +17,8 @@ is a ``custom_vjp`` whose forward, input gradient and weight gradient each take 
 
 ``choose`` holds the rule, measured on a 2-core AVX2 CPU (``bench/conv_lowering.py``). The
 transposed convolution is the input gradient of a convolution, so it reuses the same forms.
-Everything works in ``NC*`` layout, so no transposes are added around the convolution.
+The forms take and return ``NC*`` arrays; the matmul form transposes its input and output
+(channels first), never the patches.
 
 Imported lazily by the lowering rules: this module imports JAX.
 """
@@ -70,20 +71,25 @@ def conv_transpose(x: jax.Array, w: jax.Array, geo: Geometry, out: tuple[int, ..
 
 
 def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str:
-    """The fastest form on XLA:CPU for ``direction`` ("forward", "input" or "weight")."""
+    """The fastest form on XLA:CPU for ``direction`` ("forward", "input" or "weight").
+
+    Measured with ``bench/conv_lowering.py`` (ResNet-18, tutorial 8's CNN, depthwise, 1-D and
+    3-D shapes): XLA's kernel is fast on maps at least twice the kernel's extent; on smaller
+    maps (ResNet's last stages) it is 2-100x slower than the matmul, and so is its weight
+    gradient on maps of at most 8x8 outputs with more than 32 channels.
+    """
     m, cg, *kernel = w_shape
     if cg == 1 and geo.groups > 1:
         return "taps"  # depthwise: XLA's kernel is 10-100x slower in every direction
-    spatial = x_shape[2:]
-    fits = all((k - 1) * d + 1 <= n for k, d, n in zip(kernel, geo.dilation, spatial))
-    if not fits or geo.groups > 1:
-        return "matmul"  # a kernel wider than the map: XLA's kernel is 50-100x slower
-    c = cg * geo.groups
-    if max(c, m) <= 32:
-        return "lax"  # few channels: building patches costs more than XLA's kernel
-    if direction == "forward" and c <= 4:
-        return "lax"  # a stem (RGB in, many channels out): patches too thin for a matmul
-    return "matmul"
+    if geo.groups > 1:
+        return "matmul"  # grouped: XLA's gradients are 10x slower
+    roomy = all(n >= 2 * ((k - 1) * d + 1) for k, d, n in zip(kernel, geo.dilation, x_shape[2:]))
+    if not roomy:
+        return "matmul"
+    positions = math.prod(_out_shape(x_shape, tuple(kernel), geo))
+    if direction == "weight" and max(cg, m) > 32 and positions <= 64:
+        return "matmul"
+    return "lax"
 
 
 # The forms: forward, input gradient, weight gradient ----------------------------------------
@@ -214,10 +220,11 @@ def _taps_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
     xp = _pad(x, geo.pads)
     wt = _depthwise(w, c)
     expand = (slice(None),) * 2 + (None,) * len(out)
-    y = sum(
+    products = (
         tap_slice(xp, t, geo.dilation, out, geo.stride)[:, :, None] * wt[:, :, i][expand]
         for i, t in enumerate(taps(kernel))
     )
+    y = functools.reduce(jnp.add, products)
     return y.reshape(n, w.shape[0], *out)
 
 

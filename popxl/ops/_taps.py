@@ -74,4 +74,4 @@ def scatter_taps(
         n = len(lead)
         order = [k + i for i in range(n)] + [j for a in range(k) for j in (k + n + a, a)]
         whole = stacked.transpose(order).reshape(lead + tuple(c * s for c, s in zip(cells, stride)))
-    return whole[(Ellipsis, *(slice(0, n) for n in size))]
+    return whole[(Ellipsis,) + tuple(slice(0, n) for n in size)]
