@@ -134,7 +134,7 @@ def _kind(message: str) -> str:
 def greedy(
     start: Outcome,
     edits: Callable[[Any], list[Callable[[Any], None]]],
-    attempt: Callable[[Any], "Outcome | None"],
+    attempt: Callable[[Any], Outcome | None],
     budget: int = 300,
 ) -> Outcome:
     """Greedy shrinking, for any program representation: apply each of ``edits(program)``

@@ -39,7 +39,10 @@ def test_weight_decay_skips_parameters_forward_never_uses():
     assert_agrees(
         source,
         [Input("x", Spec((2, 3), "float32"))],
-        Mode(kind="training", optimizer="torch.optim.AdamW(params, lr=0.01, weight_decay=0.1, eps=1e-2)"),
+        Mode(
+            kind="training",
+            optimizer="torch.optim.AdamW(params, lr=0.01, weight_decay=0.1, eps=1e-2)",
+        ),
         seed=6,
         families=("matmul",),
     )

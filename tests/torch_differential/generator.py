@@ -94,7 +94,9 @@ def generate(seed: int, features: tuple[str, ...]) -> Program:
             break
         emitter = rng.choice(FAMILIES[rng.choice(families)])
         emitter(state)
-    program = Program(seed, features, inputs, state.init, state.stmts, [], methods=state.methods, mode=mode)
+    program = Program(
+        seed, features, inputs, state.init, state.stmts, [], methods=state.methods, mode=mode
+    )
     _finish(state, program)
     if any("BeginBlock" in line for line in program.init):
         _pipelinable(mode)
@@ -154,7 +156,9 @@ def _inputs(state: State) -> list[Input]:
     if set(features) & {"dtype", "index", "embedding", "loss"}:
         rank = rng.randint(1, 3)
         shape = (BATCH, *(rng.randint(2, 4) for _ in range(rank - 1)))
-        dtype = rng.choice(["int64", "int64", "int32", "bool"] if "dtype" in features else ["int64"])
+        dtype = rng.choice(
+            ["int64", "int64", "int32", "bool"] if "dtype" in features else ["int64"]
+        )
         inputs.append(_input(state, f"i{len(inputs)}", Spec(shape, dtype), high=rng.randint(2, 6)))
     return inputs
 
@@ -164,7 +168,9 @@ def _input(state: State, name: str, spec: Spec, high: int = 4) -> Input:
     if "structure" in state.features or state.rng.random() < 0.1:
         layout = state.rng.choice(["contiguous", "transposed", "expanded"])
     made = Input(name, spec, layout, 0, high)
-    state.add_input(made, input_tensor(made, 1, torch.Generator().manual_seed(state.rng.randrange(2**31))))
+    state.add_input(
+        made, input_tensor(made, 1, torch.Generator().manual_seed(state.rng.randrange(2**31)))
+    )
     return made
 
 
@@ -179,7 +185,9 @@ def _finish(state: State, program: Program) -> None:
         program.stmts = state.stmts
         program.init = state.init
     program.outputs = outs
-    kinds = ["tuple", "tuple", "single"] + (["list", "dict"] if "structure" in state.features else [])
+    kinds = ["tuple", "tuple", "single"] + (
+        ["list", "dict"] if "structure" in state.features else []
+    )
     program.out_kind = rng.choice(kinds)
 
 
@@ -190,7 +198,9 @@ def _loss(state: State) -> str:
     if not trained:
         x = state.pick(lambda v: v.is_float) or state.values[0]
         name = state.attribute("scale", "torch.nn.Parameter(torch.tensor(0.5))")
-        trained = [state.emit(f"torch.tanh({{0}}.float()) * self.{name}", [x], "elementwise", trained=True)]
+        trained = [
+            state.emit(f"torch.tanh({{0}}.float()) * self.{name}", [x], "elementwise", trained=True)
+        ]
     # PopTorch trains on one final loss: every torch loss function must feed it.
     losses = {s.out for s in state.stmts if s.family == "loss"}
     parts = trained[-2:] + [v for v in state.values if v.name in losses and v not in trained[-2:]]

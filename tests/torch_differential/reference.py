@@ -69,9 +69,7 @@ def select(per_micro: list[list[torch.Tensor]], program: Program) -> list[torch.
         its = [d for d in range(mode.device_iterations) if (d + 1) % n == 0]
         chosen = [d * per_iter + j for d in its for j in range(per_iter)]
     else:
-        sums = [
-            _sum([per_micro[k] for k in range(rep, len(per_micro), r)]) for rep in range(r)
-        ]
+        sums = [_sum([per_micro[k] for k in range(rep, len(per_micro), r)]) for rep in range(r)]
         return [_join([s[i] for s in sums]) for i in range(len(sums[0]))]
     rows = [per_micro[k] for k in chosen]
     return [_join([row[i] for row in rows]) for i in range(len(rows[0]))]
@@ -106,7 +104,13 @@ def _for_loop(count: int, body: object, inputs: list) -> list:
     return inputs
 
 
-def _cond(condition: torch.Tensor, then_body: object, then_inputs: list, else_body: object, else_inputs: list) -> list:
+def _cond(
+    condition: torch.Tensor,
+    then_body: object,
+    then_inputs: list,
+    else_body: object,
+    else_inputs: list,
+) -> list:
     out = then_body(*then_inputs) if bool(condition) else else_body(*else_inputs)
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
@@ -126,7 +130,9 @@ def run_eager(program: Program) -> Result:
     """Every call of the program in eager PyTorch."""
     model = make_model(program, {"poptorch": EAGER_POPTORCH})
     mode = program.mode
-    optimizer = make_optimizer(mode.optimizer, model.parameters()) if mode.kind == "training" else None
+    optimizer = (
+        make_optimizer(mode.optimizer, model.parameters()) if mode.kind == "training" else None
+    )
     calls, states = [], []
     for c in range(mode.calls):
         if c == 1 and mode.set_optimizer:
@@ -139,9 +145,11 @@ def run_eager(program: Program) -> Result:
             per_micro = _train_call(model, optimizer, inputs, mode)
         calls.append([t.detach() for t in select(per_micro, program)])
         states.append(state_of(model))
-    gradless = frozenset(
-        n for n, p in model.named_parameters() if p.requires_grad and p.grad is None
-    ) if optimizer is not None else frozenset()
+    gradless = (
+        frozenset(n for n, p in model.named_parameters() if p.requires_grad and p.grad is None)
+        if optimizer is not None
+        else frozenset()
+    )
     return Result(calls, states, gradless)
 
 

@@ -170,7 +170,9 @@ def run_poptorch(program: Program) -> Result:
         pm.compile(*make_inputs(program, 0))
     except Exception as e:  # noqa: BLE001 (any refusal is judged by the caller)
         after = state_of(model)
-        same = before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+        same = before.keys() == after.keys() and all(
+            torch.equal(before[k], after[k]) for k in before
+        )
         raise CaptureError(e, same) from e
     calls, states = [], []
     for c in range(mode.calls):

@@ -93,7 +93,12 @@ def _text(program: Program) -> str:
 
 
 def _to_inference(p: Program) -> None:
-    p.mode.kind, p.mode.optimizer, p.mode.set_optimizer, p.mode.accumulation = "inference", "", "", 1
+    p.mode.kind, p.mode.optimizer, p.mode.set_optimizer, p.mode.accumulation = (
+        "inference",
+        "",
+        "",
+        1,
+    )
     p.loss = ""
     if not p.outputs and p.stmts:
         p.outputs = [p.stmts[-1].out or p.inputs[0].name]
