@@ -164,6 +164,11 @@ def scatter(s: State) -> Value | None:
             "index_copy",
         ]
     )
+    if (
+        kind in ("scatter_add", "scatter_reduce_sum", "scatter_reduce_amax")
+        and s.rng.random() < 0.5
+    ):
+        rows = _any_rows(s, shape, n)  # duplicates: their sum and max are defined
     idx = f"torch.tensor({rows})"
     if kind == "scatter":
         template = f"{{0}}.scatter({d}, {idx}, {src_text})"
@@ -174,9 +179,19 @@ def scatter(s: State) -> Value | None:
         template = f"{{0}}.scatter_reduce({d}, {idx}, {src_text}, '{red}', include_self={s.rng.random() < 0.5})"
     else:
         picks = s.rng.sample(range(n), shape[d])
+        if kind == "index_add" and s.rng.random() < 0.5:
+            picks = [s.rng.randrange(n) for _ in range(shape[d])]
         template = f"{{0}}.{kind}({d}, torch.tensor({picks}), {src_text})"
     args = [x, src] if src else [x]
     return s.emit(template, args, "index", exact=kind in ("scatter", "index_copy"))
+
+
+def _any_rows(s: State, shape: list[int], n: int) -> list:
+    """An index tensor (nested lists) of ``shape`` with entries in [0, n), repeats allowed."""
+    import torch  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(s.rng.randrange(2**31))
+    return torch.randint(0, n, shape, generator=gen).tolist()
 
 
 def _unique_rows(s: State, shape: list[int], d: int, n: int) -> list:
@@ -219,6 +234,7 @@ def index_put(s: State) -> Value | None:
     options = [
         f"{{0}}.clone().index_put_((torch.tensor({idx}),), torch.tensor(0.5, dtype={{0}}.dtype))",
         f"{{0}}.clone().index_put_((torch.tensor({idx}),), torch.tensor(1.0, dtype={{0}}.dtype), accumulate=True)",
+        f"{{0}}.index_put((torch.tensor({[idx[0], idx[0], n - 1]}),), {{0}}[:3] * 0.5, accumulate=True)",
         "torch.index_put({0}, (torch.tensor([0]),), {0}[-1:] * 2)",
     ]
     return s.emit(s.choice(options), [x], "index")
@@ -251,8 +267,22 @@ def creation(s: State) -> Value | None:
     return s.emit(s.choice(options), [x], "creation", exact=True)
 
 
+def dynamic(s: State) -> Value | None:
+    """Ops whose result shape depends on values (PopTorch must refuse them, naming the op)."""
+    x = s.pick(lambda v: v.tensor.dim() >= 1 and v.exact)
+    if x is None:
+        return None
+    options = [
+        "torch.nonzero({0})",
+        "{0}[{0} > 0]",
+        "torch.masked_select({0}, {0} > 0)",
+        "torch.unique({0})",
+    ]
+    return s.emit(s.choice(options), [x], "index", exact=True)
+
+
 SHAPE = {
     "view": [view, view, slicing, join],
-    "index": [index, gather, scatter, masked, index_put],
+    "index": [index, gather, scatter, masked, index_put] * 2 + [dynamic],
     "creation": [creation],
 }
