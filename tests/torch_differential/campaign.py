@@ -3,7 +3,7 @@
     python -m tests.torch_differential.campaign --seconds 300 --seed 1 [--features conv]
 
 Programs come from consecutive seeds, rotating over the feature sets (each feature with
-the core ops; the last set has them all). Each runs through poptorch and through eager
+the core ops, some combinations, all of them, and the random ops). Each runs through poptorch and through eager
 torch; a disagreement is shrunk and printed as a standalone pytest case, a refusal is
 counted with its reason, and a known fault (one kept in ``found_faults.py``) is counted
 apart. The summary gives programs, disagreements and refusals per feature set.
@@ -32,13 +32,25 @@ from .random_ops import check_random, generate_random  # noqa: E402
 from .runner import Outcome, Refusal, check  # noqa: E402
 from .shrink import as_pytest, shrink  # noqa: E402
 
-FEATURE_SETS = [(f,) for f in FEATURES if f != "core"] + [FEATURES, ("random",)]
+# Each feature alone (with the core ops), pairs where features interact (state and
+# call modes, training of each nn family), everything together, and the random ops.
+PAIRS = [
+    ("structure", "modes"),
+    ("control", "modes"),
+    ("norm", "training", "modes"),
+    ("conv", "training"),
+    ("index", "training"),
+    ("lowp", "training"),
+    ("loss", "optim"),
+    ("attention", "rnn", "embedding", "training"),
+]
+FEATURE_SETS = [(f,) for f in FEATURES if f != "core"] + PAIRS + [FEATURES, ("random",)]
 
 
 def set_name(features: tuple[str, ...]) -> str:
     if features == ("random",):
         return "random"
-    return "all" if len(features) > 2 else "+".join(f for f in features if f != "core") or "core"
+    return "all" if len(features) > 5 else "+".join(f for f in features if f != "core") or "core"
 
 
 def program_seed(seed: int, index: int) -> int:

@@ -12,7 +12,17 @@ Faults (op / mode, expected vs got):
   ``torch.optim.AdamW(weight_decay=0.1)`` (also ``SGD``/``Adam`` with ``weight_decay``)
   and a submodule ``forward`` never calls. torch's optimisers skip a parameter whose
   ``grad`` is None, so the unused weights stay as they were; poptorch decays them
-  (each weight is multiplied by ``1 - lr * weight_decay`` per step).
+  (each weight is multiplied by ``1 - lr * weight_decay`` per step). The same holds for a
+  parameter ``forward`` uses in a value the loss never reads (seed 113 of
+  ``structure+training``: ``torch.optim.SGD(weight_decay=0.01)`` decays an unread
+  ``PReLU``'s weight from 0.25 to 0.249925).
+* ``test_an_input_written_in_place_with_output_mode_sum``: an inferenceModel whose
+  ``forward`` writes its input in place (``x.mul_(2)``), with ``deviceIterations(3)`` and
+  ``OutputMode.Sum`` (or ``Final``). Expected: the call returns the sum over the device
+  iterations (and, as with ``All``, writes the input back); got: ``RuntimeError: shape
+  '[6, 4, 2]' is invalid for input of size 16`` from ``results_input`` in
+  ``poptorch/_torch_executor.py``: the written-back input is returned in the output
+  mode (one micro-batch), but copied into the whole call's input.
 """
 
 from tests.torch_differential.program import Input, Mode, Spec
@@ -45,4 +55,23 @@ def test_weight_decay_skips_parameters_forward_never_uses():
         ),
         seed=6,
         families=("matmul",),
+    )
+
+
+def test_an_input_written_in_place_with_output_mode_sum():
+    """poptorch failed: RuntimeError: shape '[6, 4, 2]' is invalid for input of size 16
+    (found by seed 701 of ``structure+modes``)
+    """
+    source = """
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                x.mul_(2)
+                return x + 1
+    """
+    assert_agrees(
+        source,
+        [Input("x", Spec((2, 4, 2), "float32"))],
+        Mode(device_iterations=3, output_mode="Sum"),
+        seed=701,
+        families=("structure",),
     )

@@ -34,6 +34,7 @@ class Result:
 
     calls: list[list[torch.Tensor]]
     states: list[dict[str, torch.Tensor]]
+    inputs: list[list[torch.Tensor]]  # each call's inputs afterwards (in-place writes)
     gradless: frozenset[str] = frozenset()  # trainable parameters no step gave a gradient
 
 
@@ -133,11 +134,12 @@ def run_eager(program: Program) -> Result:
     optimizer = (
         make_optimizer(mode.optimizer, model.parameters()) if mode.kind == "training" else None
     )
-    calls, states = [], []
+    calls, states, written = [], [], []
     for c in range(mode.calls):
         if c == 1 and mode.set_optimizer:
             set_learning_rate(optimizer, mode.set_optimizer)
-        inputs = micro_batches(make_inputs(program, c), mode.micro_batches())
+        call_inputs = make_inputs(program, c)
+        inputs = micro_batches(call_inputs, mode.micro_batches())
         if optimizer is None:
             with torch.no_grad():
                 per_micro = [flatten(model(*mb)) for mb in inputs]
@@ -145,12 +147,13 @@ def run_eager(program: Program) -> Result:
             per_micro = _train_call(model, optimizer, inputs, mode)
         calls.append([t.detach() for t in select(per_micro, program)])
         states.append(state_of(model))
+        written.append(call_inputs)
     gradless = (
         frozenset(n for n, p in model.named_parameters() if p.requires_grad and p.grad is None)
         if optimizer is not None
         else frozenset()
     )
-    return Result(calls, states, gradless)
+    return Result(calls, states, written, gradless)
 
 
 def _train_call(

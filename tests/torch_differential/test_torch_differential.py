@@ -9,10 +9,10 @@ from . import reference
 from .campaign import FEATURE_SETS, set_name
 from .generator import generate
 from .program import Input, Mode, Program, Spec
-from .runner import KNOWN_GRADLESS, Outcome, Refusal, assert_agrees, check
+from .runner import Outcome, Refusal, assert_agrees, check
 from .shrink import as_pytest, shrink
 
-PROGRAMS_PER_SET = 3
+PROGRAMS_PER_SET = 2
 
 
 @pytest.mark.parametrize("features", FEATURE_SETS, ids=set_name)
@@ -22,7 +22,7 @@ def test_random_torch_programs_agree_with_eager_torch(features):
         result = check(generate(seed, features))
         # A known fault (kept in found_faults.py, awaiting its fix) is counted by the
         # campaign, not failed here.
-        if isinstance(result, Outcome) and not result.message.startswith(KNOWN_GRADLESS):
+        if isinstance(result, Outcome) and not result.message.startswith("known fault"):
             pytest.fail("disagreement with eager torch:\n" + as_pytest(shrink(result)))
 
 
