@@ -58,12 +58,15 @@ SGD = [
     "torch.optim.SGD(params, lr=0.02, momentum=0.5, weight_decay=0.01, nesterov=True)",
     "poptorch.optim.SGD(params, lr=0.05, momentum=0.9, loss_scaling=8.0)",
     "poptorch.optim.SGD(params, lr=0.05)",
+    "torch.optim.SGD(params, lr=0.05, momentum=0.5, maximize=True)",
+    "torch.optim.SGD([{'params': params[:2], 'lr': 0.2}, {'params': params[2:], 'momentum': 0.9}], lr=0.05)",
 ]
 # Adaptive optimisers divide by a gradient's root mean square, so an element whose gradient
 # is zero in exact arithmetic (a key bias under softmax, a batch norm's bias under a mean
 # square loss) steps by +-lr on rounding noise, and later steps amplify that; eps=1e-2
 # keeps such steps below the tolerance while gradients of 0.1 and more still step
 # adaptively.
+# ``params`` is the model's list of parameters.
 ADAPTIVE = [
     "torch.optim.Adam(params, lr=0.01, eps=1e-2)",
     "torch.optim.AdamW(params, lr=0.01, weight_decay=0.1, eps=1e-2)",
@@ -74,6 +77,11 @@ ADAPTIVE = [
     "poptorch.optim.RMSprop(params, lr=0.01, eps=1e-2)",
     "poptorch.optim.LAMB(params, lr=0.01, eps=1e-2)",
     "poptorch.optim.LAMB(params, lr=0.01, bias_correction=False, max_weight_norm=1.0, eps=1e-2)",
+    "torch.optim.AdamW([{'params': params[:2], 'weight_decay': 0.0}, {'params': params[2:]}], lr=0.01, eps=1e-2)",
+    "poptorch.optim.Adam([{'params': params[1:], 'lr': 0.05}, {'params': params[:1]}], lr=0.01, eps=1e-2)",
+    # Refused (PopTorch implements neither): the refusal must name the optimiser.
+    "torch.optim.Adam(params, lr=0.01, amsgrad=True, eps=1e-2)",
+    "torch.optim.Adagrad(params, lr=0.05)",
 ]
 OUTPUT_MODES = ["Default", "All", "Final", "Sum", "EveryN"]
 BATCH = 2

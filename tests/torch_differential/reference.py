@@ -91,7 +91,7 @@ def _join(parts: list[torch.Tensor]) -> torch.Tensor:
 def make_optimizer(source: str, params: object) -> torch.optim.Optimizer:
     import poptorch  # noqa: PLC0415
 
-    return eval(source, {**OPTIMIZER_NAMESPACE, "poptorch": poptorch, "params": params})  # noqa: S307
+    return eval(source, {**OPTIMIZER_NAMESPACE, "poptorch": poptorch, "params": list(params)})  # noqa: S307
 
 
 def _identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:

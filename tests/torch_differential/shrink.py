@@ -150,7 +150,7 @@ def kind(message: str) -> str:
     return f"{where} {what}"
 
 
-def shrink(outcome: Outcome, check_program: Callable = check, budget: int = 150) -> Outcome:
+def shrink(outcome: Outcome, check_program: Callable = check, budget: int = 80) -> Outcome:
     """A smaller program failing the same way as ``outcome`` (see the module doc)."""
     target = kind(outcome.message)
 
