@@ -25,7 +25,8 @@ Faults (op / mode, expected vs got):
   mode (one micro-batch), but copied into the whole call's input.
 * ``test_adamw_with_accumulation_and_replication``: a trainingModel with ``AdamW``
   (``torch.optim`` or ``poptorch.optim``, any ``weight_decay``, even 0, any ``eps``),
-  ``gradientAccumulation(2)`` and ``replicationFactor(2)``. Expected: the weights of one
+  ``gradientAccumulation(2)`` and ``replicationFactor(2)``, one device iteration (with
+  ``deviceIterations(2)`` the weights agree). Expected: the weights of one
   AdamW step on the mean gradient of the four micro-batches (as ``Adam``, ``SGD`` and
   ``RMSprop`` do in the same mode, and AdamW does with only one of the two); got: weights
   off by about a third of ``lr`` in every element (fc.weight[0] 0.39567, expected 0.39911,
