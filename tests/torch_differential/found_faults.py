@@ -32,6 +32,12 @@ Faults (op / mode, expected vs got):
   off by about a third of ``lr`` in every element (fc.weight[0] 0.39567, expected 0.39911,
   for ``lr=0.01, weight_decay=0``: the first step moves each weight by about 0.66 ``lr``
   instead of ``lr``). Found by seed 1011 of ``optim+modes``.
+* ``test_a_non_contiguous_input_written_in_place``: an inferenceModel whose ``forward``
+  writes a slice of its input in place (``x[:, :1].add_(1)``), called with a
+  non-contiguous input (a transposed tensor). Expected: the caller's tensor holds the
+  written values afterwards, as it does for a contiguous input; got: the caller's tensor
+  is unchanged (poptorch writes back into the contiguous copy it made of the input).
+  Found by seed 4000186 of the campaign with ``--seed 4`` (``structure``).
 """
 
 from tests.torch_differential.program import Input, Mode, Spec
@@ -110,4 +116,25 @@ def test_adamw_with_accumulation_and_replication():
         ),
         seed=1011,
         families=("matmul",),
+    )
+
+
+def test_a_non_contiguous_input_written_in_place():
+    """call 0 input 0 (written in place): values differ:
+    got  [-0.5327648520469666, -1.322589635848999, ...]
+    want [0.46723514795303345, -0.322589635848999, ...]
+    (found by seed 4000186 of ``structure``)
+    """
+    source = """
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                x[:, :1].add_(1)
+                return x * 2
+    """
+    assert_agrees(
+        source,
+        [Input("x", Spec((2, 3, 4), "float32"), "transposed")],
+        Mode(),
+        seed=4000186,
+        families=("structure",),
     )
