@@ -64,6 +64,7 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
     refused: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     known: Counter[str] = Counter()
+    examples: dict[str, int] = {}  # a program seed per refusal reason
     failures: list[dict] = []
     index = 0
     while time.monotonic() - start < seconds:
@@ -74,7 +75,9 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
         index += 1
         if isinstance(result, Refusal):
             refused[name] += 1
-            reasons[result.reason.splitlines()[0][:120]] += 1
+            reason = result.reason.splitlines()[0][:120]
+            reasons[reason] += 1
+            examples.setdefault(reason, program_seed(seed, index - 1))
         elif isinstance(result, Outcome) and result.message.startswith("known fault"):
             known[result.message.split(":", 1)[0]] += 1
         elif isinstance(result, Outcome):
@@ -90,7 +93,7 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
         "disagreements": len(failures),
         "disagreements_per_feature_set": dict(found),
         "refusals_per_feature_set": dict(refused),
-        "refusal_reasons": dict(reasons.most_common(12)),
+        "refusal_reasons": {r: [n, examples[r]] for r, n in reasons.most_common(12)},
         "known_faults": dict(known),
         "seconds": round(time.monotonic() - start),
     }
