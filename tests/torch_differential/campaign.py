@@ -3,7 +3,7 @@
     python -m tests.torch_differential.campaign --seconds 300 --seed 1 [--features conv]
 
 Programs come from consecutive seeds, rotating over the feature sets (each feature with
-the core ops; the last set has them all). Each runs through poptorch and through eager
+the core ops, some combinations, all of them, and the random ops). Each runs through poptorch and through eager
 torch; a disagreement is shrunk and printed as a standalone pytest case, a refusal is
 counted with its reason, and a known fault (one kept in ``found_faults.py``) is counted
 apart. The summary gives programs, disagreements and refusals per feature set.
@@ -32,13 +32,25 @@ from .random_ops import check_random, generate_random  # noqa: E402
 from .runner import Outcome, Refusal, check  # noqa: E402
 from .shrink import as_pytest, shrink  # noqa: E402
 
-FEATURE_SETS = [(f,) for f in FEATURES if f != "core"] + [FEATURES, ("random",)]
+# Each feature alone (with the core ops), pairs where features interact (state and
+# call modes, training of each nn family), everything together, and the random ops.
+PAIRS = [
+    ("structure", "modes"),
+    ("control", "modes"),
+    ("norm", "training", "modes"),
+    ("conv", "training"),
+    ("index", "training"),
+    ("lowp", "training"),
+    ("loss", "optim"),
+    ("attention", "rnn", "embedding", "training"),
+]
+FEATURE_SETS = [(f,) for f in FEATURES if f != "core"] + PAIRS + [FEATURES, ("random",)]
 
 
 def set_name(features: tuple[str, ...]) -> str:
     if features == ("random",):
         return "random"
-    return "all" if len(features) > 2 else "+".join(f for f in features if f != "core") or "core"
+    return "all" if len(features) > 5 else "+".join(f for f in features if f != "core") or "core"
 
 
 def program_seed(seed: int, index: int) -> int:
@@ -52,6 +64,7 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
     refused: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     known: Counter[str] = Counter()
+    examples: dict[str, int] = {}  # a program seed per refusal reason
     failures: list[dict] = []
     index = 0
     while time.monotonic() - start < seconds:
@@ -62,7 +75,9 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
         index += 1
         if isinstance(result, Refusal):
             refused[name] += 1
-            reasons[result.reason.splitlines()[0][:120]] += 1
+            reason = result.reason.splitlines()[0][:120]
+            reasons[reason] += 1
+            examples.setdefault(reason, program_seed(seed, index - 1))
         elif isinstance(result, Outcome) and result.message.startswith("known fault"):
             known[result.message.split(":", 1)[0]] += 1
         elif isinstance(result, Outcome):
@@ -78,7 +93,7 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
         "disagreements": len(failures),
         "disagreements_per_feature_set": dict(found),
         "refusals_per_feature_set": dict(refused),
-        "refusal_reasons": dict(reasons.most_common(12)),
+        "refusal_reasons": {r: [n, examples[r]] for r, n in reasons.most_common(12)},
         "known_faults": dict(known),
         "seconds": round(time.monotonic() - start),
     }

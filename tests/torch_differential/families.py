@@ -138,7 +138,11 @@ def scalar_op(s: State) -> Value | None:
 
 def integer(s: State) -> Value | None:
     a = s.pick(lambda v: v.dtype in ("int32", "int64"))
-    b = s.pick(lambda v: v.dtype in ("int32", "int64") and _broadcasts(v.shape, a.shape)) if a else None
+    b = (
+        s.pick(lambda v: v.dtype in ("int32", "int64") and _broadcasts(v.shape, a.shape))
+        if a
+        else None
+    )
     if a is None or b is None:
         return None
     return s.emit(s.choice(INT_OPS), [a, b], "dtype", exact=True)
@@ -167,7 +171,13 @@ def promote(s: State) -> Value | None:
     b = s.pick(lambda v: v.is_float)
     if a is None or b is None:
         return None
-    template = s.choice(["{0} + {1}", "{1} * {0}", "torch.where({0} > 1, {1}, 0.5)" if a.dtype != "bool" else "{1} * {0}"])
+    template = s.choice(
+        [
+            "{0} + {1}",
+            "{1} * {0}",
+            "torch.where({0} > 1, {1}, 0.5)" if a.dtype != "bool" else "{1} * {0}",
+        ]
+    )
     return s.emit(template, [a, b], "dtype", exact=True)
 
 
@@ -236,7 +246,13 @@ def matmul(s: State) -> Value | None:
     b = s.pick(lambda v: v.is_float and v.dtype == a.dtype and v.tensor.dim() >= 1) if a else None
     if a is None or b is None:
         return None
-    template = s.choice(["torch.matmul({0}, {1})", "{0} @ {1}.transpose(-1, -2)", "{0} @ {1}.t()" if b.tensor.dim() == 2 else "{0} @ {1}"])
+    template = s.choice(
+        [
+            "torch.matmul({0}, {1})",
+            "{0} @ {1}.transpose(-1, -2)",
+            "{0} @ {1}.t()" if b.tensor.dim() == 2 else "{0} @ {1}",
+        ]
+    )
     return s.emit(template, [a, b], "matmul")
 
 

@@ -126,12 +126,14 @@ def class_loss(s: State) -> Value | None:
         return None
     c = logits.shape[1]
     r = s.choice(REDUCTION)
-    template = s.choice([
-        f"F.cross_entropy({{0}}, {{1}} % {c}, reduction='{r}')",
-        f"F.cross_entropy({{0}}, {{1}} % {c}, reduction='{r}', label_smoothing=0.1)",
-        f"F.nll_loss(F.log_softmax({{0}}, dim=1), {{1}} % {c}, reduction='{r}')",
-        f"F.cross_entropy({{0}}, {{1}} % {c}, reduction='{r}', ignore_index=0)",
-    ])
+    template = s.choice(
+        [
+            f"F.cross_entropy({{0}}, {{1}} % {c}, reduction='{r}')",
+            f"F.cross_entropy({{0}}, {{1}} % {c}, reduction='{r}', label_smoothing=0.1)",
+            f"F.nll_loss(F.log_softmax({{0}}, dim=1), {{1}} % {c}, reduction='{r}')",
+            f"F.cross_entropy({{0}}, {{1}} % {c}, reduction='{r}', ignore_index=0)",
+        ]
+    )
     return s.emit(template, [logits, target], "loss")
 
 
@@ -144,25 +146,43 @@ def embedding(s: State) -> Value | None:
     num = s.rng.randint(2, 6)
     dim = s.rng.randint(1, 5)
     if s.rng.random() < 0.3:
-        return s.emit(f"F.one_hot({{0}}.long().abs() % {num}, {num})", [idx], "embedding", exact=True)
+        return s.emit(
+            f"F.one_hot({{0}}.long().abs() % {num}, {num})", [idx], "embedding", exact=True
+        )
     pad = f", padding_idx={s.rng.randrange(num)}" if s.rng.random() < 0.3 else ""
     name = s.attribute("emb", f"torch.nn.Embedding({num}, {dim}{pad})")
-    return s.emit(f"self.{name}({{0}}.abs() % {num})", [idx], "embedding", trained=True) if name else None
+    return (
+        s.emit(f"self.{name}({{0}}.abs() % {num})", [idx], "embedding", trained=True)
+        if name
+        else None
+    )
 
 
 def attention(s: State) -> Value | None:
     q = s.pick(lambda v: v.dtype == "float32" and v.tensor.dim() in (3, 4))
     if q is None:
         return None
-    kv = s.pick(lambda v: v.dtype == "float32" and v.tensor.dim() == q.tensor.dim() and v.shape[-1] == q.shape[-1])
+    kv = s.pick(
+        lambda v: (
+            v.dtype == "float32" and v.tensor.dim() == q.tensor.dim() and v.shape[-1] == q.shape[-1]
+        )
+    )
     if kv is None:
         return None
     lq, lk = q.shape[-2], kv.shape[-2]
-    mask = s.choice(["", ", is_causal=True", ", attn_mask=torch.ones({lq}, {lk}, dtype=torch.bool).tril()",
-                     ", attn_mask=torch.linspace(-1, 1, {lk}).expand({lq}, {lk})"])
+    mask = s.choice(
+        [
+            "",
+            ", is_causal=True",
+            ", attn_mask=torch.ones({lq}, {lk}, dtype=torch.bool).tril()",
+            ", attn_mask=torch.linspace(-1, 1, {lk}).expand({lq}, {lk})",
+        ]
+    )
     mask = mask.replace("{lq}", str(lq)).replace("{lk}", str(lk))
     scale = s.choice(["", ", scale=0.5"])
-    return s.emit(f"F.scaled_dot_product_attention({{0}}, {{1}}, {{1}}{mask}{scale})", [q, kv], "attention")
+    return s.emit(
+        f"F.scaled_dot_product_attention({{0}}, {{1}}, {{1}}{mask}{scale})", [q, kv], "attention"
+    )
 
 
 def multihead(s: State) -> Value | None:
@@ -170,8 +190,19 @@ def multihead(s: State) -> Value | None:
     if x is None:
         return None
     e = x.shape[-1]
-    name = s.attribute("mha", f"torch.nn.MultiheadAttention({e}, {s.choice([1, 2])}, batch_first=True)")
-    return s.emit(f"self.{name}({{0}}, {{0}}, {{0}}, need_weights=False)[0]", [x], "attention", trained=True) if name else None
+    name = s.attribute(
+        "mha", f"torch.nn.MultiheadAttention({e}, {s.choice([1, 2])}, batch_first=True)"
+    )
+    return (
+        s.emit(
+            f"self.{name}({{0}}, {{0}}, {{0}}, need_weights=False)[0]",
+            [x],
+            "attention",
+            trained=True,
+        )
+        if name
+        else None
+    )
 
 
 def rnn(s: State) -> Value | None:

@@ -61,7 +61,9 @@ def view(s: State) -> Value | None:
         options.append("{0}.t()")
     if x.tensor.numel() >= 4:
         options.append("{0}.contiguous().as_strided((2, 2), (1, 2))")
-        options.append(f"{{0}}.contiguous().as_strided(({x.shape[0]}, 2), ({x.tensor[0].numel()}, 1), 1)")
+        options.append(
+            f"{{0}}.contiguous().as_strided(({x.shape[0]}, 2), ({x.tensor[0].numel()}, 1), 1)"
+        )
     return s.emit(s.choice(options), [x], "view", exact=True)
 
 
@@ -93,7 +95,9 @@ def join(s: State) -> Value | None:
     if a is None or b is None:
         return None
     d = _dim(s, a)
-    template = s.choice([f"torch.cat([{{0}}, {{1}}], dim={d})", f"torch.stack([{{0}}, {{1}}], dim={d})"])
+    template = s.choice(
+        [f"torch.cat([{{0}}, {{1}}], dim={d})", f"torch.stack([{{0}}, {{1}}], dim={d})"]
+    )
     return s.emit(template, [a, b], "view", exact=True)
 
 
@@ -117,13 +121,19 @@ def index(s: State) -> Value | None:
     ]
     if x.tensor.dim() >= 2 and d == 0:
         m = x.shape[1]
-        options.append(f"{{0}}[torch.tensor({idx}), torch.tensor({[s.rng.randrange(m) for _ in idx]})]")
+        options.append(
+            f"{{0}}[torch.tensor({idx}), torch.tensor({[s.rng.randrange(m) for _ in idx]})]"
+        )
     return s.emit(s.choice(options), [x], "index", exact=True)
 
 
 def gather(s: State) -> Value | None:
     x = s.pick(lambda v: v.tensor.dim() >= 1)
-    i = s.pick(lambda v: v.dtype == "int64" and v.tensor.dim() == x.tensor.dim() and v.exact) if x else None
+    i = (
+        s.pick(lambda v: v.dtype == "int64" and v.tensor.dim() == x.tensor.dim() and v.exact)
+        if x
+        else None
+    )
     if x is None or i is None:
         return None
     d = _dim(s, x)
@@ -144,7 +154,21 @@ def scatter(s: State) -> Value | None:
     rows = _unique_rows(s, shape, d, n)
     src = s.pick(lambda v: v.dtype == x.dtype and tuple(v.shape) == tuple(shape))
     src_text = "{1}" if src else f"torch.full({shape}, 0.5, dtype={{0}}.dtype)"
-    kind = s.choice(["scatter", "scatter_add", "scatter_reduce_sum", "scatter_reduce_amax", "index_add", "index_copy"])
+    kind = s.choice(
+        [
+            "scatter",
+            "scatter_add",
+            "scatter_reduce_sum",
+            "scatter_reduce_amax",
+            "index_add",
+            "index_copy",
+        ]
+    )
+    if (
+        kind in ("scatter_add", "scatter_reduce_sum", "scatter_reduce_amax")
+        and s.rng.random() < 0.5
+    ):
+        rows = _any_rows(s, shape, n)  # duplicates: their sum and max are defined
     idx = f"torch.tensor({rows})"
     if kind == "scatter":
         template = f"{{0}}.scatter({d}, {idx}, {src_text})"
@@ -155,9 +179,19 @@ def scatter(s: State) -> Value | None:
         template = f"{{0}}.scatter_reduce({d}, {idx}, {src_text}, '{red}', include_self={s.rng.random() < 0.5})"
     else:
         picks = s.rng.sample(range(n), shape[d])
+        if kind == "index_add" and s.rng.random() < 0.5:
+            picks = [s.rng.randrange(n) for _ in range(shape[d])]
         template = f"{{0}}.{kind}({d}, torch.tensor({picks}), {src_text})"
     args = [x, src] if src else [x]
     return s.emit(template, args, "index", exact=kind in ("scatter", "index_copy"))
+
+
+def _any_rows(s: State, shape: list[int], n: int) -> list:
+    """An index tensor (nested lists) of ``shape`` with entries in [0, n), repeats allowed."""
+    import torch  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(s.rng.randrange(2**31))
+    return torch.randint(0, n, shape, generator=gen).tolist()
 
 
 def _unique_rows(s: State, shape: list[int], d: int, n: int) -> list:
@@ -165,7 +199,14 @@ def _unique_rows(s: State, shape: list[int], d: int, n: int) -> list:
     ``scatter`` has no duplicate writes, whose winner is unspecified)."""
     import torch  # noqa: PLC0415
 
-    perm = torch.stack([torch.randperm(n, generator=torch.Generator().manual_seed(s.rng.randrange(2**31)))[: shape[d]] for _ in range(math.prod(shape) // shape[d])])
+    perm = torch.stack(
+        [
+            torch.randperm(n, generator=torch.Generator().manual_seed(s.rng.randrange(2**31)))[
+                : shape[d]
+            ]
+            for _ in range(math.prod(shape) // shape[d])
+        ]
+    )
     moved = [*shape[:d], *shape[d + 1 :], shape[d]]
     return perm.reshape(moved).movedim(-1, d).tolist()
 
@@ -193,6 +234,7 @@ def index_put(s: State) -> Value | None:
     options = [
         f"{{0}}.clone().index_put_((torch.tensor({idx}),), torch.tensor(0.5, dtype={{0}}.dtype))",
         f"{{0}}.clone().index_put_((torch.tensor({idx}),), torch.tensor(1.0, dtype={{0}}.dtype), accumulate=True)",
+        f"{{0}}.index_put((torch.tensor({[idx[0], idx[0], n - 1]}),), {{0}}[:3] * 0.5, accumulate=True)",
         "torch.index_put({0}, (torch.tensor([0]),), {0}[-1:] * 2)",
     ]
     return s.emit(s.choice(options), [x], "index")
@@ -206,19 +248,41 @@ def creation(s: State) -> Value | None:
     options = [
         "torch.zeros_like({0}) + 1",
         "torch.ones_like({0}) * 0.5 + {0}",
-        f"{{0}} + torch.arange({n}, dtype={{0}}.dtype)" if x.dtype != "bool" else "torch.full_like({0}, True) & {0}",
-        f"{{0}} * torch.linspace(0, 1, {n}, dtype={{0}}.dtype)" if x.is_float else f"{{0}} + torch.arange({n})",
-        f"torch.eye({n}, dtype={{0}}.dtype) @ {{0}}.transpose(-1, -2)" if x.is_float and x.tensor.dim() >= 2 else "{0}.new_zeros(3) + 2",
+        f"{{0}} + torch.arange({n}, dtype={{0}}.dtype)"
+        if x.dtype != "bool"
+        else "torch.full_like({0}, True) & {0}",
+        f"{{0}} * torch.linspace(0, 1, {n}, dtype={{0}}.dtype)"
+        if x.is_float
+        else f"{{0}} + torch.arange({n})",
+        f"torch.eye({n}, dtype={{0}}.dtype) @ {{0}}.transpose(-1, -2)"
+        if x.is_float and x.tensor.dim() >= 2
+        else "{0}.new_zeros(3) + 2",
         f"{{0}} + torch.full(({n},), 2, dtype={{0}}.dtype)" if x.dtype != "bool" else "{0}",
         "torch.tril({0})" if x.tensor.dim() >= 2 else "torch.zeros(2)",
-        "torch.triu({0}, diagonal=1)" if x.tensor.dim() >= 2 else "torch.ones(3, dtype=torch.int64)",
+        "torch.triu({0}, diagonal=1)"
+        if x.tensor.dim() >= 2
+        else "torch.ones(3, dtype=torch.int64)",
         "torch.empty_like({0}).fill_(3)",
     ]
     return s.emit(s.choice(options), [x], "creation", exact=True)
 
 
+def dynamic(s: State) -> Value | None:
+    """Ops whose result shape depends on values (PopTorch must refuse them, naming the op)."""
+    x = s.pick(lambda v: v.tensor.dim() >= 1 and v.exact)
+    if x is None:
+        return None
+    options = [
+        "torch.nonzero({0})",
+        "{0}[{0} > 0]",
+        "torch.masked_select({0}, {0} > 0)",
+        "torch.unique({0})",
+    ]
+    return s.emit(s.choice(options), [x], "index", exact=True)
+
+
 SHAPE = {
     "view": [view, view, slicing, join],
-    "index": [index, gather, scatter, masked, index_put],
+    "index": [index, gather, scatter, masked, index_put] * 2 + [dynamic],
     "creation": [creation],
 }

@@ -12,7 +12,9 @@ from .state import State, Value
 def reuse(s: State) -> Value | None:
     """Call a submodule (or read a parameter) made earlier again, on another value."""
     kinds = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.LayerNorm, torch.nn.PReLU)
-    mods = [n for n, m in s.holder.named_children() if isinstance(m, kinds) and not n.startswith("blk")]
+    mods = [
+        n for n, m in s.holder.named_children() if isinstance(m, kinds) and not n.startswith("blk")
+    ]
     params = [n for n, _ in s.holder.named_parameters(recurse=False)]
     if not mods and not params:
         return None
@@ -50,11 +52,13 @@ def buffer_slice(s: State) -> Value | None:
     shape = list(x.shape[1:])
     name = s.buffer("acc", f"torch.ones({shape})")
     k = s.rng.randint(1, shape[0])
-    update = s.choice([
-        f"self.{name}[:{k}].mul_(0.5)",
-        f"self.{name}[{k - 1}].add_({{0}}.detach().mean(0)[{k - 1}])",
-        f"self.{name}[:{k}] += {{0}}.detach()[0, :{k}]",
-    ])
+    update = s.choice(
+        [
+            f"self.{name}[:{k}].mul_(0.5)",
+            f"self.{name}[{k - 1}].add_({{0}}.detach().mean(0)[{k - 1}])",
+            f"self.{name}[:{k}] += {{0}}.detach()[0, :{k}]",
+        ]
+    )
     s.emit(update, [x], "structure", effect=True)
     return s.emit(f"{{0}} * self.{name}", [x], "structure")
 
@@ -65,8 +69,15 @@ def input_inplace(s: State) -> Value | None:
     input reaching the device is a value), nor on one already read (autograd may have
     saved it)."""
     read = {a for stmt in s.stmts for a in stmt.args}
-    x = s.pick(lambda v: v.is_float and v.name.startswith("x") and v.tensor.dim() >= 2
-               and 0 not in v.tensor.stride() and v.name not in read)
+    x = s.pick(
+        lambda v: (
+            v.is_float
+            and v.name.startswith("x")
+            and v.tensor.dim() >= 2
+            and 0 not in v.tensor.stride()
+            and v.name not in read
+        )
+    )
     if x is None:
         return None
     write = s.choice(["{0}.mul_(2)", "{0}[:, :1].add_(1)", "{0}.transpose(0, 1)[0].zero_()"])
@@ -94,11 +105,13 @@ def buffer_update(s: State) -> Value | None:
     n = x.shape[-1]
     name = s.buffer("buf", f"torch.zeros({n})")
     red = "" if x.tensor.dim() == 1 else f".mean(dim={tuple(range(x.tensor.dim() - 1))})"
-    update = s.choice([
-        f"self.{name}.mul_(0.5).add_({{0}}.detach(){red})",
-        f"self.{name}.copy_({{0}}.detach(){red} * 0.25)",
-        f"self.{name}[0] += 1",
-    ])
+    update = s.choice(
+        [
+            f"self.{name}.mul_(0.5).add_({{0}}.detach(){red})",
+            f"self.{name}.copy_({{0}}.detach(){red} * 0.25)",
+            f"self.{name}[0] += 1",
+        ]
+    )
     s.emit(update, [x], "structure", effect=True)
     return s.emit(f"{{0}} + self.{name}", [x], "structure")
 
@@ -112,13 +125,15 @@ def slice_write(s: State) -> Value | None:
     if y is None:
         return None
     k = s.rng.randint(1, y.shape[1] - 1)
-    write = s.choice([
-        f"{{0}}[:, :{k}].mul_(2)",
-        f"{{0}}[:, {k}:] = 0.5",
-        f"{{0}}[:, {k}].add_({{0}}[:, 0].clone())",
-        f"{{0}}.narrow(1, 0, {k}).tanh_()",
-        "{0}[:, ::2].relu_()",
-    ])
+    write = s.choice(
+        [
+            f"{{0}}[:, :{k}].mul_(2)",
+            f"{{0}}[:, {k}:] = 0.5",
+            f"{{0}}[:, {k}].add_({{0}}[:, 0].clone())",
+            f"{{0}}.narrow(1, 0, {k}).tanh_()",
+            "{0}[:, ::2].relu_()",
+        ]
+    )
     s.emit(write, [y], "structure", effect=True)
     return s.emit("{0} * 1", [y], "structure")
 
@@ -146,9 +161,13 @@ def loop(s: State) -> Value | None:
     if x is None:
         return None
     name = s.fresh("_body")
-    body = s.choice(["torch.tanh(x * 0.9 + 0.1)", "x * 0.5 + torch.sin(x)", "torch.roll(x, 1, -1) * 0.75"])
+    body = s.choice(
+        ["torch.tanh(x * 0.9 + 0.1)", "x * 0.5 + torch.sin(x)", "torch.roll(x, 1, -1) * 0.75"]
+    )
     _method(s, name, f"def {name}(self, x):\n    return [{body}]")
-    return s.emit(f"poptorch.for_loop({s.rng.randint(1, 4)}, self.{name}, [{{0}}])[0]", [x], "structure")
+    return s.emit(
+        f"poptorch.for_loop({s.rng.randint(1, 4)}, self.{name}, [{{0}}])[0]", [x], "structure"
+    )
 
 
 def branch(s: State) -> Value | None:
@@ -177,7 +196,9 @@ def block(s: State) -> Value | None:
     if x is None:
         return None
     n = x.shape[-1]
-    name = s.attribute("blk", f"poptorch.BeginBlock(torch.nn.Linear({n}, {s.rng.randint(1, 4)}), ipu_id=1)")
+    name = s.attribute(
+        "blk", f"poptorch.BeginBlock(torch.nn.Linear({n}, {s.rng.randint(1, 4)}), ipu_id=1)"
+    )
     return s.emit(f"self.{name}({{0}})", [x], "structure", trained=True) if name else None
 
 
@@ -189,7 +210,16 @@ def _method(s: State, name: str, source: str) -> None:
 
 
 STRUCTURE = {
-    "structure": [reuse, twice, buffer_update, slice_write, control, block, frozen,
-                  buffer_slice, input_inplace],
+    "structure": [
+        reuse,
+        twice,
+        buffer_update,
+        slice_write,
+        control,
+        block,
+        frozen,
+        buffer_slice,
+        input_inplace,
+    ],
     "control": [loop, branch],
 }

@@ -58,12 +58,15 @@ SGD = [
     "torch.optim.SGD(params, lr=0.02, momentum=0.5, weight_decay=0.01, nesterov=True)",
     "poptorch.optim.SGD(params, lr=0.05, momentum=0.9, loss_scaling=8.0)",
     "poptorch.optim.SGD(params, lr=0.05)",
+    "torch.optim.SGD(params, lr=0.05, momentum=0.5, maximize=True)",
+    "torch.optim.SGD([{'params': params[:2], 'lr': 0.2}, {'params': params[2:], 'momentum': 0.9}], lr=0.05)",
 ]
 # Adaptive optimisers divide by a gradient's root mean square, so an element whose gradient
 # is zero in exact arithmetic (a key bias under softmax, a batch norm's bias under a mean
 # square loss) steps by +-lr on rounding noise, and later steps amplify that; eps=1e-2
 # keeps such steps below the tolerance while gradients of 0.1 and more still step
 # adaptively.
+# ``params`` is the model's list of parameters.
 ADAPTIVE = [
     "torch.optim.Adam(params, lr=0.01, eps=1e-2)",
     "torch.optim.AdamW(params, lr=0.01, weight_decay=0.1, eps=1e-2)",
@@ -74,6 +77,11 @@ ADAPTIVE = [
     "poptorch.optim.RMSprop(params, lr=0.01, eps=1e-2)",
     "poptorch.optim.LAMB(params, lr=0.01, eps=1e-2)",
     "poptorch.optim.LAMB(params, lr=0.01, bias_correction=False, max_weight_norm=1.0, eps=1e-2)",
+    "torch.optim.AdamW([{'params': params[:2], 'weight_decay': 0.0}, {'params': params[2:]}], lr=0.01, eps=1e-2)",
+    "poptorch.optim.Adam([{'params': params[1:], 'lr': 0.05}, {'params': params[:1]}], lr=0.01, eps=1e-2)",
+    # Refused (PopTorch implements neither): the refusal must name the optimiser.
+    "torch.optim.Adam(params, lr=0.01, amsgrad=True, eps=1e-2)",
+    "torch.optim.Adagrad(params, lr=0.05)",
 ]
 OUTPUT_MODES = ["Default", "All", "Final", "Sum", "EveryN"]
 BATCH = 2
@@ -94,7 +102,9 @@ def generate(seed: int, features: tuple[str, ...]) -> Program:
             break
         emitter = rng.choice(FAMILIES[rng.choice(families)])
         emitter(state)
-    program = Program(seed, features, inputs, state.init, state.stmts, [], methods=state.methods, mode=mode)
+    program = Program(
+        seed, features, inputs, state.init, state.stmts, [], methods=state.methods, mode=mode
+    )
     _finish(state, program)
     if any("BeginBlock" in line for line in program.init):
         _pipelinable(mode)
@@ -154,7 +164,9 @@ def _inputs(state: State) -> list[Input]:
     if set(features) & {"dtype", "index", "embedding", "loss"}:
         rank = rng.randint(1, 3)
         shape = (BATCH, *(rng.randint(2, 4) for _ in range(rank - 1)))
-        dtype = rng.choice(["int64", "int64", "int32", "bool"] if "dtype" in features else ["int64"])
+        dtype = rng.choice(
+            ["int64", "int64", "int32", "bool"] if "dtype" in features else ["int64"]
+        )
         inputs.append(_input(state, f"i{len(inputs)}", Spec(shape, dtype), high=rng.randint(2, 6)))
     return inputs
 
@@ -164,7 +176,9 @@ def _input(state: State, name: str, spec: Spec, high: int = 4) -> Input:
     if "structure" in state.features or state.rng.random() < 0.1:
         layout = state.rng.choice(["contiguous", "transposed", "expanded"])
     made = Input(name, spec, layout, 0, high)
-    state.add_input(made, input_tensor(made, 1, torch.Generator().manual_seed(state.rng.randrange(2**31))))
+    state.add_input(
+        made, input_tensor(made, 1, torch.Generator().manual_seed(state.rng.randrange(2**31)))
+    )
     return made
 
 
@@ -179,7 +193,9 @@ def _finish(state: State, program: Program) -> None:
         program.stmts = state.stmts
         program.init = state.init
     program.outputs = outs
-    kinds = ["tuple", "tuple", "single"] + (["list", "dict"] if "structure" in state.features else [])
+    kinds = ["tuple", "tuple", "single"] + (
+        ["list", "dict"] if "structure" in state.features else []
+    )
     program.out_kind = rng.choice(kinds)
 
 
@@ -190,7 +206,9 @@ def _loss(state: State) -> str:
     if not trained:
         x = state.pick(lambda v: v.is_float) or state.values[0]
         name = state.attribute("scale", "torch.nn.Parameter(torch.tensor(0.5))")
-        trained = [state.emit(f"torch.tanh({{0}}.float()) * self.{name}", [x], "elementwise", trained=True)]
+        trained = [
+            state.emit(f"torch.tanh({{0}}.float()) * self.{name}", [x], "elementwise", trained=True)
+        ]
     # PopTorch trains on one final loss: every torch loss function must feed it.
     losses = {s.out for s in state.stmts if s.family == "loss"}
     parts = trained[-2:] + [v for v in state.values if v.name in losses and v not in trained[-2:]]

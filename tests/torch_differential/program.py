@@ -117,7 +117,9 @@ class Program:
     def forward_lines(self) -> list[str]:
         lines = [s.line() for s in self.stmts]
         if self.mode.kind == "training":
-            lines.append(f'loss = poptorch.identity_loss({self.loss}, reduction="{self.loss_reduction}")')
+            lines.append(
+                f'loss = poptorch.identity_loss({self.loss}, reduction="{self.loss_reduction}")'
+            )
         return lines
 
     def returned(self) -> str:

@@ -44,7 +44,11 @@ class RandomCase:
     seed: int
 
     def program(self) -> Program:
-        mode = Mode(kind="training", optimizer="torch.optim.SGD(params, lr=0.0)") if self.trains else Mode()
+        mode = (
+            Mode(kind="training", optimizer="torch.optim.SGD(params, lr=0.0)")
+            if self.trains
+            else Mode()
+        )
         stmts_source = _SOURCE.format(expr=self.expr)
         return Program(self.seed, ("random",), [Input("x", Spec(SAMPLE, "float32"))], [], [], [],
                        mode=mode, raw=stmts_source, families=("creation",))  # fmt: skip

@@ -34,6 +34,7 @@ class Result:
 
     calls: list[list[torch.Tensor]]
     states: list[dict[str, torch.Tensor]]
+    inputs: list[list[torch.Tensor]]  # each call's inputs afterwards (in-place writes)
     gradless: frozenset[str] = frozenset()  # trainable parameters no step gave a gradient
 
 
@@ -69,9 +70,7 @@ def select(per_micro: list[list[torch.Tensor]], program: Program) -> list[torch.
         its = [d for d in range(mode.device_iterations) if (d + 1) % n == 0]
         chosen = [d * per_iter + j for d in its for j in range(per_iter)]
     else:
-        sums = [
-            _sum([per_micro[k] for k in range(rep, len(per_micro), r)]) for rep in range(r)
-        ]
+        sums = [_sum([per_micro[k] for k in range(rep, len(per_micro), r)]) for rep in range(r)]
         return [_join([s[i] for s in sums]) for i in range(len(sums[0]))]
     rows = [per_micro[k] for k in chosen]
     return [_join([row[i] for row in rows]) for i in range(len(rows[0]))]
@@ -92,7 +91,7 @@ def _join(parts: list[torch.Tensor]) -> torch.Tensor:
 def make_optimizer(source: str, params: object) -> torch.optim.Optimizer:
     import poptorch  # noqa: PLC0415
 
-    return eval(source, {**OPTIMIZER_NAMESPACE, "poptorch": poptorch, "params": params})  # noqa: S307
+    return eval(source, {**OPTIMIZER_NAMESPACE, "poptorch": poptorch, "params": list(params)})  # noqa: S307
 
 
 def _identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -106,7 +105,13 @@ def _for_loop(count: int, body: object, inputs: list) -> list:
     return inputs
 
 
-def _cond(condition: torch.Tensor, then_body: object, then_inputs: list, else_body: object, else_inputs: list) -> list:
+def _cond(
+    condition: torch.Tensor,
+    then_body: object,
+    then_inputs: list,
+    else_body: object,
+    else_inputs: list,
+) -> list:
     out = then_body(*then_inputs) if bool(condition) else else_body(*else_inputs)
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
@@ -126,12 +131,15 @@ def run_eager(program: Program) -> Result:
     """Every call of the program in eager PyTorch."""
     model = make_model(program, {"poptorch": EAGER_POPTORCH})
     mode = program.mode
-    optimizer = make_optimizer(mode.optimizer, model.parameters()) if mode.kind == "training" else None
-    calls, states = [], []
+    optimizer = (
+        make_optimizer(mode.optimizer, model.parameters()) if mode.kind == "training" else None
+    )
+    calls, states, written = [], [], []
     for c in range(mode.calls):
         if c == 1 and mode.set_optimizer:
             set_learning_rate(optimizer, mode.set_optimizer)
-        inputs = micro_batches(make_inputs(program, c), mode.micro_batches())
+        call_inputs = make_inputs(program, c)
+        inputs = micro_batches(call_inputs, mode.micro_batches())
         if optimizer is None:
             with torch.no_grad():
                 per_micro = [flatten(model(*mb)) for mb in inputs]
@@ -139,10 +147,13 @@ def run_eager(program: Program) -> Result:
             per_micro = _train_call(model, optimizer, inputs, mode)
         calls.append([t.detach() for t in select(per_micro, program)])
         states.append(state_of(model))
-    gradless = frozenset(
-        n for n, p in model.named_parameters() if p.requires_grad and p.grad is None
-    ) if optimizer is not None else frozenset()
-    return Result(calls, states, gradless)
+        written.append(call_inputs)
+    gradless = (
+        frozenset(n for n, p in model.named_parameters() if p.requires_grad and p.grad is None)
+        if optimizer is not None
+        else frozenset()
+    )
+    return Result(calls, states, written, gradless)
 
 
 def _train_call(

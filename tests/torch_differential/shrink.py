@@ -93,7 +93,12 @@ def _text(program: Program) -> str:
 
 
 def _to_inference(p: Program) -> None:
-    p.mode.kind, p.mode.optimizer, p.mode.set_optimizer, p.mode.accumulation = "inference", "", "", 1
+    p.mode.kind, p.mode.optimizer, p.mode.set_optimizer, p.mode.accumulation = (
+        "inference",
+        "",
+        "",
+        1,
+    )
     p.loss = ""
     if not p.outputs and p.stmts:
         p.outputs = [p.stmts[-1].out or p.inputs[0].name]
@@ -145,7 +150,7 @@ def kind(message: str) -> str:
     return f"{where} {what}"
 
 
-def shrink(outcome: Outcome, check_program: Callable = check, budget: int = 150) -> Outcome:
+def shrink(outcome: Outcome, check_program: Callable = check, budget: int = 80) -> Outcome:
     """A smaller program failing the same way as ``outcome`` (see the module doc)."""
     target = kind(outcome.message)
 
