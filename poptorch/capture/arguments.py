@@ -151,6 +151,13 @@ class CallArgs:
     args: list[Any] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # The caller's non-contiguous tensors, by the id of the contiguous copy that replaced
+    # them: a forward that writes an input in place writes the caller's tensor.
+    originals: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def caller_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """The tensor the caller passed where the call holds ``t``."""
+        return self.originals.get(id(t), t)
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor, in the order ``torch.export`` flattens ``(args, kwargs)``."""
@@ -267,7 +274,9 @@ class Binder:
         def fix(t: Any) -> Any:
             if isinstance(t, torch.Tensor) and not t.is_contiguous():
                 found[0] = True
-                return t.contiguous()
+                copy = t.contiguous()
+                call.originals[id(copy)] = t
+                return copy
             return t
 
         call.args = [_map_tensors(a, fix) for a in call.args]

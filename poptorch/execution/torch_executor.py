@@ -278,7 +278,7 @@ class TorchExecutor(PoplarExecutor):
         n_user = forward.n_outputs
         results = _outputs_to_torch(outs[:n_user])
         for k, index in enumerate(forward.input_outputs):
-            target = tensors[index]
+            target = call.caller_tensor(tensors[index])
             with torch.no_grad():
                 target.copy_(results_input(outs[n_user + k], target))
         return self._structure(results)

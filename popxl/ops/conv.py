@@ -27,7 +27,7 @@ from .float8 import FLOAT8, _check_log2_scale
 from .nn import FLOATS, _check_choice
 
 # The lowering's forms (matmul, per-tap and XLA convolutions): imported on first lowering.
-_forms: Any = _LazyModule("popxl.ops._conv_forms")
+_forms: Any = _LazyModule("runtime.conv_forms")
 
 # Convolution -----------------------------------------------------------------------------
 

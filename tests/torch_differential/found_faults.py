@@ -14,7 +14,7 @@ Open faults (op / mode, expected vs got; fixed ones are regression tests in
   ``OutputMode.Sum`` (or ``Final``). Expected: the call returns the sum over the device
   iterations (and, as with ``All``, writes the input back); got: ``RuntimeError: shape
   '[6, 4, 2]' is invalid for input of size 16`` from ``results_input`` in
-  ``poptorch/_torch_executor.py``: the written-back input is returned in the output
+  ``poptorch/execution/torch_executor.py``: the written-back input is returned in the output
   mode (one micro-batch), but copied into the whole call's input.
 * ``test_adamw_with_accumulation_and_replication``: a trainingModel with ``AdamW``
   (``torch.optim`` or ``poptorch.optim``, any ``weight_decay``, even 0, any ``eps``),
@@ -25,12 +25,6 @@ Open faults (op / mode, expected vs got; fixed ones are regression tests in
   off by about a third of ``lr`` in every element (fc.weight[0] 0.39567, expected 0.39911,
   for ``lr=0.01, weight_decay=0``: the first step moves each weight by about 0.66 ``lr``
   instead of ``lr``). Found by seed 1011 of ``optim+modes``.
-* ``test_a_non_contiguous_input_written_in_place``: an inferenceModel whose ``forward``
-  writes a slice of its input in place (``x[:, :1].add_(1)``), called with a
-  non-contiguous input (a transposed tensor). Expected: the caller's tensor holds the
-  written values afterwards, as it does for a contiguous input; got: the caller's tensor
-  is unchanged (poptorch writes back into the contiguous copy it made of the input).
-  Found by seed 4000186 of the campaign with ``--seed 4`` (``structure``).
 """
 
 from tests.torch_differential.program import Input, Mode, Spec
@@ -80,25 +74,4 @@ def test_adamw_with_accumulation_and_replication():
         ),
         seed=1011,
         families=("matmul",),
-    )
-
-
-def test_a_non_contiguous_input_written_in_place():
-    """call 0 input 0 (written in place): values differ:
-    got  [-0.5327648520469666, -1.322589635848999, ...]
-    want [0.46723514795303345, -0.322589635848999, ...]
-    (found by seed 4000186 of ``structure``)
-    """
-    source = """
-        class Model(torch.nn.Module):
-            def forward(self, x):
-                x[:, :1].add_(1)
-                return x * 2
-    """
-    assert_agrees(
-        source,
-        [Input("x", Spec((2, 3, 4), "float32"), "transposed")],
-        Mode(),
-        seed=4000186,
-        families=("structure",),
     )

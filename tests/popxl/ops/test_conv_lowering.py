@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from popxl.ops._conv_forms import FORMS, Geometry, choose, conv, conv_transpose
+from runtime.conv_forms import FORMS, Geometry, choose, conv, conv_transpose
 
 # (name, input shape, weight shape, geometry)
 CASES = [

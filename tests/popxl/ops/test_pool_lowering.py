@@ -12,7 +12,7 @@ import pytest
 import torch
 from jax import lax
 
-from popxl.ops._pool_forms import window_max, window_sum
+from runtime.pool_forms import window_max, window_sum
 
 # (input shape, kernel, stride, dilation); inputs are already padded, windows VALID.
 CASES = [

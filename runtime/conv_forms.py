@@ -33,8 +33,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._base import dot_precision
-from ._taps import scatter_taps, tap_slice, taps
+from popxl.ops._base import dot_precision
+
+from .taps import scatter_taps, tap_slice, taps
 
 
 class Geometry(NamedTuple):

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._taps import scatter_taps, tap_slice, taps
+from .taps import scatter_taps, tap_slice, taps
 
 
 def _out(size: tuple, kernel: tuple, stride: tuple, dilation: tuple) -> tuple[int, ...]:
