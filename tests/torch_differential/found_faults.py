@@ -38,6 +38,11 @@ Faults (op / mode, expected vs got):
   written values afterwards, as it does for a contiguous input; got: the caller's tensor
   is unchanged (poptorch writes back into the contiguous copy it made of the input).
   Found by seed 4000186 of the campaign with ``--seed 4`` (``structure``).
+* ``test_the_gradient_of_a_zero_std_is_zero``: a trainingModel whose loss reads
+  ``y.std(dim=1, correction=0)`` over a dimension of size 1 (a standard deviation of 0).
+  Expected (torch): the std's gradient there is 0 and the weights step normally; got:
+  NaN gradients, so every weight upstream becomes NaN after one SGD step. Found by seed
+  5000525 of the campaign with ``--seed 5`` (``attention+rnn+embedding+training``).
 """
 
 from tests.torch_differential.program import Input, Mode, Spec
@@ -137,4 +142,28 @@ def test_a_non_contiguous_input_written_in_place():
         Mode(),
         seed=4000186,
         families=("structure",),
+    )
+
+
+def test_the_gradient_of_a_zero_std_is_zero():
+    """state fc.weight: values differ: got [nan, nan, nan], want [...]
+    (found by seed 5000525, an RNN's output reduced to one element per sample, then std)
+    """
+    source = """
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(3, 1)
+            def forward(self, x):
+                y = self.fc(x)
+                s = y.std(dim=1, keepdim=True, correction=0)
+                loss = poptorch.identity_loss((s + y).square().mean(), reduction="mean")
+                return loss
+    """
+    assert_agrees(
+        source,
+        [Input("x", Spec((2, 3), "float32"))],
+        Mode(kind="training", optimizer="torch.optim.SGD(params, lr=0.05)"),
+        seed=5000525,
+        families=("reduce",),
     )
