@@ -244,6 +244,28 @@ def _lower_var(
     return ctx.jax("var", _var, x, **_var_attrs(x, dim, correction, keepdim))
 
 
+def _std(x: Any, *, axis: tuple[int, ...], ddof: float, keepdims: bool) -> Any:
+    """The square root of ``_var``, with torch's gradient where the deviation is 0: zero
+    (torch's ``std_backward`` masks it), where ``sqrt``'s would make it NaN."""
+    var = _var(x, axis=axis, ddof=ddof, keepdims=keepdims)
+    positive = var > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, var, 1)), 0).astype(var.dtype)
+
+
+# Kept whole: its decomposition (``sqrt(var)``) has a NaN gradient where the deviation is 0.
+@lowering(aten.std.correction, preserve=True)
+def _lower_std(
+    ctx: NodeContext,
+    x: popxl.Tensor,
+    dim: Any = None,
+    *,
+    correction: Any = None,
+    keepdim: bool = False,
+) -> Any:
+    x = ctx.tensor(x, ctx.out_dtype)
+    return ctx.jax("std", _std, x, **_var_attrs(x, dim, correction, keepdim))
+
+
 @lowering(aten.var_mean.correction)
 def _lower_var_mean(
     ctx: NodeContext,

@@ -25,11 +25,6 @@ Open faults (op / mode, expected vs got; fixed ones are regression tests in
   off by about a third of ``lr`` in every element (fc.weight[0] 0.39567, expected 0.39911,
   for ``lr=0.01, weight_decay=0``: the first step moves each weight by about 0.66 ``lr``
   instead of ``lr``). Found by seed 1011 of ``optim+modes``.
-* ``test_the_gradient_of_a_zero_std_is_zero``: a trainingModel whose loss reads
-  ``y.std(dim=1, correction=0)`` over a dimension of size 1 (a standard deviation of 0).
-  Expected (torch): the std's gradient there is 0 and the weights step normally; got:
-  NaN gradients, so every weight upstream becomes NaN after one SGD step. Found by seed
-  5000525 of the campaign with ``--seed 5`` (``attention+rnn+embedding+training``).
 """
 
 from tests.torch_differential.program import Input, Mode, Spec
@@ -79,28 +74,4 @@ def test_adamw_with_accumulation_and_replication():
         ),
         seed=1011,
         families=("matmul",),
-    )
-
-
-def test_the_gradient_of_a_zero_std_is_zero():
-    """state fc.weight: values differ: got [nan, nan, nan], want [...]
-    (found by seed 5000525, an RNN's output reduced to one element per sample, then std)
-    """
-    source = """
-        class Model(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.fc = torch.nn.Linear(3, 1)
-            def forward(self, x):
-                y = self.fc(x)
-                s = y.std(dim=1, keepdim=True, correction=0)
-                loss = poptorch.identity_loss((s + y).square().mean(), reduction="mean")
-                return loss
-    """
-    assert_agrees(
-        source,
-        [Input("x", Spec((2, 3), "float32"))],
-        Mode(kind="training", optimizer="torch.optim.SGD(params, lr=0.05)"),
-        seed=5000525,
-        families=("reduce",),
     )

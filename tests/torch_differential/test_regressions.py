@@ -53,3 +53,27 @@ def test_a_non_contiguous_input_written_in_place():
         seed=4000186,
         families=("structure",),
     )
+
+
+def test_the_gradient_of_a_zero_std_is_zero():
+    """state fc.weight: values differ: got [nan, nan, nan], want [...]
+    (found by seed 5000525, an RNN's output reduced to one element per sample, then std)
+    """
+    source = """
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(3, 1)
+            def forward(self, x):
+                y = self.fc(x)
+                s = y.std(dim=1, keepdim=True, correction=0)
+                loss = poptorch.identity_loss((s + y).square().mean(), reduction="mean")
+                return loss
+    """
+    assert_agrees(
+        source,
+        [Input("x", Spec((2, 3), "float32"))],
+        Mode(kind="training", optimizer="torch.optim.SGD(params, lr=0.05)"),
+        seed=5000525,
+        families=("reduce",),
+    )

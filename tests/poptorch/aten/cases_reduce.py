@@ -56,7 +56,9 @@ CASES = [
     Case("mode", lambda x: torch.mode(x, 1), _ties, [aten.mode.default], grad=False, half=False),
     Case("var", lambda x: torch.var(x, 1), _randn(3, 5), [aten.var.correction]),
     Case("var_all_biased", lambda x: torch.var(x, unbiased=False), _randn(3, 5), [aten.var.correction]),
-    Case("std", lambda x: torch.std(x, (0, 1), correction=2, keepdim=True), _randn(3, 5), [aten.var.correction]),
+    Case("std", lambda x: torch.std(x, (0, 1), correction=2, keepdim=True), _randn(3, 5), [aten.std.correction]),
+    # A deviation of 0 (one element per row): torch's gradient there is 0, not sqrt's NaN.
+    Case("std_of_one", lambda x: torch.std(x, 1, correction=0) + x.sum(1), _randn(3, 1), [aten.std.correction]),
     Case("var_mean", lambda x: torch.var_mean(x, 0), _randn(4, 3), [aten.var_mean.correction]),
     Case("std_mean", lambda x: torch.std_mean(x, -1, keepdim=True), _randn(4, 3), [aten.var_mean.correction]),
     Case("any", lambda x: torch.any(x), _ints(3, 4), [aten.any.default], grad=False),
