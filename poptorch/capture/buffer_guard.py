@@ -9,6 +9,7 @@ does ``guard_buffers``, by comparing the buffers at the start and end of the tra
 from __future__ import annotations
 
 import contextlib
+import pydoc
 from collections.abc import Iterator
 
 import torch
@@ -79,17 +80,17 @@ def replica_local_buffers(program: torch.export.ExportedProgram) -> set[str]:
     PopTorch refused in-place buffer updates under replication (``broadcastBuffers``), but
     BatchNorm's running statistics were never such updates: PopART's BatchNormalization
     updated them on each replica from that replica's own micro-batch, and the host read
-    replica 0's. Counters computed from buffers alone (``num_batches_tracked += 1``) stay
-    equal on every replica. Both are returned; any other update reads the replica's data.
+    replica 0's. The buffers a BatchNorm module updates (its statistics and its
+    ``num_batches_tracked``, equal on every replica) are returned; any other update is
+    refused, whatever it reads (upstream's ``test_failing_on_replicas``).
     """
     sig = program.graph_signature
-    user_inputs = set(sig.user_inputs)
     output = next(n for n in program.graph.nodes if n.op == "output")
     by_name = {getattr(v, "name", None): v for v in output.args[0]}
     local = set()
     for out_name, buffer in sig.buffers_to_mutate.items():
         value = by_name.get(out_name)
-        if value is not None and (_from_batch_norm(value) or not _reads(value, user_inputs)):
+        if value is not None and (_from_batch_norm(value) or _in_batch_norm_module(value)):
             local.add(buffer)
     return local
 
@@ -102,15 +103,12 @@ def _from_batch_norm(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and "batch_norm" in name
 
 
-def _reads(node: torch.fx.Node, names: set[str]) -> bool:
-    """Whether ``node`` depends on a placeholder named in ``names``."""
-    seen, todo = set(), [node]
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op == "placeholder" and n.name in names:
-            return True
-        todo.extend(n.all_input_nodes)
-    return False
+def _in_batch_norm_module(node: torch.fx.Node) -> bool:
+    """``node`` was made inside a BatchNorm module's forward (its ``num_batches_tracked``)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return False
+    _, cls = list(stack.values())[-1]
+    if isinstance(cls, str):  # torch.export records the class by its qualified name
+        cls = pydoc.locate(cls)
+    return isinstance(cls, type) and issubclass(cls, torch.nn.modules.batchnorm._NormBase)

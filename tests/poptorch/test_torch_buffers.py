@@ -144,3 +144,21 @@ def test_replicas_keep_their_own_batch_norm_statistics():
     assert int(model.norm.num_batches_tracked) == 1
     for (name, got), want in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)
+
+
+class CountsItsBias(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.register_buffer("seen", torch.zeros(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.seen += self.lin.bias  # reads no input, but is not BatchNorm's: refused
+        return self.lin(x)
+
+
+def test_replicas_refuse_other_buffer_updates_even_without_input():
+    opts = poptorch.Options().replicationFactor(2)
+    with pytest.raises(poptorch.Error, match=r"broadcastBuffers\(False\)"):
+        poptorch.inferenceModel(CountsItsBias(), opts)(torch.ones(2, 2))
