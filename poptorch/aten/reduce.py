@@ -231,19 +231,6 @@ def _var_attrs(x: popxl.Tensor, dim: Any, correction: Any, keepdim: bool) -> dic
     return {"axis": tuple(_axes(dim, x.rank)), "ddof": ddof, "keepdims": bool(keepdim)}
 
 
-@lowering(aten.var.correction)
-def _lower_var(
-    ctx: NodeContext,
-    x: popxl.Tensor,
-    dim: Any = None,
-    *,
-    correction: Any = None,
-    keepdim: bool = False,
-) -> Any:
-    x = ctx.tensor(x, ctx.out_dtype)
-    return ctx.jax("var", _var, x, **_var_attrs(x, dim, correction, keepdim))
-
-
 def _std(x: Any, *, axis: tuple[int, ...], ddof: float, keepdims: bool) -> Any:
     """The square root of ``_var``, with torch's gradient where the deviation is 0: zero
     (torch's ``std_backward`` masks it), where ``sqrt``'s would make it NaN."""
@@ -252,31 +239,29 @@ def _std(x: Any, *, axis: tuple[int, ...], ddof: float, keepdims: bool) -> Any:
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, var, 1)), 0).astype(var.dtype)
 
 
-# Kept whole: its decomposition (``sqrt(var)``) has a NaN gradient where the deviation is 0.
-@lowering(aten.std.correction, preserve=True)
-def _lower_std(
-    ctx: NodeContext,
-    x: popxl.Tensor,
-    dim: Any = None,
-    *,
-    correction: Any = None,
-    keepdim: bool = False,
-) -> Any:
-    x = ctx.tensor(x, ctx.out_dtype)
-    return ctx.jax("std", _std, x, **_var_attrs(x, dim, correction, keepdim))
+def _deviation(name: str, fn: Any) -> Any:
+    """The record of ``aten.<name>.correction``: ``fn`` of ``x`` over ``dim`` with torch's
+    ``correction`` (1 when None) and ``keepdim``."""
+
+    def lower(
+        ctx: NodeContext,
+        x: popxl.Tensor,
+        dim: Any = None,
+        *,
+        correction: Any = None,
+        keepdim: bool = False,
+    ) -> Any:
+        x = ctx.tensor(x, ctx.out_dtype)
+        return ctx.jax(name, fn, x, **_var_attrs(x, dim, correction, keepdim))
+
+    return lower
 
 
-@lowering(aten.var_mean.correction)
-def _lower_var_mean(
-    ctx: NodeContext,
-    x: popxl.Tensor,
-    dim: Any = None,
-    *,
-    correction: Any = None,
-    keepdim: bool = False,
-) -> Any:
-    x = ctx.tensor(x, ctx.out_dtype)
-    return ctx.jax("var_mean", _var_mean, x, **_var_attrs(x, dim, correction, keepdim))
+lowering(aten.var.correction)(_deviation("var", _var))
+lowering(aten.var_mean.correction)(_deviation("var_mean", _var_mean))
+# std is kept whole: its decomposition (``sqrt(var)``) has a NaN gradient where the
+# deviation is 0.
+lowering(aten.std.correction, preserve=True)(_deviation("std", _std))
 
 
 # any (torch decomposes all(x) into not(any(not(x)))) --------------------------------------
