@@ -211,12 +211,13 @@ def _native_dropout(x: Any, seed: Any, *, p: float) -> Any:
 @lowering(aten.native_dropout.default)
 def _lower_native_dropout(ctx: NodeContext, x: popxl.Tensor, p: float, train: Any) -> Any:
     """(output, keep mask). The identity (with an all-true mask) outside training, or for
-    ``p == 0``; all zeros for ``p == 1``."""
+    ``p == 0``; the input times zero for ``p == 1``."""
     p = float(p)
     if not (train and ctx.training) or p == 0.0:
         return ops.identity(x), ctx.constant(np.ones(x.shape, bool), popxl.bool)
     if p >= 1.0:
-        return ctx.constant(np.zeros(x.shape), x.dtype), ctx.constant(
-            np.zeros(x.shape, bool), popxl.bool
-        )
+        # As torch: the input times zero, so the output still depends on the input (its
+        # gradient is zero, not absent, and an infinity gives NaN).
+        zero = ctx.constant(np.zeros((), np.float32), x.dtype)
+        return ops.mul(x, zero), ctx.constant(np.zeros(x.shape, bool), popxl.bool)
     return ctx.jax("native_dropout", _native_dropout, x, ctx.seed(), nondiff=(1,), p=p)

@@ -78,3 +78,27 @@ def test_dropout_p1_drops_everything_in_training():
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     out, _ = poptorch.trainingModel(model, optimizer=optimizer)(torch.ones(200, 50), torch.ones(200, 50))
     assert torch.equal(out, torch.zeros(200, 50))
+
+
+def test_dropout_p1_weights_get_a_zero_gradient_as_in_torch():
+    # torch multiplies by zero, so the weight has a (zero) gradient and weight decay applies.
+    def step(run):
+        model = _DropoutModel(1.0)
+        with torch.no_grad():
+            model.offset.fill_(1.0)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0, weight_decay=0.1)
+        run(model, optimizer)
+        return model.offset.detach()
+
+    def eager(model, optimizer):
+        model(torch.ones(200, 50), torch.ones(200, 50))[1].backward()
+        optimizer.step()
+
+    def ipu(model, optimizer):
+        training = poptorch.trainingModel(model, optimizer=optimizer)
+        training(torch.ones(200, 50), torch.ones(200, 50))
+        training.copyWeightsToHost()
+
+    expected = step(eager)
+    torch.testing.assert_close(expected, torch.full((200, 50), 0.9))
+    torch.testing.assert_close(step(ipu), expected)
