@@ -57,6 +57,7 @@ from popxl.tensor import Tensor
 
 from .ipu_slots import SlotLayout
 from .lowering import Env, LoweringContext, apply_results, lower_graph, plain_lower_op
+from .xla_workarounds import fenced
 
 IPU_AXIS = "ipu"
 Array = Any
@@ -468,7 +469,9 @@ def placed_step(
             placement.move(new, placement.home(new), owner) if w else old
             for new, old, owner, w in zip(new_vars, entries, layout.owners, written)
         ]
-        new_arrays = [*layout.write(final, placement.index), *(b[None] for b in new_state[n_vars:])]
+        # Packed into slots and reshaped: no reshape may move into the writes (``fenced``).
+        final, buffers = fenced((final, new_state[n_vars:]))
+        new_arrays = [*layout.write(final, placement.index), *(b[None] for b in buffers)]
         return tuple(new_arrays[i] for i in mutable), outs
 
     if replicas == 1:
@@ -498,7 +501,7 @@ def _one_replica(block: Callable[..., Any]) -> Callable[..., Any]:
         new, (outs, scalars) = block(
             tuple(a[0] for a in mut), tuple(a[0] for a in fixed), tuple(i[:, 0] for i in inputs)
         )
-        return tuple(a[None] for a in new), (
+        return tuple(a[None] for a in fenced(new)), (
             tuple(o[:, None] for o in outs),
             tuple(s[None] for s in scalars),
         )

@@ -57,6 +57,7 @@ from .placement import (
     state_written,
 )
 from .replica_sums import is_batched
+from .xla_workarounds import fenced
 
 REPLICA_AXIS = "replica"
 # Compiled steps by IR structure, least recently used first; bounded so that programs built
@@ -579,7 +580,7 @@ def _shard_mapped(replica_step: Any, replicas: int, local: int) -> Any:
             tuple(s[0] for s in mut), tuple(s[0] for s in fixed), tuple(i[:, 0] for i in inputs)
         )
         return (
-            tuple(s[None] for s in new_state),
+            tuple(s[None] for s in fenced(new_state)),
             (tuple(o[:, None] for o in outs), tuple(c[None] for c in counts)),
         )
 

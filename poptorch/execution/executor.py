@@ -385,8 +385,10 @@ class PoplarExecutor:
             x = x[None]
         if r == 1:
             x = x[:, None]
-        x = x[: built.stores_per_call]
-        shape = built.output_specs[built.outputs.index(stream)].shape
+        index = built.outputs.index(stream)
+        if index < built.forward_interface().n_outputs:  # a written-back input: every store
+            x = x[: built.stores_per_call]
+        shape = built.output_specs[index].shape
         if len(stream.shape) > len(shape):  # several micro-batches per store (EveryN)
             x = x.swapaxes(1, 2)  # (stores, micro-batches, replicas, ...) as All orders them
             x = x.reshape(-1, *x.shape[2:])

@@ -282,9 +282,12 @@ def _output_specs(built: Built, fwd: Any, layout: Layout) -> list[popxl.TensorSp
     specs = [popxl.TensorSpec(o.shape, o.dtype) for o in outs]
     built.output_specs = specs
     rows = layout.rows_per_store
-    lead = (rows,) if rows > 1 else ()
+    model_outputs = built.forward_interface().n_outputs
     built.outputs = [
-        popxl.d2h_stream((*lead, *s.shape), s.dtype, f"output{i}") for i, s in enumerate(specs)
+        popxl.d2h_stream(
+            (rows, *s.shape) if rows > 1 and i < model_outputs else s.shape, s.dtype, f"output{i}"
+        )
+        for i, s in enumerate(specs)
     ]
     return specs
 
@@ -483,13 +486,16 @@ def _repeat(graph: popxl.Graph, count: int) -> None:
 def _output_holders(
     built: Built, specs: list[popxl.TensorSpec], layout: Layout
 ) -> list[popxl.Variable]:
-    """Variables holding the outputs between stores (none for ``All``): a float32 sum
-    (``Sum``), the last value (``Final``, ``EveryN``), or with ``EveryN`` and gradient
+    """Variables holding the model's outputs between stores (none for ``All``): a float32
+    sum (``Sum``), the last value (``Final``, ``EveryN``), or with ``EveryN`` and gradient
     accumulation every micro-batch's value, one row each, written at a per-output row
-    counter (``built.output_rows``)."""
+    counter (``built.output_rows``). Inputs the model writes in place need none: every
+    micro-batch's value goes to the host, whatever the output mode, so the whole input is
+    written back."""
     mode = layout.mode
     if mode == OutputMode.All:
         return []
+    specs = specs[: built.forward_interface().n_outputs]
 
     def dtype(s):
         return popxl.float32 if mode == OutputMode.Sum and s.dtype.is_floating_point else s.dtype  # noqa: E731
@@ -516,7 +522,7 @@ def _handle_outputs(
 
 
 def _handle_output(built: Built, i: int, out: popxl.Tensor, keep: list, mode: OutputMode) -> None:
-    if mode == OutputMode.All:
+    if mode == OutputMode.All or i >= built.forward_interface().n_outputs:
         _host_io.store(built.outputs[i], i, out, built.forward_interface().overlaps)
     elif mode == OutputMode.Sum:
         ops.var_updates.accumulate_(keep[i], out)
