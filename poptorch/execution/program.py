@@ -148,21 +148,24 @@ def build(
     scope = options.model_name or ""
     with main, popxl.name_scope(scope) if scope else contextlib.nullcontext():
         inputs = [popxl.h2d_stream(s.shape, s.dtype, f"input{i}") for i, s in enumerate(specs)]
-        with _collect_losses() as losses, recording() as recorder:
-            facts, fwd = module.create_graph(*specs)
-        interface = Interface.of(module, fwd)
-        _host_io.check_overlapped_io(
-            interface.overlaps, options, resolved_output_mode(options, training)
-        )
-        loss_index = _loss_index(module, fwd, losses, interface) if training else None
-        for name, (kind, size) in groupings.items():
-            facts.to_dict()[name].replica_grouping = replica_grouping(ir, kind, size)
-        plans = block_ranges(recorder.marks, fwd.graph)
-        if plans:
-            _staged.place_blocks(plans, options.strategy, recorder.marks)
-        log_placements(fwd.graph, plans, options.strategy)
-        locations = _locations(options)
-        named = _init(facts, options.random_seed, locations.weight)
+        # Initial values draw from NumPy's generator: a factory its first value when the
+        # graph is made, further ones (groups of replicas) when the weights are placed.
+        with _seeded(options.random_seed):
+            with _collect_losses() as losses, recording() as recorder:
+                facts, fwd = module.create_graph(*specs)
+            interface = Interface.of(module, fwd)
+            _host_io.check_overlapped_io(
+                interface.overlaps, options, resolved_output_mode(options, training)
+            )
+            loss_index = _loss_index(module, fwd, losses, interface) if training else None
+            for name, (kind, size) in groupings.items():
+                facts.to_dict()[name].replica_grouping = replica_grouping(ir, kind, size)
+            plans = block_ranges(recorder.marks, fwd.graph)
+            if plans:
+                _staged.place_blocks(plans, options.strategy, recorder.marks)
+            log_placements(fwd.graph, plans, options.strategy)
+            locations = _locations(options)
+            named = _init(facts, locations.weight)
         built = Built(
             ir,
             inputs,
@@ -208,21 +211,28 @@ def _locations(options: Options) -> _TensorLocationOptions:
     return locations
 
 
-def _init(
-    facts: Any, seed: int | None, settings: TensorLocationSettings
-) -> dict[str, popxl.Variable]:
-    """The module's weights (initial values seeded by ``seed`` if given)."""
+@contextlib.contextmanager
+def _seeded(seed: int | None) -> Iterator[None]:
+    """Within: NumPy's global generator seeded by ``Options.randomSeed`` (a 64-bit seed as
+    its two 32-bit words), as the weights' initial values draw from it; restored after.
+    Nothing changes without a seed."""
+    if seed is None:
+        yield
+        return
     saved = np.random.get_state()
-    if seed is not None:
-        np.random.seed(seed)
+    np.random.seed(seed if seed < 2**32 else [seed & 0xFFFFFFFF, seed >> 32])
     try:
-        return {
-            key: place(f.next_data(), f.dtype, key, f.replica_grouping, settings)
-            for key, f in sorted(facts.to_dict().items())
-        }
+        yield
     finally:
-        if seed is not None:
-            np.random.set_state(saved)
+        np.random.set_state(saved)
+
+
+def _init(facts: Any, settings: TensorLocationSettings) -> dict[str, popxl.Variable]:
+    """The module's weights, from their factories."""
+    return {
+        key: place(f.next_data(), f.dtype, key, f.replica_grouping, settings)
+        for key, f in sorted(facts.to_dict().items())
+    }
 
 
 def _loss_index(module: Any, fwd: Any, losses: list, interface: Interface) -> int:

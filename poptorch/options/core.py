@@ -333,7 +333,9 @@ class Options(_Base):
     def randomSeed(self, random_seed: int) -> Options:  # noqa: N802
         """Seed data shuffling and weight initialisation (and torch's generator, as PopTorch
         did, when torch is loaded)."""
-        self.random_seed = _int("randomSeed", random_seed)
+        seed = _int("randomSeed", random_seed)
+        _check(seed < 2**64, "randomSeed", "an integer < 2**64 (a 64-bit seed)", seed)
+        self.random_seed = seed
         if "torch" in sys.modules:
             sys.modules["torch"].manual_seed(random_seed)
         return self

@@ -5,6 +5,7 @@ import pytest
 
 import poptorch
 import popxl
+import popxl_addons as addons
 
 from ._linear import OUT, Linear, data, grad, initial_w
 
@@ -387,3 +388,25 @@ def test_exported_model_loads_with_its_executable(tmp_path):
     np.testing.assert_allclose(
         restored.state_dict()["w"], sgd_reference(x, t, 2, 0.1, 1), rtol=1e-5, atol=1e-6
     )
+
+
+class _RandomInit(addons.Module):
+    """A weight drawn from NumPy's global generator (seeded by ``randomSeed``)."""
+
+    def build(self, x: popxl.Tensor):
+        w = self.add_variable_input("w", lambda: np.random.normal(size=(4, 3)), x.dtype)
+        return x @ w
+
+
+def test_a_64_bit_random_seed_seeds_the_weights_as_a_distinct_seed():
+    """Seeds are 64-bit, as torch.manual_seed and PopART take them: seeds past 2**32
+    compile, repeat themselves and differ from their low 32 bits."""
+
+    def weights(seed):
+        model = poptorch.inferenceModel(_RandomInit(), poptorch.Options().randomSeed(seed))
+        model.compile(np.ones((2, 4), np.float32))
+        return np.asarray(model.state_dict()["w"]).copy()
+
+    big = 2**40 + 7
+    np.testing.assert_array_equal(weights(big), weights(big))
+    assert not np.array_equal(weights(big), weights(7))

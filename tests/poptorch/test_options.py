@@ -432,6 +432,7 @@ def test_upstream_attribute_names():
         (lambda o: o.Jit.traceModel(True), "traceModel\\(True\\) is no longer supported"),
         (lambda o: o.useOfflineIpuTarget(3), "ipu_version must be 1, 2 or 21"),
         (lambda o: o.randomSeed("1"), "randomSeed expects an integer"),
+        (lambda o: o.randomSeed(2**64), "randomSeed expects an integer < 2\\*\\*64"),
         (lambda o: o.useIpuModel(1), "useIpuModel expects a bool"),
         (lambda o: o.logCycleCount("yes"), "logCycleCount expects a bool"),
         (lambda o: o.setAvailableMemoryProportion({"GPU0": 0.5}), "map IPU names"),
