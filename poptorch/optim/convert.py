@@ -119,8 +119,11 @@ def kind_of(opt: Any) -> str:
 
 
 def is_subclassed(opt: Any) -> bool:
-    """A user's subclass of an optimiser (not one of torch's or PopTorch's own classes)."""
-    return not any(type(opt) in classes for _, classes in _classes())
+    """A user's subclass of a supported optimiser (not one of torch's or PopTorch's own
+    classes). An unsupported optimiser (``torch.optim.Adagrad``) is not one: it is refused
+    by ``kind_of``."""
+    classes = [c for _, group in _classes() for c in group]
+    return isinstance(opt, tuple(classes)) and type(opt) not in classes
 
 
 def warn_if_subclassed(opt: Any) -> None:
