@@ -450,6 +450,45 @@ def _cubic_taps(size: int, out: int, scale: float | None, align_corners: bool) -
     return _taps(idx, _cubic_weights(t))
 
 
+def _aa_linear(x: Any) -> Any:
+    x = np.abs(x)
+    return np.where(x < 1, 1 - x, 0).astype(np.float32)
+
+
+def _aa_cubic(x: Any) -> Any:
+    """The cubic filter of PIL's resampling (``a = -0.5``), which torch's antialiased
+    bicubic uses (not the ``a = -0.75`` of its plain bicubic)."""
+    a, x = _f32(-0.5), np.abs(x).astype(np.float32)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = (((x - 5) * x + 8) * x - 4) * a
+    return np.where(x < 1, near, np.where(x < 2, far, 0)).astype(np.float32)
+
+
+def _antialias_taps(filter_fn: Any, interp_size: int) -> Any:
+    """Taps of torch's antialiased resampling (``antialias=True``): the filter stretched by
+    the downsampling factor, so each output averages every input it covers; normalised to
+    sum to one. Upsampling uses the filter as is."""
+
+    def taps(size: int, out: int, scale: float | None, align_corners: bool) -> _Taps:
+        step = _scale(size, out, scale, align_corners)
+        stretch = step if step >= 1 else _f32(1)
+        support = _f32(interp_size / 2) * stretch
+        width = int(np.ceil(support)) * 2 + 1
+        center = step * (np.arange(out, dtype=np.float32) + _f32(0.5))
+        low = np.maximum((center - support + _f32(0.5)).astype(np.int64), 0)
+        high = np.minimum((center + support + _f32(0.5)).astype(np.int64), size)
+        count = np.clip(high - low, 0, width)
+        offsets = np.arange(width)[None, :]
+        index = low[:, None] + offsets
+        inside = offsets < count[:, None]
+        w = filter_fn((index - center[:, None] + _f32(0.5)) / stretch) * inside
+        total = w.sum(1, keepdims=True)
+        w = np.where(total != 0, w / np.where(total != 0, total, 1), 0)
+        return _taps(np.where(inside, index, low[:, None]), w)
+
+    return taps
+
+
 def _upsample_args(n: int, given: tuple) -> list[float | None]:
     """The per-axis scale factors torch passes its kernel (``None``: from the sizes).
     ``.vec`` overloads give one list (or None), the others one optional float per axis."""
@@ -536,6 +575,18 @@ for _targets, _taps_of, _n, _name in (
         "upsample_linear",
     ),
     ((aten.upsample_bicubic2d.vec,), _cubic_taps, 2, "upsample_cubic"),
+    (
+        (aten._upsample_bilinear2d_aa.vec, aten._upsample_bilinear2d_aa.default),
+        _antialias_taps(_aa_linear, 2),
+        2,
+        "upsample_linear_aa",
+    ),
+    (
+        (aten._upsample_bicubic2d_aa.vec, aten._upsample_bicubic2d_aa.default),
+        _antialias_taps(_aa_cubic, 4),
+        2,
+        "upsample_cubic_aa",
+    ),
 ):
     lowering(*_targets, preserve=True)(_upsample_interp(_taps_of, _n, _name))
 

@@ -165,7 +165,9 @@ _PADS = [
 
 
 def _up(name, op, shape, atol=1e-5, **kw):
-    return Case(name, lambda x: F.interpolate(x, **kw), _randn(*shape), [op], atol=atol)
+    # torch's CPU kernels of the antialiased modes have no float16 to compare with.
+    half = not kw.get("antialias", False)
+    return Case(name, lambda x: F.interpolate(x, **kw), _randn(*shape), [op], half, atol=atol)
 
 
 _UPSAMPLE = [
@@ -234,6 +236,44 @@ _UPSAMPLE = [
         size=(5, 7),
         mode="bicubic",
         align_corners=True,
+        atol=1e-4,
+    ),
+    _up(
+        "downsample_bilinear2d_aa",
+        aten._upsample_bilinear2d_aa.vec,
+        (1, 2, 17, 23),
+        scale_factor=0.4357,
+        mode="bilinear",
+        antialias=True,
+    ),
+    _up(
+        "downsample_bicubic2d_aa",
+        aten._upsample_bicubic2d_aa.vec,
+        (1, 2, 17, 23),
+        size=(5, 9),
+        mode="bicubic",
+        antialias=True,
+        atol=1e-4,
+    ),
+    _up(
+        "upsample_bicubic2d_aa_align",
+        aten._upsample_bicubic2d_aa.vec,
+        (1, 2, 7, 4),
+        size=(15, 6),
+        mode="bicubic",
+        antialias=True,
+        align_corners=True,
+        atol=1e-4,
+    ),
+    Case(
+        "upsample_aa_ops_default",
+        lambda x: (
+            aten._upsample_bilinear2d_aa.default(x, [4, 9], False),
+            aten._upsample_bicubic2d_aa.default(x, [4, 9], True, 0.25, 0.5),
+        ),
+        _randn(1, 2, 11, 13),
+        [aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default],
+        half=False,
         atol=1e-4,
     ),
     Case(

@@ -18,9 +18,8 @@ from .test_torchvision import WithLoss
 
 # name: (the model's name in timm, create_model's keyword arguments, input size)
 CASES: dict[str, tuple[str, dict[str, Any], int]] = {
-    # timm's test_vit resamples its position embedding on every call by default
-    # (dynamic_img_size), with _upsample_bicubic2d_aa, which the ATen table has no record of.
-    "vit": ("test_vit", {"img_size": 32, "dynamic_img_size": False}, 32),
+    # Resamples its position embedding on every call (antialiased bicubic, dynamic_img_size).
+    "vit": ("test_vit", {"img_size": 32, "dynamic_img_size": True}, 32),
     "resnet": ("resnet10t", {}, 64),
     "efficientnet": ("efficientnet_b0", {}, 64),
     "convnext": ("convnext_atto", {}, 64),
