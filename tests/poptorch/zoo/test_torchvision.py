@@ -18,6 +18,8 @@ import torchvision.models.segmentation as seg
 import torchvision.models.video as video
 from torchvision.models.maxvit import MaxVit
 
+import poptorch
+
 from ._compare import assert_trains_as_eager, inference_error
 
 
@@ -133,3 +135,18 @@ def test_inference_matches_eager(name: str) -> None:
 def test_a_training_step_matches_eager(name: str) -> None:
     case = CASES[name]
     assert_trains_as_eager(WithLoss(case.build()), case.inputs())
+
+
+@pytest.mark.zoo_full
+@pytest.mark.parametrize(
+    "name", ["fasterrcnn_mobilenet_v3_large_320_fpn", "ssdlite320_mobilenet_v3_large"]
+)
+def test_detection_models_are_refused_at_their_value_sized_step(name: str) -> None:
+    """Detection heads keep the boxes that survive non-maximum suppression: a value-sized
+    output, which a compiled program (PopTorch's, as ours) cannot have. The capture error
+    names torchvision's line and says what to change."""
+    import torchvision.models.detection as det  # noqa: PLC0415
+
+    model = getattr(det, name)(weights=None, weights_backbone=None, num_classes=3).eval()
+    with pytest.raises(poptorch.Error, match=r"(?s)boxes\.py.*What to change: .*value of a tensor"):
+        poptorch.inferenceModel(model)([torch.rand(3, 128, 128)])
