@@ -29,7 +29,7 @@ from collections import Counter  # noqa: E402
 
 from .generator import FEATURES, generate  # noqa: E402
 from .random_ops import check_random, generate_random  # noqa: E402
-from .runner import Outcome, Refusal, check  # noqa: E402
+from .runner import IllConditioned, Outcome, Refusal, check  # noqa: E402
 from .shrink import as_pytest, shrink  # noqa: E402
 
 # Each feature alone (with the core ops), pairs where features interact (state and
@@ -64,6 +64,7 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
     refused: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     known: Counter[str] = Counter()
+    ill: Counter[str] = Counter()  # disagreements float32 rounding decides (runner.check)
     examples: dict[str, int] = {}  # a program seed per refusal reason
     failures: list[dict] = []
     index = 0
@@ -78,6 +79,8 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
             reason = result.reason.splitlines()[0][:120]
             reasons[reason] += 1
             examples.setdefault(reason, program_seed(seed, index - 1))
+        elif isinstance(result, IllConditioned):
+            ill[name] += 1
         elif isinstance(result, Outcome) and result.message.startswith("known fault"):
             known[result.message.split(":", 1)[0]] += 1
         elif isinstance(result, Outcome):
@@ -95,6 +98,7 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
         "refusals_per_feature_set": dict(refused),
         "refusal_reasons": {r: [n, examples[r]] for r, n in reasons.most_common(12)},
         "known_faults": dict(known),
+        "ill_conditioned_per_feature_set": dict(ill),
         "seconds": round(time.monotonic() - start),
     }
     print(json.dumps(summary, indent=1), file=out, flush=True)

@@ -127,9 +127,12 @@ EAGER_POPTORCH = types.SimpleNamespace(
 )
 
 
-def run_eager(program: Program) -> Result:
-    """Every call of the program in eager PyTorch."""
+def run_eager(program: Program, float64: bool = False) -> Result:
+    """Every call of the program in eager PyTorch (with ``float64``: its floating weights
+    and inputs in float64, the arbiter of a disagreement, see ``runner.check``)."""
     model = make_model(program, {"poptorch": EAGER_POPTORCH})
+    if float64:
+        model = model.double()
     mode = program.mode
     optimizer = (
         make_optimizer(mode.optimizer, model.parameters()) if mode.kind == "training" else None
@@ -139,6 +142,8 @@ def run_eager(program: Program) -> Result:
         if c == 1 and mode.set_optimizer:
             set_learning_rate(optimizer, mode.set_optimizer)
         call_inputs = make_inputs(program, c)
+        if float64:
+            call_inputs = [t.double() if t.is_floating_point() else t for t in call_inputs]
         inputs = micro_batches(call_inputs, mode.micro_batches())
         if optimizer is None:
             with torch.no_grad():

@@ -9,7 +9,7 @@ from . import reference
 from .campaign import FEATURE_SETS, set_name
 from .generator import generate
 from .program import Input, Mode, Program, Spec
-from .runner import Outcome, Refusal, assert_agrees, check
+from .runner import IllConditioned, Outcome, Refusal, assert_agrees, check
 from .shrink import as_pytest, shrink
 
 PROGRAMS_PER_SET = 2
@@ -103,3 +103,21 @@ def test_a_value_dependent_shape_is_refused_naming_the_op():
     )
     result = check(program)
     assert isinstance(result, Refusal) and "masked_select" in result.reason
+
+
+def test_a_result_float32_rounding_decides_is_told_apart_from_a_disagreement():
+    """GroupNorm over one value per group leaves only rounding error, which F.normalize
+    scales to unit length: eager torch's float32 result is noise (its float64 result other
+    noise) and poptorch's exact zeros are no further from float64's. Found by the campaign
+    (program seed 6000018407)."""
+    source = """
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = torch.nn.GroupNorm(2, 2, affine=True)
+            def forward(self, x1):
+                return (F.normalize(self.norm(x1), dim=1),)
+    """
+    inputs = [Input("x1", Spec((2, 2), "float32"), "contiguous", 0, 4)]
+    program = Program(6000018407, (), inputs, [], [], [], mode=Mode(), raw=source)
+    assert isinstance(check(program), IllConditioned)
