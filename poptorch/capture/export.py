@@ -34,7 +34,7 @@ from .scatter_groups import group_scatters
 from .scopes import tracking_module_depth
 
 EXPORT_FAILED_MSG = (
-    "poptorch could not capture {cls}.forward with torch.export:\n  {reason}\n"
+    "poptorch could not capture {cls}.forward with torch.export{where}:\n  {reason}\n"
     "What to change: {hint}"
 )
 _HINTS = (
@@ -245,9 +245,28 @@ def _capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Capture:
             raise
         reason = _first_line(error)
         message = EXPORT_FAILED_MSG.format(
-            cls=type(model).__name__, reason=reason, hint=_hint(str(error))
+            cls=type(model).__name__,
+            where=_failing_module(model, error),
+            reason=reason,
+            hint=_hint(str(error)),
         )
         raise Error(message, "poptorch", "capture") from error
+
+
+def _failing_module(model: torch.nn.Module, error: BaseException) -> str:
+    """`` in <module>.<method> (<class>)``: the innermost method of ``model`` or of one of
+    its submodules that was running when ``error`` was raised (export runs the forward's
+    Python), or "" if none was."""
+    names = {id(m): name for name, m in model.named_modules()}
+    found = ""
+    tb = error.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_locals.get("self")
+        if id(module) in names:
+            name = names[id(module)] or type(module).__name__
+            found = f" in {name}.{tb.tb_frame.f_code.co_name} ({type(module).__name__})"
+        tb = tb.tb_next
+    return found
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)

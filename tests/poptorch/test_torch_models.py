@@ -467,6 +467,28 @@ def test_unexportable_model_gets_torchs_reason_and_a_hint():
     assert "What to change" in str(info.value)
 
 
+def test_an_unexportable_submodule_is_named_with_its_method():
+    class Gate(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.choose(x)
+
+        def choose(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2 if x.sum() > 0 else x
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(2, 2), Gate())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)
+
+    with pytest.raises(
+        poptorch.Error, match=r"capture Net.forward with torch.export in body.1.choose \(Gate\)"
+    ):
+        poptorch.inferenceModel(Net())(torch.ones(2))
+
+
 def test_errors_raised_by_the_model_itself_reach_the_caller_unchanged():
     """As running the model in torch would raise them (PopTorch's op harness compares the two)."""
 
