@@ -127,9 +127,10 @@ EAGER_POPTORCH = types.SimpleNamespace(
 )
 
 
-def run_eager(program: Program, float64: bool = False) -> Result:
-    """Every call of the program in eager PyTorch (with ``float64``: its floating weights
-    and inputs in float64, the arbiter of a disagreement, see ``runner.check``)."""
+def run_eager(program: Program, float64: bool = False, nudge: bool = False) -> Result:
+    """Every call of the program in eager PyTorch. The arbiters of a disagreement (see
+    ``runner.check``): with ``float64`` its floating weights and inputs in float64; with
+    ``nudge`` each floating input moved by about one rounding error of its dtype."""
     model = make_model(program, {"poptorch": EAGER_POPTORCH})
     if float64:
         model = model.double()
@@ -144,6 +145,8 @@ def run_eager(program: Program, float64: bool = False) -> Result:
         call_inputs = make_inputs(program, c)
         if float64:
             call_inputs = [t.double() if t.is_floating_point() else t for t in call_inputs]
+        if nudge:
+            call_inputs = [_nudged(t, c) for t in call_inputs]
         inputs = micro_batches(call_inputs, mode.micro_batches())
         if optimizer is None:
             with torch.no_grad():
@@ -159,6 +162,15 @@ def run_eager(program: Program, float64: bool = False) -> Result:
         else frozenset()
     )
     return Result(calls, states, written, gradless)
+
+
+def _nudged(t: torch.Tensor, call: int) -> torch.Tensor:
+    """``t`` with each element moved by a few units in the last place at most (seeded)."""
+    if not t.is_floating_point():
+        return t
+    gen = torch.Generator().manual_seed(7919 + call)
+    shift = (torch.rand(t.shape, generator=gen, dtype=torch.float64) * 2 - 1) * 4
+    return (t.double() * (1 + shift * torch.finfo(t.dtype).eps)).to(t.dtype)
 
 
 def _train_call(
