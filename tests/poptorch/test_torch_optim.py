@@ -84,144 +84,66 @@ def _groups(model, **second):
 
 # (name, device optimiser, host reference, max_grad_norm)
 CASES = [
-    (
-        "sgd",
-        lambda m: poptorch.optim.SGD(m.parameters(), lr=0.1),
-        lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
-        None,
-    ),
-    (
-        "sgd_momentum_dampening_wd",
-        lambda m: poptorch.optim.SGD(
-            m.parameters(), lr=0.05, momentum=0.9, dampening=0.3, weight_decay=0.01
-        ),
-        lambda m: torch.optim.SGD(
-            m.parameters(), lr=0.05, momentum=0.9, dampening=0.3, weight_decay=0.01
-        ),
-        None,
-    ),
-    (
-        "sgd_nesterov",
-        lambda m: poptorch.optim.SGD(m.parameters(), lr=0.05, momentum=0.8, nesterov=True),
-        lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.8, nesterov=True),
-        None,
-    ),
-    (
-        "sgd_combined_velocity_scaling",
-        lambda m: poptorch.optim.SGD(
-            m.parameters(),
-            lr=0.05,
-            momentum=0.9,
-            use_combined_accum=True,
-            velocity_scaling=16.0,
-            loss_scaling=8.0,
-        ),
-        lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
-        None,
-    ),
-    (
-        "sgd_maximize",
-        lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.5, maximize=True),
-        lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.5, maximize=True),
-        None,
-    ),
-    (
-        "sgd_loss_scaling_max_grad_norm",
-        lambda m: poptorch.optim.SGD(
-            m.parameters(), lr=0.1, momentum=0.5, loss_scaling=64.0, max_grad_norm=0.05
-        ),
-        lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.5),
-        0.05,
-    ),
-    (
-        "adam",
-        lambda m: poptorch.optim.Adam(m.parameters(), lr=0.02),
-        lambda m: torch.optim.Adam(m.parameters(), lr=0.02),
-        None,
-    ),
-    (
-        "adam_betas_eps_wd",
-        lambda m: poptorch.optim.Adam(
-            m.parameters(),
-            lr=0.02,
-            betas=(0.8, 0.95),
-            eps=1e-6,
-            weight_decay=0.1,
-            loss_scaling=32.0,
-        ),
-        lambda m: torch.optim.Adam(
-            m.parameters(), lr=0.02, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1
-        ),
-        None,
-    ),
-    (
-        "adam_max_grad_norm",
-        lambda m: poptorch.optim.Adam(m.parameters(), lr=0.02, max_grad_norm=0.01),
-        lambda m: torch.optim.Adam(m.parameters(), lr=0.02),
-        0.01,
-    ),
-    (
-        "adamw",
-        lambda m: poptorch.optim.AdamW(m.parameters(), lr=0.02, weight_decay=0.2),
-        lambda m: torch.optim.AdamW(m.parameters(), lr=0.02, weight_decay=0.2),
-        None,
-    ),
-    (
-        "adamw_maximize",
-        lambda m: torch.optim.AdamW(m.parameters(), lr=0.02, maximize=True),
-        lambda m: torch.optim.AdamW(m.parameters(), lr=0.02, maximize=True),
-        None,
-    ),
-    (
-        "rmsprop",
-        lambda m: poptorch.optim.RMSprop(m.parameters(), lr=0.01),
-        lambda m: torch.optim.RMSprop(m.parameters(), lr=0.01),
-        None,
-    ),
-    (
-        "rmsprop_centered_momentum_wd",
-        lambda m: poptorch.optim.RMSprop(
-            m.parameters(), lr=0.01, alpha=0.9, momentum=0.5, centered=True, weight_decay=0.05
-        ),
-        lambda m: torch.optim.RMSprop(
-            m.parameters(), lr=0.01, alpha=0.9, momentum=0.5, centered=True, weight_decay=0.05
-        ),
-        None,
-    ),
-    (
-        "lamb",
-        lambda m: poptorch.optim.LAMB(m.parameters(), lr=0.02),
-        lambda m: poptorch.optim.LAMB(m.parameters(), lr=0.02),
-        None,
-    ),
-    (
-        "lamb_no_bias_max_weight_norm",
-        lambda m: poptorch.optim.LAMB(
-            m.parameters(), lr=0.02, bias_correction=False, max_weight_norm=0.5
-        ),
-        lambda m: poptorch.optim.LAMB(
-            m.parameters(), lr=0.02, bias_correction=False, max_weight_norm=0.5
-        ),
-        None,
-    ),
-    (
-        "param_groups_sgd",
-        lambda m: poptorch.optim.SGD(_groups(m, lr=0.3, momentum=0.9), lr=0.05),
-        lambda m: torch.optim.SGD(_groups(m, lr=0.3, momentum=0.9), lr=0.05),
-        None,
-    ),
-    (
-        "param_groups_adam",
-        lambda m: poptorch.optim.Adam(_groups(m, lr=0.001, weight_decay=0.5), lr=0.03),
-        lambda m: torch.optim.Adam(_groups(m, lr=0.001, weight_decay=0.5), lr=0.03),
-        None,
-    ),
+    ("sgd", lambda m: poptorch.optim.SGD(m.parameters(), lr=0.1),
+     lambda m: torch.optim.SGD(m.parameters(), lr=0.1), None),
+    ("sgd_momentum_dampening_wd",
+     lambda m: poptorch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, dampening=0.3,
+                                  weight_decay=0.01),
+     lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, dampening=0.3,
+                               weight_decay=0.01), None),
+    ("sgd_nesterov",
+     lambda m: poptorch.optim.SGD(m.parameters(), lr=0.05, momentum=0.8, nesterov=True),
+     lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.8, nesterov=True), None),
+    ("sgd_combined_velocity_scaling",
+     lambda m: poptorch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, use_combined_accum=True,
+                                  velocity_scaling=16.0, loss_scaling=8.0),
+     lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), None),
+    ("sgd_maximize",
+     lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.5, maximize=True),
+     lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.5, maximize=True), None),
+    ("sgd_loss_scaling_max_grad_norm",
+     lambda m: poptorch.optim.SGD(m.parameters(), lr=0.1, momentum=0.5, loss_scaling=64.0,
+                                  max_grad_norm=0.05),
+     lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.5), 0.05),
+    ("adam", lambda m: poptorch.optim.Adam(m.parameters(), lr=0.02),
+     lambda m: torch.optim.Adam(m.parameters(), lr=0.02), None),
+    ("adam_betas_eps_wd",
+     lambda m: poptorch.optim.Adam(m.parameters(), lr=0.02, betas=(0.8, 0.95), eps=1e-6,
+                                   weight_decay=0.1, loss_scaling=32.0),
+     lambda m: torch.optim.Adam(m.parameters(), lr=0.02, betas=(0.8, 0.95), eps=1e-6,
+                                weight_decay=0.1), None),
+    ("adam_max_grad_norm",
+     lambda m: poptorch.optim.Adam(m.parameters(), lr=0.02, max_grad_norm=0.01),
+     lambda m: torch.optim.Adam(m.parameters(), lr=0.02), 0.01),
+    ("adamw", lambda m: poptorch.optim.AdamW(m.parameters(), lr=0.02, weight_decay=0.2),
+     lambda m: torch.optim.AdamW(m.parameters(), lr=0.02, weight_decay=0.2), None),
+    ("adamw_maximize",
+     lambda m: torch.optim.AdamW(m.parameters(), lr=0.02, maximize=True),
+     lambda m: torch.optim.AdamW(m.parameters(), lr=0.02, maximize=True), None),
+    ("rmsprop", lambda m: poptorch.optim.RMSprop(m.parameters(), lr=0.01),
+     lambda m: torch.optim.RMSprop(m.parameters(), lr=0.01), None),
+    ("rmsprop_centered_momentum_wd",
+     lambda m: poptorch.optim.RMSprop(m.parameters(), lr=0.01, alpha=0.9, momentum=0.5,
+                                      centered=True, weight_decay=0.05),
+     lambda m: torch.optim.RMSprop(m.parameters(), lr=0.01, alpha=0.9, momentum=0.5,
+                                   centered=True, weight_decay=0.05), None),
+    ("lamb", lambda m: poptorch.optim.LAMB(m.parameters(), lr=0.02),
+     lambda m: poptorch.optim.LAMB(m.parameters(), lr=0.02), None),
+    ("lamb_no_bias_max_weight_norm",
+     lambda m: poptorch.optim.LAMB(m.parameters(), lr=0.02, bias_correction=False,
+                                   max_weight_norm=0.5),
+     lambda m: poptorch.optim.LAMB(m.parameters(), lr=0.02, bias_correction=False,
+                                   max_weight_norm=0.5), None),
+    ("param_groups_sgd",
+     lambda m: poptorch.optim.SGD(_groups(m, lr=0.3, momentum=0.9), lr=0.05),
+     lambda m: torch.optim.SGD(_groups(m, lr=0.3, momentum=0.9), lr=0.05), None),
+    ("param_groups_adam",
+     lambda m: poptorch.optim.Adam(_groups(m, lr=0.001, weight_decay=0.5), lr=0.03),
+     lambda m: torch.optim.Adam(_groups(m, lr=0.001, weight_decay=0.5), lr=0.03), None),
 ]
 TORCH_CASES = [
-    (
-        "torch_sgd",
-        lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01),
-    ),
+    ("torch_sgd", lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9,
+                                            weight_decay=0.01)),
     ("torch_adam", lambda m: torch.optim.Adam(m.parameters(), lr=0.01, weight_decay=0.01)),
     ("torch_adamw", lambda m: torch.optim.AdamW(m.parameters(), lr=0.01)),
     ("torch_rmsprop", lambda m: torch.optim.RMSprop(m.parameters(), lr=0.01, momentum=0.3)),
@@ -244,9 +166,8 @@ def test_torch_optimizer_matches_torch(name, make):
 )
 def test_adam_with_decoupled_weight_decay_is_adamw():
     def make(m):
-        return torch.optim.Adam(
-            m.parameters(), lr=0.02, weight_decay=0.3, decoupled_weight_decay=True
-        )
+        return torch.optim.Adam(m.parameters(), lr=0.02, weight_decay=0.3,
+                                decoupled_weight_decay=True)
 
     _train(make, make)
 
@@ -351,13 +272,8 @@ def test_unsupported_settings_are_refused(make, error, match):
 
 def test_poptorch_optimizers_are_torch_optimizers():
     model = Net()
-    for cls in (
-        poptorch.optim.SGD,
-        poptorch.optim.Adam,
-        poptorch.optim.AdamW,
-        poptorch.optim.RMSprop,
-        poptorch.optim.LAMB,
-    ):
+    for cls in (poptorch.optim.SGD, poptorch.optim.Adam, poptorch.optim.AdamW,
+                poptorch.optim.RMSprop, poptorch.optim.LAMB):
         opt = cls(model.parameters(), lr=0.01)
         assert isinstance(opt, torch.optim.Optimizer)
         state = opt.state_dict()
