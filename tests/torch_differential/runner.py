@@ -66,9 +66,8 @@ class Refusal:
 
 @dataclass
 class IllConditioned:
-    """poptorch and eager torch disagree, but eager torch's own float32 result is as far
-    from float64's (rounding decides the result: a normalisation of values that cancel to
-    nearly zero), and poptorch's is at least as close to float64's."""
+    """poptorch and eager torch disagree, but rounding alone moves eager torch's result as
+    far (a normalisation of values that cancel to nearly zero): see ``_rounding_decides``."""
 
     program: Program
     message: str
