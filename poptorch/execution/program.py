@@ -60,7 +60,7 @@ from .storage import (
     read,
     write,
 )
-from .trainer import Trainer, offload_activations
+from .trainer import Trainer, loss_dependencies, offload_activations
 
 LOSS_MISSING_MSG = (
     "trainingModel needs a loss: {cls}.build must return it, marked with "
@@ -277,12 +277,18 @@ def _build_body(
 
 def _trains(built: Built, fwd: Any, optimizer: Optimizer | None) -> bool:
     """Whether the program has a backward and an optimiser step: a training model whose
-    weights are all frozen (``requires_grad=False``) only runs its forward, as in PopTorch.
-    (A model that declares no weights at all is refused: ``NO_WEIGHTS_MSG``.)"""
+    weights are all frozen (``requires_grad=False``), or none of whose trainable weights
+    the loss reads (a dropout module in eval mode with a dummy parameter), only runs its
+    forward, as in PopTorch. (A model that declares no weights at all is refused:
+    ``NO_WEIGHTS_MSG``.)"""
     if optimizer is None or built.interface is None:
         return optimizer is not None
+    if not built.weights:
+        return True
+    args = fwd.args.to_dict()
+    used = loss_dependencies(fwd.graph.outputs[built.loss_index])
     trained = set(built.interface.trained(fwd))
-    return not built.weights or any(n in trained for n in built.weights)
+    return any(n in trained and args[n] in used for n in built.weights)
 
 
 def _output_specs(built: Built, fwd: Any, layout: Layout) -> list[popxl.TensorSpec]:

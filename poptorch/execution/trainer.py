@@ -66,7 +66,7 @@ class Trainer:
         args = fwd.args.to_dict()
         # A weight the loss does not depend on gets no gradient, and torch's optimisers
         # (as PopART's) leave it alone: no weight decay, no momentum, no state.
-        used = _dependencies(loss)
+        used = loss_dependencies(loss)
         trained = [n for n in built.forward_interface().trained(fwd) if args[n] in used]
         names = [n for n in built.weights if n in trained]
         if not names:
@@ -478,7 +478,7 @@ def offload_activations(
     return moved
 
 
-def _dependencies(t: popxl.Tensor) -> set[popxl.Tensor]:
+def loss_dependencies(t: popxl.Tensor) -> set[popxl.Tensor]:
     """The tensors of ``t``'s graph that ``t`` depends on, itself included (every input of
     an op that makes one of them counts, a called subgraph's inputs too)."""
     seen: set[popxl.Tensor] = set()

@@ -652,3 +652,30 @@ def test_dynamic_update_dtype_error_names_the_device_dtypes():
 
     with pytest.raises(poptorch.Error, match=r"same dtype\. \(torch\.float32 vs torch\.int32\)"):
         poptorch.inferenceModel(Updater())(torch.zeros(8), torch.tensor([-1]))
+
+
+def test_a_training_model_whose_loss_reads_no_weight_runs_its_forward():
+    """Upstream's misc_nn_layers test: a dropout in eval mode with a dummy parameter the loss
+    never reads. PopTorch runs it (nothing to train); the parameter is left as it was."""
+    dropout = torch.nn.Dropout()
+    dropout.eval()
+    dropout.register_parameter("param", torch.nn.Parameter(torch.ones(10)))
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dropout = dropout
+
+        def forward(self, x, target):
+            out = self.dropout(x)
+            return out, torch.nn.functional.l1_loss(out, target)
+
+    model = WithLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.5)
+    training = poptorch.trainingModel(model, optimizer=optimizer)
+    x = torch.randn(8, 20)
+    out, loss = training(x, torch.zeros_like(x))
+    torch.testing.assert_close(out, x)
+    torch.testing.assert_close(loss, x.abs().mean())
+    training.copyWeightsToHost()
+    torch.testing.assert_close(dropout.param.detach(), torch.ones(10))
