@@ -119,11 +119,27 @@ def _tracing() -> Iterator[None]:
         _state.TRACING.reset(token)
 
 
+@contextlib.contextmanager
+def _distributions_unvalidated() -> Iterator[None]:
+    """``torch.distributions`` made in the forward skip their argument checks (``low <
+    high``, ``scale > 0``): each is a Python ``if`` on tensor values, which a compiled program
+    cannot take, and which PopTorch's tracing did not take either. The values are not
+    checked on the device (as ``validate_args=False`` in torch)."""
+    dist = torch.distributions.Distribution
+    saved = dist._validate_args
+    dist.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        dist.set_default_validate_args(saved)
+
+
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
     # preserve_node_meta: annotations made while tracing (torch.fx.traceback.annotate, which
     # poptorch.Block and BeginBlock use) stay on the nodes, through decomposition too.
     with (
         _tracing(),
+        _distributions_unvalidated(),
         torch.no_grad(),
         warnings.catch_warnings(),
         fx_traceback.preserve_node_meta(),

@@ -679,3 +679,19 @@ def test_a_training_model_whose_loss_reads_no_weight_runs_its_forward():
     torch.testing.assert_close(loss, x.abs().mean())
     training.copyWeightsToHost()
     torch.testing.assert_close(dropout.param.detach(), torch.ones(10))
+
+
+def test_distributions_made_in_forward_are_captured_without_their_value_checks():
+    """torch.distributions check their arguments with a Python ``if`` on tensor values, which
+    export cannot take; capture skips those checks (upstream half_float_test samples from
+    Uniform and Normal in forward) and leaves torch's default as it was."""
+
+    class Sampler(torch.nn.Module):
+        def forward(self, loc: torch.Tensor) -> torch.Tensor:
+            return torch.distributions.Normal(loc, 2.0).sample((4000,))
+
+    before = torch.distributions.Distribution._validate_args
+    samples = poptorch.inferenceModel(Sampler())(torch.tensor([3.0]))
+    assert samples.shape == (4000, 1)
+    assert abs(samples.mean().item() - 3.0) < 0.2 and abs(samples.std().item() - 2.0) < 0.2
+    assert torch.distributions.Distribution._validate_args == before
