@@ -14,8 +14,10 @@ PopART's ``Loop`` and ``If`` did. Op names are the op's name scope (torch module
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import popxl
@@ -34,14 +36,54 @@ _OUTLINE = "__outline"
 # ``Op.hints`` key of a call running a ``torch.nn`` block: the block's module path.
 
 
+# ``Op.hints`` key of the ops of one weight's optimiser update: (PopTorch optimiser type,
+# weight name). PopART made each update one op (two for Adam): its serialized IR lists those.
+OPTIMIZER_UPDATE = "__optimizer_update"
+# The ops PopART's optimisers made per weight, by PopTorch's optimiser type (types not listed
+# are shown op by op).
+_POPART_UPDATES = {
+    "SGD0": ("SGD0VarUpdate",),
+    "ADAM": ("AdamUpdater", "AdamVarUpdate"),
+    "ADAMW": ("AdamUpdater", "AdamVarUpdate"),
+    "ADAMW_NO_BIAS": ("AdamUpdater", "AdamVarUpdate"),
+}
+
+
+@contextlib.contextmanager
+def tagged_update(kind: str, weight: str) -> Iterator[None]:
+    """Within: the ops made in the current graph are weight ``weight``'s optimiser update
+    (of PopTorch optimiser type ``kind``), which the serialized IR shows as PopART's ops."""
+    graph = popxl.gcg()
+    start = len(graph._ops)
+    try:
+        yield
+    finally:
+        for op in graph._ops[start:]:
+            op.hints[OPTIMIZER_UPDATE] = (kind, weight)
+
+
 def popart_ir_json(ir: popxl.Ir) -> str:
     """``ir`` as PopART's serialized IR, compact JSON (``"name":"layer1/0/Conv"``)."""
     session = ir.session_options
-    records = [
-        _with_session_attributes(op_record(op, scope), op, session)
-        for scope, op in placed_ops(ir.main_graph)
-    ]
+    records: list[dict[str, Any]] = []
+    shown: set[tuple[str, str]] = set()
+    for scope, op in placed_ops(ir.main_graph):
+        update = op.hints.get(OPTIMIZER_UPDATE)
+        if update is not None and update[0] in _POPART_UPDATES:
+            if update not in shown:
+                shown.add(update)
+                records.extend(_update_records(*update))
+            continue
+        records.append(_with_session_attributes(op_record(op, scope), op, session))
     return json.dumps({"maingraph": records}, separators=(",", ":"))
+
+
+def _update_records(kind: str, weight: str) -> list[dict[str, Any]]:
+    """PopART's ops of one weight's update, named after the weight."""
+    return [
+        {"type": t, "name": f"{t}_{weight}", "attributes": {}, "inputs": [], "outputs": []}
+        for t in _POPART_UPDATES[kind]
+    ]
 
 
 def _with_session_attributes(record: dict[str, Any], op: Op, session: Any) -> dict[str, Any]:
@@ -140,6 +182,8 @@ def op_record(op: Op, scope: tuple[str, ...] | None = None) -> dict[str, Any]:
     kind, extra = _popart_type(op)
     attributes: dict[str, str] = {k: _text(v) for k, v in extra.items()}
     for key, value in [*op.attrs.items(), *op.hints.items()]:
+        if key == OPTIMIZER_UPDATE:
+            continue
         if _is_records(value):  # one record per part (MultiConv's convolutions): per field
             for field in dict(value[0]):
                 attributes[field] = _text([dict(r).get(field) for r in value])

@@ -19,6 +19,7 @@ from popxl import ops
 from popxl.context import get_current_context
 from popxl.errors import InternalError
 
+from ..compat.popart_ir import tagged_update
 from ..enums import ReductionType
 from ..optim.optimizers import group_of_each, sharded_update
 from ..options.core import (
@@ -290,7 +291,7 @@ class Trainer:
         one = popxl.constant(np.float32(1.0))
         ops.var_updates.accumulate_(built.step, one if finite is None else _f32(finite))
         for name in built.groups:
-            with self._on(name):
+            with self._on(name), tagged_update(self._popart_kind(name), name):
                 self._update(name, grads[name], shards[name], finite)
         if finite is not None:
             self._adapt_scale(finite)
@@ -338,6 +339,17 @@ class Trainer:
             with self._on(name):
                 clipped[name] = g * self.here(coef)
         return clipped
+
+    def _popart_kind(self, name: str) -> str:
+        """PopTorch's optimiser type for the update of weight ``name``; ``SGD0`` for SGD
+        without momentum, as PopART named that case."""
+        kind = self.spec.kind
+        if kind.startswith("SGD") and self.spec.groups[self.built.groups[name]]["momentum"] == (
+            0.0,
+            True,
+        ):
+            return "SGD0"
+        return kind
 
     def _update(
         self,

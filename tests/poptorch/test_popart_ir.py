@@ -317,3 +317,34 @@ def test_partials_type_is_on_matmuls_and_convolutions_and_trace_logs_the_ir(capf
     finally:
         poptorch.setLogLevel("WARN")
     assert "Popart IR: " not in capfd.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda p: torch.optim.SGD(p, lr=0.01), ["SGD0VarUpdate"] * 2),
+        (lambda p: poptorch.optim.SGD(p, lr=0.01, use_combined_accum=True), ["SGD0VarUpdate"] * 2),
+        (lambda p: torch.optim.AdamW(p, lr=0.01), ["AdamUpdater", "AdamVarUpdate"] * 2),
+        (lambda p: poptorch.optim.Adam(p, lr=0.01), ["AdamUpdater", "AdamVarUpdate"] * 2),
+    ],
+)
+def test_each_weight_s_optimiser_update_is_shown_as_popart_s_ops(make, expected):
+    """PopART made one SGD0VarUpdate per weight (SGD without momentum), an AdamUpdater and
+    an AdamVarUpdate for Adam and AdamW: the serialized IR shows those, named after the
+    weight, in place of the update's arithmetic (upstream optimizers_test::test_sgd_IR)."""
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(10, 10)
+
+        def forward(self, x, y):
+            out = self.linear(x)
+            return out, torch.nn.functional.cross_entropy(out, y)
+
+    model = WithLoss()
+    training = poptorch.trainingModel(model, optimizer=make(model.parameters()))
+    training(torch.randn(1, 10), torch.tensor([3]))
+    updates = [op for op in _ops(training) if "Update" in op["type"] and "Copy" not in op["type"]]
+    assert [op["type"] for op in updates] == expected
+    assert {op["name"].split("_", 1)[1] for op in updates} == {"linear.weight", "linear.bias"}
