@@ -64,6 +64,18 @@ def _timm(name: str) -> Callable[[int, int], tuple]:
     return _vision(build)
 
 
+def _video(name: str, frames: int = 8) -> Callable[[int, int], tuple]:
+    def make(batch: int, size: int) -> tuple:
+        import torch  # noqa: PLC0415
+        import torchvision  # noqa: PLC0415
+
+        model = getattr(torchvision.models.video, name)(num_classes=10)
+        x = torch.randn(batch, 3, frames, size, size)
+        return model, (x,), torch.randint(0, 10, (batch,))
+
+    return make
+
+
 def _gpt2(batch: int, size: int) -> tuple:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
@@ -95,6 +107,7 @@ MODELS: dict[str, Callable[[int, int], tuple]] = {
     "resnet18": _torchvision("resnet18"),
     "mobilenet_v2": _torchvision("mobilenet_v2"),
     "efficientnet_b0": _torchvision("efficientnet_b0"),
+    "r3d_18": _video("r3d_18"),
     "vit_tiny": _timm("vit_tiny_patch16_224"),
     "gpt2": _gpt2,
     "bert": _bert,

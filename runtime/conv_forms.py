@@ -74,10 +74,12 @@ def conv_transpose(x: jax.Array, w: jax.Array, geo: Geometry, out: tuple[int, ..
 def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str:
     """The fastest form on XLA:CPU for ``direction`` ("forward", "input" or "weight").
 
-    Measured with ``bench/conv_lowering.py`` (ResNet-18, tutorial 8's CNN, depthwise, 1-D and
-    3-D shapes): XLA's kernel is fast on maps at least twice the kernel's extent; on smaller
-    maps (ResNet's last stages) it is 2-100x slower than the matmul, and so is its weight
-    gradient on maps of at most 8x8 outputs with more than 32 channels.
+    Measured on a quiet machine with ``bench/conv_lowering.py`` and per form, unrolled and
+    in a loop body (ResNet-18, tutorial 8's CNN, depthwise, 1-D and 3-D shapes): XLA's kernel
+    (channels-last) is fast on maps at least twice the kernel's extent; on smaller maps
+    (ResNet's last stages) it is 2-100x slower than the matmul. Its weight gradient loses to
+    the patches' matmul by 1.3-3x where there are more than 32 channels, except in 3-D,
+    where the patches are 27 times the input.
     """
     m, cg, *kernel = w_shape
     if cg == 1 and geo.groups > 1:
@@ -87,8 +89,7 @@ def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str
     roomy = all(n >= 2 * ((k - 1) * d + 1) for k, d, n in zip(kernel, geo.dilation, x_shape[2:]))
     if not roomy:
         return "matmul"
-    positions = math.prod(_out_shape(x_shape, tuple(kernel), geo))
-    if direction == "weight" and max(cg, m) > 32 and positions <= 64:
+    if direction == "weight" and max(cg, m) > 32 and len(kernel) < 3:
         return "matmul"
     return "lax"
 
@@ -108,6 +109,86 @@ def _lax_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
         preferred_element_type=jnp.float32 if x.dtype.itemsize < 4 else None,
     )
     return out.astype(x.dtype)
+
+
+def _channels_last_conv(
+    lhs: jax.Array, rhs: jax.Array, geo: Geometry, lhs_dilation: tuple[int, ...] | None = None
+) -> jax.Array:
+    """XLA's kernel on ``N*C`` ``lhs`` and ``*IO`` ``rhs``, giving ``N*O``.
+
+    The operands are transposed here rather than left to XLA's layout assignment: inside a
+    loop body (a block repeated by ``scan``, a ``repeat``) XLA:CPU keeps the layout it gets,
+    and its kernel runs 10-30x slower on ``NC*`` operands (ResNet-18's 64-channel 16x16
+    convolution: 170 ms in a scan of four, 12 ms unrolled or channels-last), and JAX's own
+    gradients of a convolution put the batch axis where the kernel wants channels (weight
+    gradient of a 3-D convolution in a loop: 1.26 s against 63 ms). Outside loops the
+    transposes fold into the layouts XLA would choose anyway.
+    """
+    nd = lhs.ndim - 2
+    spatial = tuple(range(1, nd + 1))
+    numbers = lax.ConvDimensionNumbers(
+        (0, nd + 1, *spatial), (nd + 1, nd, *range(nd)), (0, nd + 1, *spatial)
+    )
+    return lax.conv_general_dilated(
+        lhs,
+        rhs,
+        geo.stride,
+        list(geo.pads),
+        lhs_dilation=lhs_dilation,
+        rhs_dilation=geo.dilation,
+        dimension_numbers=numbers,
+        feature_group_count=geo.groups,
+        precision=dot_precision(lhs.dtype),
+        preferred_element_type=jnp.float32 if lhs.dtype.itemsize < 4 else None,
+    ).astype(lhs.dtype)
+
+
+def _last(x: jax.Array) -> jax.Array:
+    """``NC*`` -> ``N*C``."""
+    return jnp.moveaxis(x, 1, -1)
+
+
+def _kernel_last(w: jax.Array) -> jax.Array:
+    """``(O, I, *kernel)`` -> ``(*kernel, I, O)``."""
+    return w.transpose((*range(2, w.ndim), 1, 0))
+
+
+def _lax_cl_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
+    return jnp.moveaxis(_channels_last_conv(_last(x), _kernel_last(w), geo), -1, 1)
+
+
+def _lax_cl_input_grad(w: jax.Array, geo: Geometry, x_shape: tuple, gy: jax.Array) -> jax.Array:
+    """The input gradient as one convolution: the cotangent, dilated by the stride, with
+    the adjoint kernel (flipped, channels swapped per group)."""
+    reach = [(k - 1) * d for k, d in zip(w.shape[2:], geo.dilation)]
+    pads = tuple(
+        (r - lo, n + lo - (o - 1) * s - 1)
+        for r, (lo, _), n, o, s in zip(reach, geo.pads, x_shape[2:], gy.shape[2:], geo.stride)
+    )
+    adjoint = geo._replace(stride=(1,) * len(reach), pads=pads)
+    lhs = _last(gy)
+    out = _channels_last_conv(
+        lhs, _kernel_last(_adjoint_kernel(w, geo.groups)), adjoint, geo.stride
+    )
+    return jnp.moveaxis(out, -1, 1)
+
+
+def _lax_cl_weight_grad(x: jax.Array, geo: Geometry, w_shape: tuple, gy: jax.Array) -> jax.Array:
+    """The weight gradient as one convolution over the batch: the input (batch and channels
+    swapped) under a window of the cotangent's extent, dilated by the stride."""
+    if geo.groups > 1:
+        return _vjp_weight(_lax_cl_conv, x, geo, w_shape, gy)
+    kernel, out = w_shape[2:], gy.shape[2:]
+    pads = tuple(
+        (lo, (k - 1) * d + (o - 1) * s + 1 - n - lo)
+        for (lo, _), k, d, o, s, n in zip(
+            geo.pads, kernel, geo.dilation, out, geo.stride, x.shape[2:]
+        )
+    )
+    lhs = jnp.moveaxis(x, 0, -1)  # (C, *spatial, N): the channels are the batch
+    rhs = jnp.moveaxis(jnp.moveaxis(gy, 1, -1), 0, -2)  # (*out, N, O)
+    window = Geometry(geo.dilation, pads, geo.stride, 1)
+    return jnp.moveaxis(_channels_last_conv(lhs, rhs, window), -1, 0)  # (O, C, *kernel)
 
 
 def _vjp_input(form: Any, w: jax.Array, geo: Geometry, x_shape: tuple, g: jax.Array) -> jax.Array:
@@ -261,11 +342,7 @@ class _Form(NamedTuple):
 
 
 FORMS = {
-    "lax": _Form(
-        _lax_conv,
-        lambda w, geo, x_shape, g: _vjp_input(_lax_conv, w, geo, x_shape, g),
-        lambda x, geo, w_shape, g: _vjp_weight(_lax_conv, x, geo, w_shape, g),
-    ),
+    "lax": _Form(_lax_cl_conv, _lax_cl_input_grad, _lax_cl_weight_grad),
     "matmul": _Form(_matmul_conv, _matmul_input_grad, _matmul_weight_grad),
     "taps": _Form(_taps_conv, _taps_input_grad, _taps_weight_grad),
 }

@@ -157,9 +157,40 @@ def test_the_choice_avoids_xla_kernels_slow_cases():
     assert {choose((8, 512, 2, 2), (512, 512, 3, 3), geo, d) for d in directions} == {"matmul"}
     depthwise = geo._replace(groups=96)
     assert choose((8, 96, 16, 16), (96, 1, 3, 3), depthwise, "input") == "taps"
-    # A roomy map: XLA's kernel, but the weight gradient of an 8x8 map with many channels
-    # as a matmul.
-    assert {choose((8, 64, 16, 16), (64, 64, 3, 3), geo, d) for d in directions} == {"lax"}
-    got = [choose((8, 128, 8, 8), (128, 128, 3, 3), geo, d) for d in directions]
+    # A roomy map: XLA's kernel, but the weight gradient with many channels as a matmul
+    # (except in 3-D, where the patches are 27 times the input).
+    got = [choose((8, 64, 16, 16), (64, 64, 3, 3), geo, d) for d in directions]
     assert got == ["lax", "lax", "matmul"]
     assert choose((16, 16, 8, 8), (32, 16, 3, 3), geo, "weight") == "lax"
+    geo3 = Geometry((1, 1, 1), ((1, 1),) * 3, (1, 1, 1), 1)
+    assert choose((4, 64, 8, 16, 16), (64, 64, 3, 3, 3), geo3, "weight") == "lax"
+
+
+def test_xla_kernel_takes_channels_last_operands_also_in_a_loop_body():
+    # Inside a loop body XLA:CPU keeps the layouts it is given, and its kernel is 10-30x
+    # slower on NCHW operands: every direction of the "lax" form hands it channels-last ones.
+    geo = Geometry((1, 1), ((1, 1), (1, 1)), (1, 1), 1)
+    x = jnp.ones((2, 8, 6, 6))
+    ws = jnp.ones((3, 8, 8, 3, 3))
+
+    def step(x: jax.Array, ws: jax.Array) -> jax.Array:
+        def body(x: jax.Array, w: jax.Array) -> tuple:
+            f = FORMS["lax"]
+            y = f.forward(x, w, geo)
+            return x + f.input_grad(w, geo, x.shape, y) + f.weight_grad(
+                x, geo, w.shape, y
+            ).sum(), None
+
+        return lax.scan(body, x, ws)[0]
+
+    hlo = jax.jit(step).lower(x, ws).compile().as_text()
+    labels = [
+        line.split("dim_labels=")[1].split(",")[0]
+        for line in hlo.splitlines()
+        if "convolution(" in line
+    ]
+    assert len(labels) == 3
+    assert all(
+        label.startswith("b01f_01io->b01f") or label.startswith("f01b_01io->f01b")
+        for label in labels
+    ), labels
