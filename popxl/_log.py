@@ -37,6 +37,7 @@ LEVELS = {
 }
 _LETTERS = {TRACE: "T", DEBUG: "D", INFO: "I", WARN: "W", ERR: "E"}
 LOGGER_NAME = "popart"
+_LOGGER = logging.getLogger(LOGGER_NAME)  # the same object every getLogger(LOGGER_NAME) returns
 
 
 def threshold() -> int:
@@ -44,7 +45,7 @@ def threshold() -> int:
     ``"popart"`` logger's own level (OFF when neither is set)."""
     env = os.environ.get("POPART_LOG_LEVEL", "").strip().upper()
     level = LEVELS.get(env, OFF)
-    logger_level = logging.getLogger(LOGGER_NAME).level
+    logger_level = _LOGGER.level
     if logger_level != logging.NOTSET:
         level = min(level, logger_level)
     return level

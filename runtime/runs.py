@@ -156,42 +156,95 @@ def stacked_feeds(graph: Graph, _memo: dict[int, list] | None = None) -> list:
     graphs it calls (``call``, ``repeat``, ``conditional``: their inputs traced back to
     ``graph``'s tensors), the tensors of ``graph`` fed to the rows, in call order; these are
     the variables worth storing stacked (``state_layout``). Inputs of chained runs (the
-    layers) come first, so the weights are stacked as the layers scan them."""
+    layers) come first, so the weights are stacked as the layers scan them.
+
+    An op group's rows are left out when any of them is also read on its own (a weight
+    its group of updates shares with the forward pass): every such read of a stacked
+    variable would copy its row, where the ops of the group on separate arrays copy
+    nothing."""
     feeds = _feeds(graph, {} if _memo is None else _memo)
-    return [rows for chained, rows in sorted(feeds, key=lambda f: not f[0])]
+    loose = loose_reads(graph, {})
+    return [
+        rows
+        for kind, rows in sorted(feeds, key=lambda f: f[0] != "chain")
+        if kind != "group" or not any(id(t) in loose for t in rows)
+    ]
 
 
-def _feeds(graph: Graph, memo: dict[int, list]) -> list[tuple[bool, list[Tensor]]]:
+def _feeds(graph: Graph, memo: dict[int, list]) -> list[tuple[str, list[Tensor]]]:
+    """(kind, rows) per stacked input: kind ``"chain"`` (a run with a carry: layers),
+    ``"run"`` (other runs) or ``"group"`` (an op group)."""
     if id(graph) in memo:
         return memo[id(graph)]
     feeds = [
-        (any(s.kind == "carry" for s in run.slots), run.stacked(j))
+        ("chain" if any(s.kind == "carry" for s in run.slots) else "run", run.stacked(j))
         for run in runs_of(graph).values()
         for j in _stacked_slots(run)
     ]
-    if policy() != "inline":
-        for group in grouping.schedule(graph):
-            if isinstance(group, grouping.OpGroup):
-                first = group.ops[0]
-                feeds += [
-                    (False, [op.inputs[j] for op in group.ops])
-                    for j in range(len(first.inputs))
-                    if any(op.inputs[j] is not first.inputs[j] for op in group.ops)
-                ]
+    for op, j in _group_slots(graph):
+        if op is not None:
+            feeds.append(("group", [member.inputs[j] for member in op.ops]))
     known = {tuple(map(id, rows)) for _, rows in feeds}
+    for op, sub, offset in _called(graph):
+        outer = dict(zip(sub._inputs, op.inputs[offset : offset + len(sub._inputs)]))
+        for kind, rows in _feeds(sub, memo):
+            mapped = [outer.get(t) for t in rows]
+            if all(t is not None for t in mapped) and tuple(map(id, mapped)) not in known:
+                known.add(tuple(map(id, mapped)))
+                feeds.append((kind, mapped))  # type: ignore[arg-type]
+    memo[id(graph)] = feeds
+    return feeds
+
+
+def _group_slots(graph: Graph) -> list[tuple[Any, int]]:
+    """(op group, input index) for every input that differs between a group's ops."""
+    if policy() == "inline":
+        return []
+    slots = []
+    for group in grouping.schedule(graph):
+        if isinstance(group, grouping.OpGroup):
+            first = group.ops[0]
+            slots += [
+                (group, j)
+                for j in range(len(first.inputs))
+                if any(op.inputs[j] is not first.inputs[j] for op in group.ops)
+            ]
+    return slots
+
+
+def _called(graph: Graph) -> list[tuple[Op, Graph, int]]:
+    """(op, called graph, offset of its inputs among the op's) for every graph ``graph``
+    calls, loops over or branches to."""
+    found = []
     for op in graph._ops:
         if op.opdef.special not in ("call", "repeat", "conditional"):
             continue
         offsets = op.attrs.get("input_offsets", (0,) * len(op.attrs["graphs"]))
-        for sub, offset in zip(op.attrs["graphs"], offsets):
-            outer = dict(zip(sub._inputs, op.inputs[offset : offset + len(sub._inputs)]))
-            for chained, rows in _feeds(sub, memo):
-                mapped = [outer.get(t) for t in rows]
-                if all(t is not None for t in mapped) and tuple(map(id, mapped)) not in known:
-                    known.add(tuple(map(id, mapped)))
-                    feeds.append((chained, mapped))  # type: ignore[arg-type]
-    memo[id(graph)] = feeds
-    return feeds
+        found += [(op, sub, offset) for sub, offset in zip(op.attrs["graphs"], offsets)]
+    return found
+
+
+def loose_reads(graph: Graph, memo: dict[int, frozenset[int]]) -> frozenset[int]:
+    """Ids of ``graph``'s tensors that some op reads on its own: other than as a row of a
+    run's or an op group's stacked input, in ``graph`` or in the graphs it calls."""
+    if id(graph) in memo:
+        return memo[id(graph)]
+    memo[id(graph)] = frozenset()  # recursion guard
+    in_rows = {(id(op), j) for run in runs_of(graph).values() for op in run.ops
+               for j in _stacked_slots(run)}  # fmt: skip
+    in_rows |= {(id(op), j) for group, j in _group_slots(graph) for op in group.ops}
+    calls = {id(op) for op, _, _ in _called(graph)}
+    loose: set[int] = set()
+    for op in graph._ops:
+        if id(op) not in calls:
+            loose |= {id(t) for j, t in enumerate(op.inputs) if (id(op), j) not in in_rows}
+    for op, sub, offset in _called(graph):
+        inner = loose_reads(sub, memo)
+        for k, t in enumerate(sub._inputs):
+            if (id(op), offset + k) not in in_rows and id(t) in inner:
+                loose.add(id(op.inputs[offset + k]))
+    memo[id(graph)] = frozenset(loose)
+    return memo[id(graph)]
 
 
 def _stacked_slots(run: Run) -> list[int]:
