@@ -530,15 +530,24 @@ def _lower_op_group(ctx: LoweringContext, env: Env, group: grouping.OpGroup) -> 
     slots = range(len(first.inputs))
     stacked = [j for j in slots if any(op.inputs[j] is not first.inputs[j] for op in ops)]
     deferred = opdef.key in LINEAR_ACCUMULATES and ctx.collective_impl == "gather"
+    if not stacked or deferred:  # the accumulations keep their replica sums one by one
+        for op in ops:
+            lower_op(ctx, env, op)
+        return
     # The vmap runs over rows already stored as stacks. An array held on its own (a
     # variable the program also reads alone, a gradient) would be copied into a stack
-    # (XLA does not fuse that concatenate) and a new value sliced back out: op by op,
-    # XLA updates each in place and reads rows of stacks without copying them. Scalars
-    # (learning rates, constants) are cheap to gather.
-    loose = any(
-        row_of(env, op.inputs[j]) is None and op.inputs[j].nelms > 1 for op in ops for j in stacked
-    )
-    if not stacked or deferred or loose:  # the accumulations keep their replica sums one by one
+    # (XLA does not fuse that concatenate) and a new value sliced back out: its op goes
+    # alone, where XLA updates it in place and reads rows of stacks without copying them.
+    # Scalars (learning rates, constants) are cheap to gather.
+    alone = [
+        op
+        for op in ops
+        if any(row_of(env, op.inputs[j]) is None and op.inputs[j].nelms > 1 for j in stacked)
+    ]
+    for op in alone:
+        lower_op(ctx, env, op)
+    ops = tuple(op for op in ops if op not in alone)
+    if len(ops) < 2:
         for op in ops:
             lower_op(ctx, env, op)
         return

@@ -158,17 +158,19 @@ def stacked_feeds(graph: Graph, _memo: dict[int, list] | None = None) -> list:
     the variables worth storing stacked (``state_layout``). Inputs of chained runs (the
     layers) come first, so the weights are stacked as the layers scan them.
 
-    An op group's rows are left out when any of them is also read on its own (a weight
-    its group of updates shares with the forward pass): every such read of a stacked
-    variable would copy its row, where the ops of the group on separate arrays copy
-    nothing."""
+    An op group's rows that are also read on their own (a weight its group of updates
+    shares with the forward pass) are left out, with every row of the ops ``calls`` then
+    lowers on their own (``loose_reads``): each such read of a stacked variable would copy
+    its row, where ops on separate arrays copy nothing."""
     feeds = _feeds(graph, {} if _memo is None else _memo)
     loose = loose_reads(graph, {})
-    return [
-        rows
-        for kind, rows in sorted(feeds, key=lambda f: f[0] != "chain")
-        if kind != "group" or not any(id(t) in loose for t in rows)
-    ]
+    kept = []
+    for kind, rows in sorted(feeds, key=lambda f: f[0] != "chain"):
+        if kind == "group":
+            rows = [t for t in rows if id(t) not in loose]
+        if len(rows) >= MIN_RUN:
+            kept.append(rows)
+    return kept
 
 
 def _feeds(graph: Graph, memo: dict[int, list]) -> list[tuple[str, list[Tensor]]]:
@@ -226,25 +228,71 @@ def _called(graph: Graph) -> list[tuple[Op, Graph, int]]:
 
 def loose_reads(graph: Graph, memo: dict[int, frozenset[int]]) -> frozenset[int]:
     """Ids of ``graph``'s tensors that some op reads on its own: other than as a row of a
-    run's or an op group's stacked input, in ``graph`` or in the graphs it calls."""
+    run's or an op group's stacked input, in ``graph`` or in the graphs it calls.
+
+    An op group with a row that is not stacked (read alone elsewhere, or an array of its
+    own: an output of a single op or call) is lowered op by op (``calls``), so it reads
+    all its rows alone too; that may in turn split the groups it feeds. Scalar rows never
+    split a group (gathering them is cheap)."""
     if id(graph) in memo:
         return memo[id(graph)]
     memo[id(graph)] = frozenset()  # recursion guard
-    in_rows = {(id(op), j) for run in runs_of(graph).values() for op in run.ops
-               for j in _stacked_slots(run)}  # fmt: skip
-    in_rows |= {(id(op), j) for group, j in _group_slots(graph) for op in group.ops}
+    run_rows = {(id(op), j) for run in runs_of(graph).values() for op in run.ops
+                for j in _stacked_slots(run)}  # fmt: skip
+    group_slots = _group_slots(graph)
     calls = {id(op) for op, _, _ in _called(graph)}
+    in_groups = {(id(op), j) for group, j in group_slots for op in group.ops}
     loose: set[int] = set()
     for op in graph._ops:
         if id(op) not in calls:
-            loose |= {id(t) for j, t in enumerate(op.inputs) if (id(op), j) not in in_rows}
+            loose |= {
+                id(t)
+                for j, t in enumerate(op.inputs)
+                if (id(op), j) not in run_rows and (id(op), j) not in in_groups
+            }
     for op, sub, offset in _called(graph):
         inner = loose_reads(sub, memo)
         for k, t in enumerate(sub._inputs):
-            if (id(op), offset + k) not in in_rows and id(t) in inner:
+            if (id(op), offset + k) not in run_rows and id(t) in inner:
                 loose.add(id(op.inputs[offset + k]))
+    _split_groups(graph, group_slots, loose)
     memo[id(graph)] = frozenset(loose)
     return memo[id(graph)]
+
+
+def _split_groups(graph: Graph, group_slots: list[tuple[Any, int]], loose: set[int]) -> None:
+    """Add to ``loose`` the rows of every op of a group that ``calls`` will lower on its
+    own, until that no longer changes: an op with a row held alone (read alone, or made
+    by an op of ``graph`` outside any group or by one lowered on its own). The outputs of
+    calls and the graph's inputs may be rows of stacks, and are taken to be. Scalar rows
+    never split an op off, and stay stacked (gathering them is cheap)."""
+    slots: dict[int, list[int]] = {}
+    members: list[Op] = []
+    for group, j in group_slots:
+        for op in group.ops:
+            if id(op) not in slots:
+                slots[id(op)] = []
+                members.append(op)
+            slots[id(op)].append(j)
+    alone = {
+        id(t)
+        for op in graph._ops
+        if id(op) not in slots and op.opdef.special not in ("call", "repeat", "conditional")
+        for t in op.outputs
+    }
+    split: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for op in members:
+            if id(op) in split:
+                continue
+            rows = [op.inputs[j] for j in slots[id(op)]]
+            if any(t.nelms > 1 and (id(t) in loose or id(t) in alone) for t in rows):
+                split.add(id(op))
+                loose |= {id(t) for t in rows if t.nelms > 1}
+                alone |= {id(t) for t in op.outputs}
+                changed = True
 
 
 def _stacked_slots(run: Run) -> list[int]:

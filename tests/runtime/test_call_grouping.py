@@ -166,8 +166,8 @@ def _count_primitive(jaxpr: Any, name: str) -> int:
 def test_each_graph_is_traced_once(inline, monkeypatch):
     """The traced step holds one ``sin`` per shape (one body per graph, or per group of
     inline updates), not one per variable; lowered in program order it holds one per
-    variable. Inline, the ``b`` updates are the exception: the program also stores ``b1``
-    on its own, so the ``b`` variables are not stacked and their updates go op by op."""
+    variable. Inline, ``b1`` is the exception: the program also stores it on its own, so
+    it is not stacked and its update chain is lowered on its own (one more ``sin``)."""
     counts = {}
     for policy in ("scan", "inline"):
         monkeypatch.setattr(run_plans, "_policy", policy)
@@ -176,7 +176,7 @@ def test_each_graph_is_traced_once(inline, monkeypatch):
         state = program.split(abstract_state(program))
         jaxpr = jax.make_jaxpr(program.step)(*state, abstract_inputs(program))
         counts[policy] = _count_primitive(jaxpr.jaxpr, "sin")
-    grouped = len(SHAPES) + (LAYERS - 1 if inline else 0)
+    grouped = len(SHAPES) + (1 if inline else 0)
     assert counts == {"scan": grouped, "inline": len(SHAPES) * LAYERS}
 
 
@@ -416,17 +416,12 @@ def test_phase_loads_read_the_buffer_without_a_gather(monkeypatch):
     np.testing.assert_array_equal(runs["scan"][2], runs["inline"][2])
 
 
-def _operand_shapes(jaxpr: Any, name: str) -> set[tuple[int, ...]]:
-    """The first operand's shape of every ``name`` equation of the step's own jaxpr."""
-    inner = jaxpr.eqns[0].params["jaxpr"].jaxpr if len(jaxpr.eqns) == 1 else jaxpr
-    return {tuple(e.invars[0].aval.shape) for e in inner.eqns if e.primitive.name == name}
-
-
 def test_weights_the_forward_reads_alone_keep_an_entry_each(monkeypatch):
     """Weights read one by one by the forward pass (no run of layers) are not stacked for
     their group of updates (each read would copy its row every step), and that group is
-    lowered op by op, in place: nothing is concatenated, and only the momenta, read only by
-    their updates, are one stack, whose rows are read and written in place."""
+    lowered op by op, in place. The momenta follow: their updates read the weights' ops'
+    outputs, arrays of their own, so they too are kept apart and updated in place.
+    Nothing is concatenated, sliced or scattered."""
     results = {}
     for policy in ("scan", "inline"):
         monkeypatch.setattr(run_plans, "_policy", policy)
@@ -436,7 +431,8 @@ def test_weights_the_forward_reads_alone_keep_an_entry_each(monkeypatch):
             ws = [popxl.variable(rng.normal(size=(4, 4)).astype(np.float32), name=f"w{i}")
                   for i in range(3)]  # fmt: skip
             ms = [popxl.variable(np.full((4, 4), 0.5, np.float32), name=f"m{i}") for i in range(3)]
-            h = popxl.variable(rng.normal(size=(2, 4)).astype(np.float32), name="x")
+            x = popxl.variable(rng.normal(size=(2, 4)).astype(np.float32), name="x")
+            h = x
             for w in ws:
                 h = ops.tanh(h @ w)
             out = popxl.d2h_stream((2, 4), popxl.float32, "out")
@@ -450,13 +446,11 @@ def test_weights_the_forward_reads_alone_keep_an_entry_each(monkeypatch):
         if policy == "scan":
             program = build_program(ir)
             names = [tuple(program.variables[i].name for i in e) for e in program.entries]
-            assert ("m0", "m1", "m2") in names
-            assert all((w.name,) in names for w in ws)
+            assert sorted(names) == sorted((v.name,) for v in [*ws, *ms, x])
             state = program.split(abstract_state(program))
             jaxpr = jax.make_jaxpr(program.step)(*state, abstract_inputs(program))
-            assert _count_primitive(jaxpr.jaxpr, "concatenate") == 0
-            assert _operand_shapes(jaxpr.jaxpr, "slice") == {(3, 4, 4)}
-            assert _operand_shapes(jaxpr.jaxpr, "scatter") == {(3, 4, 4)}
+            for name in ("concatenate", "slice", "scatter", "gather", "dynamic_update_slice"):
+                assert _count_primitive(jaxpr.jaxpr, name) == 0, name
     scan_out, scan_vars = results["scan"]
     inline_out, inline_vars = results["inline"]
     np.testing.assert_array_equal(scan_out, inline_out)
