@@ -5,12 +5,15 @@ have; PopTorch required ``minlength`` and used it as the output length. ``one_ho
 its class count for the same reason. ``ctc_loss``'s output shape is fixed but torch's meta reads the lengths (given as lists or tensors). While
 a model is exported, a ``TorchFunctionMode`` sends such calls to ``poptorch::`` ops with a
 fixed shape (lowered by records in ``poptorch/aten/``), or refuses them with PopTorch's
-message.
+message. ``gaussian_nll_loss`` checks that no variance is negative with a Python ``if`` on
+tensor values, which a compiled program cannot take (PopTorch's tracing did not take it
+either): it runs without that check.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -88,6 +91,48 @@ def _ctc_loss(
 
 _CTC = (torch.nn.functional.ctc_loss, torch.ctc_loss)
 
+VAR_SIZE_MSG = "var is of incorrect size"
+
+
+def _variance_like(x: torch.Tensor, var: torch.Tensor | float) -> torch.Tensor:
+    """``gaussian_nll_loss``'s variance broadcastable to ``x``, as torch shapes it: the same
+    size, ``x``'s size without its last dim (a homoscedastic variance), or one dim of size
+    1 where ``x``'s is not."""
+    if not isinstance(var, torch.Tensor):
+        if var < 0:
+            raise ValueError("var has negative entry/entries")
+        return var * torch.ones_like(x)
+    if var.shape == x.shape:
+        return var
+    if var.shape == x.shape[:-1]:
+        return var.unsqueeze(-1)
+    if var.dim() == x.dim() and sum(v for a, v in zip(x.shape, var.shape) if a != v) == 1:
+        return var
+    raise ValueError(VAR_SIZE_MSG)
+
+
+def _gaussian_nll_loss(
+    x: torch.Tensor,
+    target: torch.Tensor,
+    var: torch.Tensor | float,
+    full: bool = False,
+    eps: float = 1e-6,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """``F.gaussian_nll_loss`` without its value check (a variance below ``eps``, negative
+    included, is clamped to ``eps``)."""
+    var = _variance_like(x, var)
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(reduction + " is not valid")
+    # torch clamps under no_grad: the gradient passes the clamp as if it were not there.
+    var = var + (var.clamp(min=eps) - var).detach()
+    loss = 0.5 * (torch.log(var) + (x - target) ** 2 / var)
+    if full:
+        loss = loss + 0.5 * math.log(2 * math.pi)
+    if reduction == "none":
+        return loss
+    return loss.mean() if reduction == "mean" else loss.sum()
+
 
 def _is_ipu(device: Any) -> bool:
     return (isinstance(device, str) and device.split(":")[0] == "ipu") or (
@@ -162,4 +207,6 @@ class Redirects(TorchFunctionMode):
             return _one_hot(*args, **kwargs)
         if func in _CTC:
             return _ctc_loss(*args, **kwargs)
+        if func is _F.gaussian_nll_loss:
+            return _gaussian_nll_loss(*args, **kwargs)
         return func(*args, **kwargs)

@@ -285,10 +285,17 @@ def _outcome(program: Program, message: str) -> Outcome:
 
 
 def assert_agrees(
-    source: str, inputs: list[Input], mode: Mode, seed: int, families: tuple[str, ...] = ()
+    source: str,
+    inputs: list[Input],
+    mode: Mode,
+    seed: int,
+    families: tuple[str, ...] = (),
+    may_refuse: bool = True,
 ) -> None:
     """Fail unless poptorch runs the model of ``source`` as eager torch does, or refuses it
-    properly (the check a kept case makes; see ``shrink.as_pytest``)."""
+    properly where ``may_refuse`` (the check a kept case makes; see ``shrink.as_pytest``;
+    a case of a wrong refusal passes ``may_refuse=False``)."""
     program = Program(seed, (), inputs, [], [], [], mode=mode, raw=source, families=families)
     result = check(program)
     assert not isinstance(result, Outcome), result.message if result else ""
+    assert may_refuse or not isinstance(result, Refusal), f"refused: {result.reason}"

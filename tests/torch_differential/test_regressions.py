@@ -138,3 +138,30 @@ def test_an_input_written_in_place_with_output_modes_final_and_every_n():
         Mode(device_iterations=4, output_mode="EveryN", output_period=2),
     ):
         assert_agrees(source, [Input("x", Spec((2, 3), "float32"))], mode, seed=702)
+
+
+def test_gaussian_nll_loss_is_captured():
+    """refused: Error: poptorch could not capture Model.forward with torch.export:
+    Could not guard on data-dependent expression Eq(u0, 1)
+    (nn/functional.py in gaussian_nll_loss: torch's check that no variance is negative)
+    (found by seed 7000021617 of ``loss+optim``)
+    """
+    source = """
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(3, 3)
+            def forward(self, x):
+                y = self.fc(x)
+                v = F.gaussian_nll_loss(y, x, y.abs() + 0.5, reduction="none")
+                loss = poptorch.identity_loss(v.square().mean(), reduction="mean")
+                return v, loss
+    """
+    assert_agrees(
+        source,
+        [Input("x", Spec((2, 3), "float32"))],
+        Mode(kind="training", optimizer="torch.optim.SGD(params, lr=0.05)", calls=2),
+        seed=7000021617,
+        families=("loss",),
+        may_refuse=False,
+    )

@@ -113,6 +113,33 @@ CASES = [
         for log in (False, True)
         for full in (False, True)
     ],
+    # gaussian_nll_loss runs without torch's check that no variance is negative (see
+    # poptorch/capture/redirects.py); variances below eps = 0.1 are clamped, and the gradient
+    # passes the clamp as torch's does.
+    *_each_reduction(
+        "gaussian_nll_loss",
+        lambda x, y, v, reduction: F.gaussian_nll_loss(x, y, v, eps=0.1, reduction=reduction),
+        lambda: (_randn(3, 4), _randn(3, 4), torch.rand(3, 4) * 0.4 + 0.01),
+        aten.log.default,
+    ),
+    Case(
+        "gaussian_nll_loss_homoscedastic_full",
+        lambda x, y, v: F.gaussian_nll_loss(x, y, v, full=True, reduction="sum"),
+        lambda: (_randn(3, 4), _randn(3, 4), torch.rand(3) + 0.1),
+        [aten.log.default],
+    ),
+    Case(
+        "gaussian_nll_loss_one_variance_per_row",
+        lambda x, y, v: F.gaussian_nll_loss(x, y, v, reduction="none"),
+        lambda: (_randn(3, 4), _randn(3, 4), torch.rand(3, 1) + 0.1),
+        [aten.log.default],
+    ),
+    Case(
+        "gaussian_nll_loss_float_variance",
+        lambda x, y: F.gaussian_nll_loss(x, y, 0.5),
+        lambda: (_randn(3, 4), _randn(3, 4)),
+        [aten.log.default],
+    ),
     Case(
         "hinge_embedding_loss",
         lambda x, y: F.hinge_embedding_loss(x, y, margin=0.7, reduction="none"),
