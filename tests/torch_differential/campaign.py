@@ -5,8 +5,9 @@
 Programs come from consecutive seeds, rotating over the feature sets (each feature with
 the core ops, some combinations, all of them, and the random ops). Each runs through poptorch and through eager
 torch; a disagreement is shrunk and printed as a standalone pytest case, a refusal is
-counted with its reason, and a known fault (one kept in ``found_faults.py``) is counted
-apart. The summary gives programs, disagreements and refusals per feature set.
+counted with its reason (apart, one the generator makes on purpose: ``EXPECTED_REFUSALS``),
+and a known fault (one kept in ``found_faults.py``) is counted apart. The summary gives
+programs, disagreements and refusals per feature set.
 """
 
 from __future__ import annotations
@@ -45,12 +46,37 @@ PAIRS = [
     ("attention", "rnn", "embedding", "training"),
 ]
 FEATURE_SETS = [(f,) for f in FEATURES if f != "core"] + PAIRS + [FEATURES, ("random",)]
+# Refusals the generator makes on purpose, to check that poptorch refuses them properly, by
+# what was refused and the words its message has: counted apart from the other refusals,
+# which are listed with a program seed each (one may be poptorch's fault).
+EXPECTED_REFUSALS = {
+    "bfloat16 (the IPU has none)": ("has dtype torch.bfloat16",),
+    "an optimiser PopTorch lacks": (
+        "Unsupported optimizer type",
+        "(amsgrad=True) is not supported",
+    ),
+    "a value-dependent shape": (
+        "aten.nonzero.",
+        "aten.masked_select.",
+        "aten._unique2.",
+        "MaskedIndexError",
+    ),
+}
 
 
 def set_name(features: tuple[str, ...]) -> str:
     if features == ("random",):
         return "random"
     return "all" if len(features) > 5 else "+".join(f for f in features if f != "core") or "core"
+
+
+def expected_refusal(reason: str) -> str | None:
+    """What the generator refused on purpose in a refusal's ``reason``, if it did
+    (``EXPECTED_REFUSALS``)."""
+    for what, words in EXPECTED_REFUSALS.items():
+        if any(w in reason for w in words):
+            return what
+    return None
 
 
 def program_seed(seed: int, index: int) -> int:
@@ -63,6 +89,7 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
     found: Counter[str] = Counter()
     refused: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
+    expected: Counter[str] = Counter()  # refusals the generator made on purpose
     known: Counter[str] = Counter()
     ill: Counter[str] = Counter()  # disagreements float32 rounding decides (runner.check)
     examples: dict[str, int] = {}  # a program seed per refusal reason
@@ -76,9 +103,13 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
         index += 1
         if isinstance(result, Refusal):
             refused[name] += 1
-            reason = result.reason.splitlines()[0][:120]
-            reasons[reason] += 1
-            examples.setdefault(reason, program_seed(seed, index - 1))
+            purpose = expected_refusal(result.reason)
+            if purpose:
+                expected[purpose] += 1
+            else:
+                reason = result.reason.splitlines()[0][:120]
+                reasons[reason] += 1
+                examples.setdefault(reason, program_seed(seed, index - 1))
         elif isinstance(result, IllConditioned):
             ill[name] += 1
         elif isinstance(result, Outcome) and result.message.startswith("known fault"):
@@ -96,7 +127,8 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
         "disagreements": len(failures),
         "disagreements_per_feature_set": dict(found),
         "refusals_per_feature_set": dict(refused),
-        "refusal_reasons": {r: [n, examples[r]] for r, n in reasons.most_common(12)},
+        "expected_refusals": dict(expected),
+        "other_refusal_reasons": {r: [n, examples[r]] for r, n in reasons.most_common(12)},
         "known_faults": dict(known),
         "ill_conditioned_per_feature_set": dict(ill),
         "seconds": round(time.monotonic() - start),

@@ -218,6 +218,9 @@ def _loss(state: State) -> str:
     else:
         template = " + ".join(f"{{{i}}}.float().square().mean()" for i in range(len(parts)))
         loss = state.emit(template, parts, "reduce")
-    loss = loss or state.emit("{0}.float().tanh().mean()", parts[:1], "reduce")
+    # Squares too large for the reference (a summed loss): each part bounded by tanh instead,
+    # every torch loss function still among them.
+    bounded = " + ".join(f"{{{i}}}.float().tanh().mean()" for i in range(len(parts)))
+    loss = loss or state.emit(bounded, parts, "reduce")
     state.loss_reduction = program_reduction
     return loss.name

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from . import reference
-from .campaign import FEATURE_SETS, set_name
+from .campaign import FEATURE_SETS, expected_refusal, set_name
 from .generator import generate
 from .program import Input, Mode, Program, Spec
 from .runner import IllConditioned, Outcome, Refusal, assert_agrees, check
@@ -75,6 +75,35 @@ def test_an_unsupported_input_dtype_is_a_proper_refusal():
     program = Program(3, (), [Input("x", Spec((2, 3), "bfloat16"))], [], [], [], raw=source)
     result = check(program)
     assert isinstance(result, Refusal) and "bfloat16" in result.reason
+
+
+def _casting(dtype: str) -> Program:
+    source = f"""
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return x.to(torch.{dtype}).float() * 2
+    """
+    return Program(7, (), [Input("x", Spec((2, 3), "float16"))], [], [], [], raw=source)
+
+
+def test_a_bfloat16_cast_is_a_refusal_the_campaign_expects():
+    """PopTorch has no bfloat16, so a cast to it is refused naming the cast's line; the
+    generator makes such casts on purpose (a few), and the campaign counts their refusals
+    apart from those worth a look (seed 7000 listed five as ``aten._to_copy`` refusals)."""
+    result = check(_casting("bfloat16"))
+    assert isinstance(result, Refusal) and "line 3" in result.reason
+    assert expected_refusal(result.reason) == "bfloat16 (the IPU has none)"
+    assert check(_casting("float32")) is None
+
+
+def test_every_torch_loss_function_feeds_the_trained_loss():
+    """PopTorch trains on one final loss and refuses a graph with a torch loss function
+    that does not feed it (a refusal naming no line); the generator's loss keeps every one
+    also where their squares are too large (a summed hinge loss of 66: program seed
+    7100021539, whose BCE loss was left out and returned alone)."""
+    program = generate(7100021539, ("loss", "optim"))
+    assert "F.hinge_embedding_loss" in program.source()
+    assert check(program) is None
 
 
 def test_int64_results_come_back_as_int32_with_the_same_values():
