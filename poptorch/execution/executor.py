@@ -352,7 +352,8 @@ class PoplarExecutor:
             self._timing.start = time.time() - (done - start)
             r = self._options.replication_factor
             self._timing.input_steps = built.ir.num_host_transfers * r
-            rows = built.outputs[0].shape[:1] if built.output_rows else (1,)
+            batched = built.outputs and built.outputs[0].shape != built.output_specs[0].shape
+            rows = built.outputs[0].shape[:1] if batched else (1,)
             self._timing.output_steps = built.stores_per_call * rows[0] * r
         self._timing.inputs, self._timing.outputs = len(built.inputs), len(built.outputs)
         return outs

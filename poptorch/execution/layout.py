@@ -70,7 +70,8 @@ class Built:
     interface: Interface | None = None
     # Options.anchorTensor's tensors and the variables holding them.
     anchors: Anchors | None = None
-    # EveryN with gradient accumulation: each output's next row in its holder.
+    # EveryN with gradient accumulation or in an inference pipeline: each output's next
+    # row in its holder.
     output_rows: list[popxl.Variable] = field(default_factory=list)
 
     def forward_interface(self) -> Interface:

@@ -320,13 +320,18 @@ def _finish(
 ) -> None:
     """After the micro-batch loop: the optimiser step, then the device-iteration loops
     with the stores each output mode needs. ``looped``: the first of those loops is
-    already built (an inference pipeline over the device iterations)."""
+    already built (an inference pipeline over the device iterations, which holds every
+    iteration's output with ``EveryN``)."""
     main = built.ir.main_graph
     # One device iteration: reduce and update.
     if trainer is not None:
         trainer.optimizer_step(layout)
     # Device iterations, with the stores each output mode needs.
     first = 1 if looped else None
+    if looped and layout.mode == OutputMode.EveryN:
+        _repeat(main, 1)
+        _store(built, keep, rows=range(layout.period - 1, layout.device_iterations, layout.period))
+        return
     if layout.mode == OutputMode.All:
         _repeat(main, first or layout.device_iterations)
         return
@@ -352,14 +357,15 @@ def _build_staged_body(
     """``_build_body`` for a model split into blocks placed by an execution strategy (see
     ``_staged``)."""
     strategy = options.strategy
-    specs = _output_specs(built, fwd, layout)
-    keep = _output_holders(built, specs, layout)
-    trainer = (
-        Trainer(built, fwd, optimizer, options, whole=False)
-        if _trains(built, fwd, optimizer)
-        else None
-    )
     stage_ids = sorted({p.stage for p in plans})
+    pipelined = _staged.is_pipelined(strategy) and len(stage_ids) > 1
+    training = _trains(built, fwd, optimizer)
+    specs = _output_specs(built, fwd, layout)
+    # An inference pipeline runs over all the device iterations (as in PopTorch), so with
+    # EveryN each iteration's output gets a row and the host receives every N-th row.
+    every_n = pipelined and not training and layout.mode == OutputMode.EveryN
+    keep = _output_holders(built, specs, layout, layout.device_iterations if every_n else None)
+    trainer = Trainer(built, fwd, optimizer, options, whole=False) if training else None
     for p in plans:
         p.stage = stage_ids.index(p.stage)
     blocks = _staged.split(fwd.graph, plans)
@@ -371,14 +377,7 @@ def _build_staged_body(
             for t in block.inputs:
                 if t in weights_of:
                     trainer.ipu_of.setdefault(weights_of[t], block.plan.ipu)
-    pipelined = _staged.is_pipelined(strategy) and len(stage_ids) > 1
-    training = trainer is not None
-    if training:
-        steps = layout.accumulation
-    elif layout.mode in (OutputMode.All, OutputMode.Sum):
-        steps = layout.device_iterations
-    else:
-        steps = layout.period
+    steps = layout.accumulation if training else layout.device_iterations
     built.description = _staged.describe(plans, strategy)
     if pipelined:
         data = [t for t in fwd.graph.inputs if t not in weights_of][: len(built.inputs)]
@@ -500,12 +499,13 @@ def _repeat(graph: popxl.Graph, count: int) -> None:
 
 
 def _output_holders(
-    built: Built, specs: list[popxl.TensorSpec], layout: Layout
+    built: Built, specs: list[popxl.TensorSpec], layout: Layout, rows: int | None = None
 ) -> list[popxl.Variable]:
     """Variables holding the model's outputs between stores (none for ``All``): a float32
     sum (``Sum``), the last value (``Final``, ``EveryN``), or with ``EveryN`` and gradient
-    accumulation every micro-batch's value, one row each, written at a per-output row
-    counter (``built.output_rows``). Inputs the model writes in place need none: every
+    accumulation (or ``rows`` given: an inference pipeline's device iterations) every
+    micro-batch's value, one row each, written at a per-output row counter
+    (``built.output_rows``). Inputs the model writes in place need none: every
     micro-batch's value goes to the host, whatever the output mode, so the whole input is
     written back."""
     mode = layout.mode
@@ -516,7 +516,7 @@ def _output_holders(
     def dtype(s):
         return popxl.float32 if mode == OutputMode.Sum and s.dtype.is_floating_point else s.dtype  # noqa: E731
 
-    rows = layout.rows_per_store
+    rows = rows or layout.rows_per_store
     lead = (rows,) if rows > 1 else ()
     if rows > 1:
         built.output_rows = [
@@ -557,7 +557,9 @@ def _write_row(held: popxl.Variable, row: popxl.Variable, out: popxl.Tensor) -> 
     ops.var_updates.copy_var_update_(row, ops.fmod(row + 1, rows))
 
 
-def _store(built: Built, keep: list) -> None:
+def _store(built: Built, keep: list, rows: Sequence[int] | None = None) -> None:
+    """Send the held outputs to the host: whole, or one store per row in ``rows``."""
     for i, (stream, held) in enumerate(zip(built.outputs, keep)):
         value = held if held.dtype == stream.dtype else ops.cast(held, stream.dtype)
-        _host_io.store(stream, i, value, built.forward_interface().overlaps)
+        for part in [value] if rows is None else [value[r] for r in rows]:
+            _host_io.store(stream, i, part, built.forward_interface().overlaps)

@@ -142,6 +142,35 @@ def test_pipelined_inference_needs_as_many_device_iterations_as_stages():
         model(*_data(2 * B))
 
 
+@pytest.mark.parametrize(
+    "mode, period, pick",
+    [
+        (poptorch.OutputMode.EveryN, 1, lambda y: y),
+        (poptorch.OutputMode.EveryN, 2, lambda y: y[1::2]),
+        (poptorch.OutputMode.EveryN, 3, lambda y: y[2::3]),
+        (poptorch.OutputMode.Final, 1, lambda y: y[-1:]),
+        (poptorch.OutputMode.Sum, 1, lambda y: y.sum(0, keepdims=True)),
+    ],
+)
+def test_pipelined_inference_pipelines_over_all_device_iterations(mode, period, pick):
+    """Three stages over six device iterations, whatever the output mode (an output
+    period shorter than the pipeline is no reason to refuse)."""
+    opts = poptorch.Options().deviceIterations(6).outputMode(mode, period)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution())
+    model = poptorch.inferenceModel(MLP("with"), opts)
+    plain = poptorch.inferenceModel(MLP("none"), poptorch.Options().deviceIterations(6))
+    x, t = _data(6 * B)
+    y, loss = model(x, t)
+    y_all, loss_all = (np.asarray(v) for v in plain(x, t))
+    want_y = pick(y_all.reshape(6, B, OUT)).reshape(-1, OUT)
+    np.testing.assert_allclose(np.asarray(y).reshape(-1, OUT), want_y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(loss).reshape(-1), pick(loss_all), rtol=1e-5)
+    assert "Pipeline: 3 stages over 6 steps" in model.print_schedule()
+    short = poptorch.Options().deviceIterations(2).outputMode(poptorch.OutputMode.EveryN, 1)
+    with pytest.raises(poptorch.Error, match=r"deviceIterations must be greater .* \(3\)"):
+        poptorch.inferenceModel(MLP("with"), short)(*_data(2 * B))
+
+
 def test_inference_refuses_gradient_accumulation():
     opts = poptorch.Options()
     opts.Training.gradientAccumulation(2)

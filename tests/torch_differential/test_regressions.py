@@ -165,3 +165,34 @@ def test_gaussian_nll_loss_is_captured():
         families=("loss",),
         may_refuse=False,
     )
+
+
+def test_a_pipelined_inference_model_with_every_output_mode():
+    """refused: Error: poptorch.Options().deviceIterations must be greater than or equal to
+    the number of pipeline stages (2) when using PopTorch.PipelinedExecution.
+    (with deviceIterations 3 and EveryN(1): the pipeline ran over one output period, not
+    over all the device iterations; found by seed 7100021317 of ``structure+modes``)
+    """
+    source = """
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(2, 2)
+                self.blk = poptorch.BeginBlock(torch.nn.Linear(2, 1), ipu_id=1)
+            def forward(self, x):
+                return self.blk(torch.tanh(self.fc(x)))
+    """
+    for mode in (
+        Mode(device_iterations=3, output_mode="EveryN", output_period=1, calls=2),
+        Mode(device_iterations=4, output_mode="EveryN", output_period=2, calls=2),
+        Mode(device_iterations=3, output_mode="Final"),
+        Mode(device_iterations=3, output_mode="Sum"),
+        Mode(device_iterations=2, output_mode="All"),
+    ):
+        assert_agrees(
+            source,
+            [Input("x", Spec((2, 3, 2), "float32"))],
+            mode,
+            seed=7100021317,
+            may_refuse=False,
+        )
