@@ -183,9 +183,7 @@ def _feeds(graph: Graph, memo: dict[int, list]) -> list[tuple[str, list[Tensor]]
         for run in runs_of(graph).values()
         for j in _stacked_slots(run)
     ]
-    for op, j in _group_slots(graph):
-        if op is not None:
-            feeds.append(("group", [member.inputs[j] for member in op.ops]))
+    feeds += [("group", [op.inputs[j] for op in group.ops]) for group, j in _group_slots(graph)]
     known = {tuple(map(id, rows)) for _, rows in feeds}
     for op, sub, offset in _called(graph):
         outer = dict(zip(sub._inputs, op.inputs[offset : offset + len(sub._inputs)]))
@@ -228,12 +226,9 @@ def _called(graph: Graph) -> list[tuple[Op, Graph, int]]:
 
 def loose_reads(graph: Graph, memo: dict[int, frozenset[int]]) -> frozenset[int]:
     """Ids of ``graph``'s tensors that some op reads on its own: other than as a row of a
-    run's or an op group's stacked input, in ``graph`` or in the graphs it calls.
-
-    An op group with a row that is not stacked (read alone elsewhere, or an array of its
-    own: an output of a single op or call) is lowered op by op (``calls``), so it reads
-    all its rows alone too; that may in turn split the groups it feeds. Scalar rows never
-    split a group (gathering them is cheap)."""
+    run's or an op group's stacked input, in ``graph`` or in the graphs it calls. That
+    includes the rows of group members ``calls`` will lower on their own
+    (``_split_groups``)."""
     if id(graph) in memo:
         return memo[id(graph)]
     memo[id(graph)] = frozenset()  # recursion guard
