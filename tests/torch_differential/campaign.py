@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 
 # Eight CPU devices for replication; cheap XLA optimisation, since each program runs once.
-os.environ.setdefault(
-    "XLA_FLAGS",
+XLA_FLAGS = (
     "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
-    "--xla_llvm_disable_expensive_passes=true",
+    "--xla_llvm_disable_expensive_passes=true"
 )
+os.environ.setdefault("XLA_FLAGS", XLA_FLAGS)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402

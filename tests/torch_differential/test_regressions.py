@@ -1,8 +1,27 @@
 """Regressions the torch differential campaign found in poptorch, each as its shrunk case
 (the campaign's printed pytest case, kept as found) and fixed."""
 
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from tests.torch_differential.campaign import XLA_FLAGS
 from tests.torch_differential.program import Input, Mode, Spec
 from tests.torch_differential.runner import assert_agrees
+
+
+def _in_a_campaign_process(case: Callable[[], None]) -> None:
+    """Run ``case`` (a function of this module) in a fresh process with the campaign's XLA
+    flags (JAX reads them once, when it starts), for a fault only its cheap XLA optimisation
+    level shows."""
+    env = {**os.environ, "XLA_FLAGS": XLA_FLAGS, "JAX_PLATFORMS": "cpu"}
+    code = f"from {__name__} import {case.__name__} as case; case()"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if run.returncode:
+        pytest.fail(run.stderr[-3000:], pytrace=False)
 
 
 def test_weight_decay_skips_parameters_forward_never_uses():
@@ -196,3 +215,38 @@ def test_a_pipelined_inference_model_with_every_output_mode():
             seed=7100021317,
             may_refuse=False,
         )
+
+
+def test_a_depthwise_conv3d_then_amin_trains_to_finite_weights():
+    """state conv1.weight: values differ: worst: element 9, got nan, want -0.2911195456981659
+    (after call 0) (found by seed 7300021974 of ``conv+reduce``, under the campaign's XLA
+    flags only)
+
+    The convolution (one input channel per group) lowers to a sum of per-tap products,
+    which XLA:CPU copied into each kernel reading it; at backend optimisation level 0 one
+    copy was compiled with FMAs and another without, so amin's gradient, comparing the
+    output with its minimum, found no equal element and divided by zero.
+    """
+    _in_a_campaign_process(_program_7300021974)
+
+
+def _program_7300021974():
+    source = """
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv1 = torch.nn.Conv3d(3, 9, 2, stride=1, padding=0, dilation=1, groups=3, bias=True, padding_mode='zeros')
+            def forward(self, x0):
+                v2 = self.conv1(x0)
+                v3 = v2.amin(dim=0, keepdim=True)
+                v5 = v2.float().square().mean() + v3.float().square().mean()
+                loss = poptorch.identity_loss(v5, reduction="none")
+                return (loss,)
+    """
+    assert_agrees(
+        source,
+        [Input("x0", Spec((2, 3, 4, 2, 2), "float32"), "contiguous", 0, 4)],
+        Mode(kind="training", optimizer="torch.optim.SGD(params, lr=0.05)"),
+        seed=7300021974,
+        families=("conv", "reduce"),
+    )
