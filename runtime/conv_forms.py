@@ -11,8 +11,7 @@ is a ``custom_vjp`` whose forward, input gradient and weight gradient each take 
   transpose; the input gradient is the matmul of the kernel with the cotangent, then the
   taps' scatter (col2im), the weight gradient the matmul of the patches with the cotangent.
 * ``taps``: for depthwise convolutions (one input channel per group), a multiply-add per
-  kernel tap, which XLA fuses into one loop; in the forward each product is rounded before
-  it is added, so that every copy XLA makes of the sum gives the same values.
+  kernel tap, which XLA fuses into one loop.
 * ``lax``: XLA's own convolution, where it is faster, in every direction on channels-last
   operands (the input gradient one dilated convolution of the cotangent, the weight
   gradient one convolution over the batch).
@@ -38,7 +37,6 @@ from jax import lax
 from popxl.ops._base import dot_precision
 
 from .taps import scatter_taps, tap_slice, taps
-from .xla_workarounds import rounded
 
 
 class Geometry(NamedTuple):
@@ -296,10 +294,8 @@ def _taps_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
     xp = _pad(x, geo.pads)
     wt = _depthwise(w, c)
     expand = (slice(None),) * 2 + (None,) * len(out)
-    # Each product rounded on its own: XLA copies the sum into every kernel reading the
-    # output, and a copy with FMAs would differ from one without (``rounded``).
     products = (
-        rounded(tap_slice(xp, t, geo.dilation, out, geo.stride)[:, :, None] * wt[:, :, i][expand])
+        tap_slice(xp, t, geo.dilation, out, geo.stride)[:, :, None] * wt[:, :, i][expand]
         for i, t in enumerate(taps(kernel))
     )
     y = functools.reduce(jnp.add, products)

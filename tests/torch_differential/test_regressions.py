@@ -223,9 +223,10 @@ def test_a_depthwise_conv3d_then_amin_trains_to_finite_weights():
     flags only)
 
     The convolution (one input channel per group) lowers to a sum of per-tap products,
-    which XLA:CPU copied into each kernel reading it; at backend optimisation level 0 one
-    copy was compiled with FMAs and another without, so amin's gradient, comparing the
-    output with its minimum, found no equal element and divided by zero.
+    which XLA:CPU copied into each kernel reading it; at the backend optimisation level 0
+    the campaign then used, one copy was compiled with FMAs and another without, so amin's
+    gradient, comparing the output with its minimum, found no equal element and divided by
+    zero. XLA's default level (users' and now the campaign's) compiles every copy alike.
     """
     _in_a_campaign_process(_program_7300021974)
 
