@@ -15,7 +15,17 @@ subgraph with the child's own weights.
 
 Children are *identical* when they have the same class, the same parameter and buffer
 names, shapes and dtypes, and equal plain attributes, recursively: then their ``forward``
-computes the same function of their weights.
+computes the same function of their weights. One kind of difference is allowed: integer
+attributes such as HuggingFace's ``layer_idx``, which a layer keeps only to find its slot in
+a key/value cache. While a block's forward runs for its output shapes and for its capture,
+such an attribute holds a value that refuses every use (``_Unread``) except as the index of a
+cache update, so a forward that computes anything from it is exported inline instead.
+
+A HuggingFace ``DynamicCache`` passed to the blocks (a decoder called with ``use_cache``) is
+replaced, inside the block, by a cache that only records each ``update``: the block returns the
+keys and values it would have stored, and the parent stores them in the real cache under the
+member's own index, so the cache the user gets back is the one eager torch fills. This holds
+while the cache holds nothing yet for the layer (the first call's prefill), which is checked.
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+
+from .transformers_cache import is_cache
 
 # Attributes every nn.Module has that say nothing about what forward computes.
 _MODULE_INTERNALS = frozenset(
@@ -64,6 +76,8 @@ class Block:
     spec: Any = None
     constants: tuple = ()
     n_inputs: int = 0
+    # The integer attributes that differ between its group's members ("self_attn.layer_idx").
+    index_attrs: tuple[str, ...] = ()
 
 
 @dataclass
@@ -76,6 +90,8 @@ class BlockGroup:
 
 
 _BLOCKS: dict[int, Block] = {}
+# The cache layers (by cache id) that block calls of the current export have stored.
+_STORED: dict[int, set[int]] = {}
 _GROUPS: dict[int, BlockGroup] = {}
 
 
@@ -97,16 +113,16 @@ def _fake(tensors: list[torch.Tensor], key: int) -> list[torch.Tensor]:
         tuple((tuple(t.shape), t.dtype) for t in tensors[: blk.n_inputs]),
     )
     if signature not in group.outputs:
-        args, kwargs = _rebuild(blk, tensors[: blk.n_inputs])
         from .redirects import Redirects  # noqa: PLC0415 (as the block's own capture runs it)
 
-        with Redirects():
-            out = _original_forward(blk.module)(*args, **kwargs)
-        flat, out_spec = pytree.tree_flatten(out)
+        with Redirects(), _running(blk) as run:
+            out = run(*tensors[: blk.n_inputs])
+        flat, out_spec = pytree.tree_flatten(out[0])
         if not all(isinstance(t, torch.Tensor) for t in flat):
             raise _NotABlock("its forward returns non-tensor values")
-        group.outputs[signature] = ([(t.shape, t.dtype) for t in flat], out_spec)
-    metas, _ = group.outputs[signature]
+        flat += [t for kv in out[1] for t in kv]
+        group.outputs[signature] = ([(t.shape, t.dtype) for t in flat], out_spec, run.writes)
+    metas = group.outputs[signature][0]
     return [torch.empty(shape, dtype=dtype) for shape, dtype in metas]
 
 
@@ -118,12 +134,6 @@ def _original_forward(module: torch.nn.Module) -> Any:
     return type(module).forward.__get__(module)
 
 
-def _rebuild(blk: Block, tensors: list[torch.Tensor]) -> tuple[tuple, dict]:
-    it = iter(tensors)
-    flat = [next(it) if c is _TENSOR else c for c in blk.constants]
-    return pytree.tree_unflatten(flat, blk.spec)
-
-
 class _Tensor:
     def __repr__(self) -> str:
         return "<tensor>"
@@ -132,15 +142,17 @@ class _Tensor:
 _TENSOR = _Tensor()
 
 
-def output_structure(blk: Block, tensors: list[torch.Tensor]) -> Any:
-    """The pytree spec of a block call's outputs (after the fake run)."""
+def output_structure(blk: Block, tensors: list[torch.Tensor]) -> tuple[Any, list]:
+    """The pytree spec of a block call's outputs (after the fake run), and where each pair
+    of key/value outputs after them goes: the index attribute (or the int) of a cache update."""
     group = _GROUPS[blk.group]
     signature = (
         blk.spec,
         blk.constants,
         tuple((tuple(t.shape), t.dtype) for t in tensors),
     )
-    return group.outputs[signature][1]
+    _, out_spec, writes = group.outputs[signature]
+    return out_spec, writes
 
 
 def _plain_attributes(module: torch.nn.Module) -> dict[str, Any]:
@@ -159,39 +171,61 @@ def _same_values(a: Any, b: Any) -> bool:
 
 
 def identical(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    """Same class, weights' names/shapes/dtypes, plain attributes and children, recursively."""
+    """Same class, weights' names/shapes/dtypes, plain attributes and children, recursively,
+    but for integer attributes (see ``differing_indices``)."""
+    return differing_indices(a, b) is not None
+
+
+def differing_indices(a: torch.nn.Module, b: torch.nn.Module, prefix: str = "") -> list[str] | None:
+    """The paths of the integer attributes in which ``a`` and ``b`` differ, or None if they
+    differ in anything else: class, hooks, weights' names/shapes/dtypes, other attributes or
+    children, recursively."""
     if type(a) is not type(b):
-        return False
+        return None
     if a._forward_hooks or a._forward_pre_hooks or b._forward_hooks or b._forward_pre_hooks:
-        return False
-    for get in (
-        lambda m: m._parameters,
-        lambda m: m._buffers,
-    ):
-        da, db = get(a), get(b)
-        if list(da) != list(db):
-            return False
-        for k in da:
-            x, y = da[k], db[k]
-            if (x is None) != (y is None):
-                return False
-            if x is not None and (x.shape != y.shape or x.dtype != y.dtype):
-                return False
-            if x is not None and isinstance(x, torch.nn.Parameter) != isinstance(
-                y, torch.nn.Parameter
-            ):
-                return False
-            if x is not None and x.requires_grad != y.requires_grad:
-                return False
+        return None
+    if not (_same_state(a._parameters, b._parameters) and _same_state(a._buffers, b._buffers)):
+        return None
     pa, pb = _plain_attributes(a), _plain_attributes(b)
-    if pa.keys() != pb.keys() or not all(_same_values(pa[k], pb[k]) for k in pa):
+    if pa.keys() != pb.keys() or list(a._modules) != list(b._modules):
+        return None
+    found = []
+    for k in pa:
+        if _same_values(pa[k], pb[k]):
+            continue
+        if not (_is_index(pa[k]) and _is_index(pb[k])):
+            return None
+        found.append(prefix + k)
+    for name, x in a._modules.items():
+        y = b._modules[name]
+        if (x is None) != (y is None):
+            return None
+        if x is not None and y is not None:
+            inner = differing_indices(x, y, f"{prefix}{name}.")
+            if inner is None:
+                return None
+            found += inner
+    return found
+
+
+def _is_index(value: Any) -> bool:
+    return type(value) is int
+
+
+def _same_state(da: dict, db: dict) -> bool:
+    if list(da) != list(db):
         return False
-    if list(a._modules) != list(b._modules):
-        return False
-    return all(
-        (x is None and y is None) or (x is not None and y is not None and identical(x, y))
-        for x, y in zip(a._modules.values(), b._modules.values())
-    )
+    for k in da:
+        x, y = da[k], db[k]
+        if (x is None) != (y is None):
+            return False
+        if x is None:
+            continue
+        if x.shape != y.shape or x.dtype != y.dtype or x.requires_grad != y.requires_grad:
+            return False
+        if isinstance(x, torch.nn.Parameter) != isinstance(y, torch.nn.Parameter):
+            return False
+    return True
 
 
 def _has_state(module: torch.nn.Module) -> bool:
@@ -236,19 +270,163 @@ def find_groups(
 
 def _calling(blk: Block, key: int) -> Any:
     def forward(*args: Any, **kwargs: Any) -> Any:
-        flat, spec = pytree.tree_flatten((args, kwargs))
+        flat, spec = pytree.tree_flatten((args, kwargs), is_leaf=is_cache)
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
         constants = tuple(_TENSOR if isinstance(a, torch.Tensor) else a for a in flat)
         if blk.spec is not None and (blk.spec, blk.constants) != (spec, constants):
             # Called again with other arguments: this call is captured inline.
             return _original_forward(blk.module)(*args, **kwargs)
         blk.spec, blk.constants, blk.n_inputs = spec, constants, len(tensors)
+        if any(is_cache(c) and _holds_keys(c) for c in constants) and blk.index_attrs:
+            raise _NotABlock("the cache it is passed already holds keys and values")
         state = dict(blk.module.named_parameters()) | dict(blk.module.named_buffers())
         outs = block_op(tensors + [state[n] for n in blk.state_names], key)
-        out_spec = output_structure(blk, tensors)
-        return pytree.tree_unflatten(outs, out_spec)
+        out_spec, writes = output_structure(blk, tensors)
+        n_out = len(outs) - 2 * len(writes)
+        if writes:
+            _store(blk, [c for c in constants if is_cache(c)], writes, outs[n_out:])
+        return pytree.tree_unflatten(outs[:n_out], out_spec)
 
     return forward
+
+
+def _store(blk: Block, caches: list, writes: list, kvs: list[torch.Tensor]) -> None:
+    """Put the keys and values a block call returned into the parent's cache, as its
+    forward's ``cache.update`` calls would have."""
+    (cache,) = caches
+    for i, where in enumerate(writes):
+        index = _attribute(blk.module, where) if isinstance(where, str) else where
+        layers = cache.layers
+        fresh = index >= len(layers) and cache.layer_class_to_replicate is not None
+        if not fresh and not (
+            index < len(layers)
+            and type(layers[index]).__name__ in _RECORDABLE_LAYERS
+            and cache.get_seq_length(index) == 0
+        ):
+            raise _NotABlock("its cache layer already holds keys and values")
+        cache.update(kvs[2 * i], kvs[2 * i + 1], index)
+        _STORED.setdefault(id(cache), set()).add(index)
+
+
+def _holds_keys(cache: Any) -> bool:
+    """Whether a layer of ``cache`` that no block of this call stored holds keys."""
+    stored = _STORED.setdefault(id(cache), set())
+    return any(i not in stored and cache.get_seq_length(i) > 0 for i in range(len(cache.layers)))
+
+
+def _attribute(module: torch.nn.Module, path: str) -> Any:
+    *parents, name = path.split(".")
+    for p in parents:
+        module = getattr(module, p)
+    return getattr(module, name)
+
+
+# Cache layers whose ``update`` returns just the new keys and values when they hold none yet.
+_RECORDABLE_LAYERS = frozenset({"DynamicLayer", "DynamicSlidingWindowLayer"})
+
+
+class _Unread:
+    """An index attribute's value while a block's forward runs for all members: any use but
+    as a cache update's index means the members compute different things."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise _NotABlock(f"its forward computes with {self.path}, which differs between them")
+
+    __index__ = __int__ = __float__ = __bool__ = __hash__ = __format__ = __str__ = _refuse
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _refuse
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _refuse
+    __pow__ = __rpow__ = __neg__ = __pos__ = __abs__ = __and__ = __or__ = __xor__ = _refuse
+
+    def __repr__(self) -> str:
+        return f"<{self.path}: differs between the repeated blocks>"
+
+
+def _recording_cache(cache: Any, writes: list) -> Any:
+    """A stand-in for ``cache`` (a ``DynamicCache``) inside a block: ``update`` records where
+    the keys and values go and returns them as an empty layer would; anything else the block
+    asks of the cache would depend on other layers, so it makes the block inline."""
+    if type(cache).__name__ != "DynamicCache":
+        raise _NotABlock(f"it is passed a {type(cache).__name__}")
+
+    base: type = type(cache)
+
+    class Recording(base):  # passes the forward's isinstance checks
+        def __init__(self) -> None:  # holds nothing
+            pass
+
+        def update(self, keys: Any, values: Any, layer_idx: Any, *_: Any, **__: Any) -> Any:
+            where = layer_idx.path if isinstance(layer_idx, _Unread) else int(layer_idx)
+            writes.append((where, keys, values))
+            return keys, values
+
+        def __getattribute__(self, name: str) -> Any:
+            if name == "update" or name.startswith("__"):
+                return object.__getattribute__(self, name)
+            raise _NotABlock(f"its forward uses the cache's {name}")
+
+    return Recording()
+
+
+class _Run:
+    """``blk``'s forward as a function of its tensor arguments alone, returning its outputs
+    and the key/value pairs it stored in a cache; ``writes`` says where each pair goes."""
+
+    def __init__(self, blk: Block) -> None:
+        self.blk = blk
+        self.writes: list = []
+
+    def __call__(self, *tensors: torch.Tensor) -> tuple[Any, tuple]:
+        recorded: list = []
+        it = iter(tensors)
+        flat = [
+            next(it) if c is _TENSOR else _recording_cache(c, recorded) if is_cache(c) else c
+            for c in self.blk.constants
+        ]
+        args, kwargs = pytree.tree_unflatten(flat, self.blk.spec)
+        out = _original_forward(self.blk.module)(*args, **kwargs)
+        self.writes = [where for where, _, _ in recorded]
+        return out, tuple((k, v) for _, k, v in recorded)
+
+
+@contextlib.contextmanager
+def _running(blk: Block) -> Iterator[_Run]:
+    """While active, ``blk``'s index attributes are ``_Unread``; yields its ``_Run``."""
+    paths = blk.index_attrs
+    saved = [_attribute(blk.module, p) for p in paths]
+    try:
+        for p in paths:
+            _set_attribute(blk.module, p, _Unread(p))
+        yield _Run(blk)
+    finally:
+        for p, value in zip(paths, saved):
+            _set_attribute(blk.module, p, value)
+
+
+def _set_attribute(module: torch.nn.Module, path: str, value: Any) -> None:
+    *parents, name = path.split(".")
+    for p in parents:
+        module = getattr(module, p)
+    object.__setattr__(module, name, value)
+
+
+@contextlib.contextmanager
+def as_representative(blk: Block) -> Iterator[None]:
+    """While active, ``blk.module``'s forward is ``_Run``'s (tensor arguments in, outputs then
+    recorded keys and values out), for the capture of the subgraph every member calls."""
+    with _running(blk) as run:
+
+        def forward(*tensors: torch.Tensor) -> tuple[Any, tuple]:
+            return run(*tensors)
+
+        blk.module.forward = forward
+        try:
+            yield
+        finally:
+            blk.module.__dict__.pop("forward", None)
 
 
 @contextlib.contextmanager
@@ -259,6 +437,8 @@ def as_blocks(groups: list[list[tuple[str, torch.nn.Module]]]) -> Iterator[dict[
     patched: list[torch.nn.Module] = []
     try:
         for members in groups:
+            first = members[0][1]
+            differ = {p for _, m in members[1:] for p in differing_indices(first, m) or ()}
             group = BlockGroup()
             gid = max(_GROUPS, default=0) + 1
             _GROUPS[gid] = group
@@ -266,7 +446,7 @@ def as_blocks(groups: list[list[tuple[str, torch.nn.Module]]]) -> Iterator[dict[
                 names = [n for n, _ in module.named_parameters()]
                 names += [n for n, _ in module.named_buffers()]
                 key = max(_BLOCKS, default=0) + 1
-                blk = Block(module, path, gid, names)
+                blk = Block(module, path, gid, names, index_attrs=tuple(sorted(differ)))
                 _BLOCKS[key] = blk
                 blocks[key] = blk
                 group.members.append(blk)
@@ -276,6 +456,7 @@ def as_blocks(groups: list[list[tuple[str, torch.nn.Module]]]) -> Iterator[dict[
     finally:
         for module in patched:
             module.__dict__.pop("forward", None)
+        _STORED.clear()
         for key, blk in blocks.items():
             _BLOCKS.pop(key, None)
             _GROUPS.pop(blk.group, None)

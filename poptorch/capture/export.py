@@ -25,7 +25,7 @@ from .. import blocks as blocks_api
 from .._log import logger
 from ..errors import Error
 from .arguments import register_types
-from .blocks import Block, NotABlock, as_blocks, find_groups
+from .blocks import Block, NotABlock, as_blocks, as_representative, find_groups
 from .composite import decomposition_table
 from .cpu_tensors import refuse_legacy_constructors
 from .index_expansion import log_graph, remove_index_expansions
@@ -319,9 +319,9 @@ def _capture_with_blocks(
         calls = _block_calls(ep, blocks)
         result = Capture(_decompose(ep), model, dict(blocks))
     for sig, (blk, metas) in calls.items():
-        example = [torch.zeros(shape, dtype=dtype) for shape, dtype in metas]
-        call_args, call_kwargs = _rebuild_example(blk, example)
-        inner = capture(blk.module, call_args, call_kwargs)
+        example = tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in metas)
+        with as_representative(blk):
+            inner = capture(blk.module, example)
         if _mutates_state(inner.program):
             raise NotABlock("it updates buffers or inputs")
         result.block_captures[sig] = inner
@@ -344,12 +344,6 @@ def _block_calls(
         sig = signature(blk, metas)
         calls.setdefault(sig, (blk, [(tuple(t.shape), t.dtype) for t in metas]))
     return calls
-
-
-def _rebuild_example(blk: Block, tensors: list[torch.Tensor]) -> tuple[tuple, dict]:
-    from .blocks import _rebuild  # noqa: PLC0415
-
-    return _rebuild(blk, tensors)
 
 
 def _mutates_state(ep: torch.export.ExportedProgram) -> bool:

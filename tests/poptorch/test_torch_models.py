@@ -87,6 +87,34 @@ def test_repeated_layers_are_one_subgraph_called_per_layer():
     assert schedule.count("Graph : TransformerEncoderLayer_subgraph") == 1
 
 
+class Indexed(torch.nn.Module):
+    """A layer that keeps its position in the stack, as HuggingFace's keep ``layer_idx``."""
+
+    def __init__(self, index: int, reads_index: bool) -> None:
+        super().__init__()
+        self.index = index
+        self.reads_index = reads_index
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.fc(x))
+        return y / (self.index + 1) if self.reads_index else y
+
+
+@pytest.mark.parametrize("reads_index", [False, True])
+def test_layers_differing_in_an_unread_index_are_one_subgraph(reads_index):
+    """Layers that differ only in an integer attribute are one subgraph while their forward
+    never reads it; one that computes with it is captured inline, each layer as it is."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Indexed(i, reads_index) for i in range(3)])
+    x = torch.randn(2, 4)
+    pm = poptorch.inferenceModel(model)
+    torch.testing.assert_close(pm(x), model(x).detach(), rtol=1e-5, atol=1e-6)
+    calls = re.findall(r"Call\.\d+\((Indexed_subgraph\(\d+\))\)", pm.print_schedule())
+    assert len(calls) == (0 if reads_index else 3) and len(set(calls)) <= 1
+    assert [m.index for m in model] == [0, 1, 2]  # the attributes are the user's again
+
+
 def test_training_matches_torch_sgd_and_weights_come_back_lazily():
     model = MlpWithLoss()
     reference = copy.deepcopy(model)

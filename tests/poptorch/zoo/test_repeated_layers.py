@@ -1,0 +1,96 @@
+"""A HuggingFace model's N layers are one subgraph called N times, as a torchvision stage's are.
+
+HF layers differ in one attribute, ``layer_idx`` (their slot in the key/value cache), so they
+are repeated blocks only while nothing but a cache update reads it: the block returns the keys
+and values it would have stored and the parent stores them under each layer's own index.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+
+import poptorch
+
+from ._compare import assert_trains_as_eager
+
+tf = pytest.importorskip("transformers")
+
+
+def _llama(layers: int = 3) -> torch.nn.Module:
+    config = tf.LlamaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+    )
+    return tf.LlamaForCausalLM(config).eval()
+
+
+def _gpt2(**kwargs) -> torch.nn.Module:
+    config = tf.GPT2Config(vocab_size=100, n_positions=16, n_embd=32, n_layer=3, n_head=2, **kwargs)
+    return tf.GPT2LMHeadModel(config).eval()
+
+
+def _subgraph_calls(pm) -> list[str]:
+    return re.findall(r"Call\.\d+\((\w+_subgraph\(\d+\))\)", pm.print_schedule())
+
+
+def _infer(model: torch.nn.Module, **inputs):
+    """poptorch's outputs, eager torch's (from copies of the inputs) and the model's calls."""
+    want = model(**copy.deepcopy(inputs))
+    pm = poptorch.inferenceModel(model)
+    got = pm(**inputs)
+    return got, want, _subgraph_calls(pm)
+
+
+def test_llama_layers_are_one_subgraph_and_fill_the_cache_as_eager():
+    ids = torch.randint(0, 100, (2, 8))
+    got, want, calls = _infer(_llama(3), input_ids=ids, attention_mask=torch.ones_like(ids))
+    layer_calls = [c for c in calls if c.startswith("LlamaDecoderLayer_subgraph")]
+    assert len(layer_calls) == 3 and len(set(layer_calls)) == 1
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+    # The cache the user gets back holds each layer's keys and values, as eager torch's does.
+    assert len(got.cache.layers) == len(want.cache.layers) == 3
+    for g, w in zip(got.cache.layers, want.cache.layers):
+        torch.testing.assert_close(g.keys, w.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(g.values, w.values, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(got.cache.layers[0].keys, got.cache.layers[1].keys)
+
+
+def test_llama_training_with_one_layer_subgraph_updates_as_eager():
+    ids = torch.randint(0, 100, (2, 8))
+    assert_trains_as_eager(_llama(3), kwargs={"input_ids": ids, "labels": ids})
+
+
+def test_a_layer_computing_with_its_index_is_captured_inline():
+    """GPT-2's ``scale_attn_by_inverse_layer_idx`` divides by ``layer_idx + 1``: the layers
+    compute different things, so each is captured inline."""
+    ids = torch.randint(0, 100, (2, 8))
+    got, want, calls = _infer(_gpt2(scale_attn_by_inverse_layer_idx=True), input_ids=ids)
+    assert not any(c.startswith("GPT2Block_subgraph") for c in calls)
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+    got, want, calls = _infer(_gpt2(), input_ids=ids)
+    assert sum(c.startswith("GPT2Block_subgraph") for c in calls) == 3
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+
+
+def test_a_cache_holding_keys_already_is_used_inline():
+    """Called with the cache of an earlier call, a layer's attention reads that layer's past
+    keys: the layers are captured inline, and the result is eager torch's."""
+    model = _llama(2)
+    ids = torch.randint(0, 100, (2, 8))
+    with torch.no_grad():
+        past = model(input_ids=ids).cache
+    got, want, calls = _infer(model, input_ids=ids, cache=past)
+    assert not any(c.startswith("LlamaDecoderLayer_subgraph") for c in calls)
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+    for g, w in zip(got.cache.layers, want.cache.layers):
+        assert g.keys.shape[-2] == w.keys.shape[-2] == 16
+        torch.testing.assert_close(g.keys, w.keys, rtol=1e-4, atol=1e-5)
