@@ -189,6 +189,8 @@ class Placement:
     def __init__(self, mesh: Mesh, local_replicas: int) -> None:
         self.mesh = mesh
         self.local_replicas = local_replicas
+        # This instance's replicas are the global replicas from here (instances in order).
+        self.first_replica = jax.process_index() * local_replicas
         self.state = NamedSharding(mesh, P("replica"))
         self.streams = NamedSharding(mesh, P(None, "replica"))
 

@@ -391,7 +391,10 @@ class Session(SessionCompat):
             if grouping.num_groups > 1:
                 value = value[[members[0] for members in grouping.members]]
             else:
-                value = value[0]
+                # The instance's first replica, as each poprun instance read its own IPUs'
+                # (replicas differ where a forward updates state from its own data: BatchNorm).
+                first = self._placement.first_replica if self._placement is not None else 0
+                value = value[first]
         # A copy: the device buffer is donated to the next run.
         value = to_structured(np.array(value))
         value.flags.writeable = False

@@ -66,9 +66,10 @@ def test_ipus_per_replica_must_match_poprun():
 
 
 def test_a_poptorch_script_under_poprun_trains_as_one_process(tmp_path):
-    """The same script (``poprun_worker.py``) run by 2 instances of 2 replicas each, and by
-    one process of 4 replicas: every weight update sees the same samples (each instance
-    its share), so the weights agree, and the instances agree with each other."""
+    """The same script (``poprun_worker.py``, a BatchNorm model) run by 2 instances of 2
+    replicas each, and by one process of 4 replicas: every weight update sees the same
+    samples (each instance its share), so the weights agree, and the instances agree with
+    each other."""
     from tests.runtime.test_multi_instance import _child_env, poprun  # noqa: PLC0415
 
     worker = str(Path(__file__).with_name("poprun_worker.py"))
@@ -87,6 +88,14 @@ def test_a_poptorch_script_under_poprun_trains_as_one_process(tmp_path):
     for name in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
         np.testing.assert_array_equal(runs[0][name], runs[1][name], err_msg=name)
         np.testing.assert_allclose(runs[0][name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    # BatchNorm's running statistics (buffers the forward updates) are each replica's own,
+    # from its own micro-batches, as on IPUs (PopTorch refused only other buffer updates
+    # under replication); the host reads the instance's first replica, as each instance
+    # read its own IPUs, so instance 1 gets (global) replica 2's.
+    for run in (*runs, want):
+        assert np.all(np.isfinite(run["norm.running_mean"])) and np.any(run["norm.running_mean"])
+        assert run["norm.num_batches_tracked"] == 4  # 2 epochs of one step of 2 micro-batches
+    assert not np.allclose(runs[0]["norm.running_mean"], runs[1]["norm.running_mean"])
     # Each instance's Final losses are its 2 replicas'.
     assert runs[0]["losses"].shape == (2, 2) and want["losses"].shape == (2, 4)
 
