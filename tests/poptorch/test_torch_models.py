@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import re
 
 import pytest
@@ -95,16 +96,19 @@ class Indexed(torch.nn.Module):
         self.index = index
         self.reads_index = reads_index
         self.fc = torch.nn.Linear(4, 4)
+        # One object per layer, equal in what it computes (Gemma's layers keep one).
+        self.act = functools.partial(torch.nn.functional.gelu, approximate="tanh")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.tanh(self.fc(x))
+        y = self.act(self.fc(x))
         return y / (self.index + 1) if self.reads_index else y
 
 
 @pytest.mark.parametrize("reads_index", [False, True])
 def test_layers_differing_in_an_unread_index_are_one_subgraph(reads_index):
-    """Layers that differ only in an integer attribute are one subgraph while their forward
-    never reads it; one that computes with it is captured inline, each layer as it is."""
+    """Layers that differ only in an integer attribute (and in equal ``functools.partial``
+    objects) are one subgraph while their forward never reads it; one that computes with it
+    is captured inline, each layer as it is."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[Indexed(i, reads_index) for i in range(3)])
     x = torch.randn(2, 4)
