@@ -98,7 +98,10 @@ def run(seconds: float, seed: int, chosen: tuple[str, ...] | None, out=sys.stdou
     while time.monotonic() - start < seconds:
         features = chosen or FEATURE_SETS[index % len(FEATURE_SETS)]
         name = set_name(features)
-        result = run_one(program_seed(seed, index), features)
+        try:
+            result = run_one(program_seed(seed, index), features)
+        except KeyboardInterrupt:  # stopped early (Ctrl-C, SIGINT): summarise what ran
+            break
         counts[name] += 1
         index += 1
         if isinstance(result, Refusal):

@@ -12,7 +12,8 @@ LOSSES = [
     "F.binary_cross_entropy_with_logits({0}, torch.sigmoid({1}), reduction='{r}')",
     "F.binary_cross_entropy(torch.sigmoid({0}), torch.sigmoid({1}), reduction='{r}')",
     "F.kl_div(F.log_softmax({0}, dim=-1), F.softmax({1}, dim=-1), reduction='{r}'.replace('mean', 'batchmean'))",
-    "F.soft_margin_loss({0}, torch.sign({1}) + ({1} == 0).float(), reduction='{r}')",
+    # torch refuses a soft-margin target that requires grad (program 7500022633).
+    "F.soft_margin_loss({0}, torch.sign({1}.detach()) + ({1} == 0).float(), reduction='{r}')",
     "F.cross_entropy({0}, F.softmax({1}, dim=1), reduction='{r}')",
     "F.poisson_nll_loss({0}, {1}.abs(), reduction='{r}')",
     "F.cosine_embedding_loss({0}, {1}, torch.ones({0}.shape[0]), reduction='{r}')",

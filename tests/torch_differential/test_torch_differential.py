@@ -7,6 +7,7 @@ import torch
 
 from . import reference
 from .campaign import FEATURE_SETS, expected_refusal, set_name
+from .families_nn import LOSSES
 from .generator import generate
 from .program import Input, Mode, Program, Spec
 from .runner import IllConditioned, Outcome, Refusal, assert_agrees, check
@@ -104,6 +105,19 @@ def test_every_torch_loss_function_feeds_the_trained_loss():
     program = generate(7100021539, ("loss", "optim"))
     assert "F.hinge_embedding_loss" in program.source()
     assert check(program) is None
+
+
+@pytest.mark.parametrize("template", LOSSES)
+def test_every_loss_template_trains_in_eager_torch_from_two_trained_values(template):
+    """Eager torch is the reference, so every program must run in it: with both operands
+    computed from weights, torch refused a soft-margin target that requires grad (program
+    7500022633's reference failed)."""
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    text = template.format("a", "b", r="mean").replace("{r}", "mean")
+    loss = eval(text, {"F": torch.nn.functional, "torch": torch, "a": a, "b": b})
+    loss.sum().backward()
+    assert a.grad is not None and torch.isfinite(a.grad).all()
 
 
 def test_int64_results_come_back_as_int32_with_the_same_values():
