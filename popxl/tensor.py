@@ -339,15 +339,6 @@ class Tensor:
             raise ValueError("Tensor is a scalar and doesn't have a length.")
         return self.shape[0]
 
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    def __ne__(self, other: object) -> bool:
-        return self is not other
-
-    def __hash__(self) -> int:
-        return id(self)
-
     __iter__ = None
     __contains__ = None
     __array_ufunc__ = None

@@ -91,8 +91,8 @@ class BlockGroup:
 
 
 _BLOCKS: dict[int, Block] = {}
-# The cache layers (by cache id) that block calls of the current export have stored.
-_STORED: dict[int, set[int]] = {}
+# The caches (by id) the block calls of the current export were passed.
+_SEEN_CACHES: set[int] = set()
 _GROUPS: dict[int, BlockGroup] = {}
 
 
@@ -314,13 +314,15 @@ def _store(blk: Block, caches: list, writes: list, kvs: list[torch.Tensor]) -> N
         ):
             raise _NotABlock("its cache layer already holds keys and values")
         cache.update(kvs[2 * i], kvs[2 * i + 1], index)
-        _STORED.setdefault(id(cache), set()).add(index)
 
 
 def _holds_keys(cache: Any) -> bool:
-    """Whether a layer of ``cache`` that no block of this call stored holds keys."""
-    stored = _STORED.setdefault(id(cache), set())
-    return any(i not in stored and cache.get_seq_length(i) > 0 for i in range(len(cache.layers)))
+    """Whether ``cache`` held keys when the first block call of this export was passed it
+    (after that, ``_store`` checks each layer it fills)."""
+    if id(cache) in _SEEN_CACHES:
+        return False
+    _SEEN_CACHES.add(id(cache))
+    return any(cache.get_seq_length(i) > 0 for i in range(len(cache.layers)))
 
 
 def _attribute(module: torch.nn.Module, path: str) -> Any:
@@ -465,7 +467,7 @@ def as_blocks(groups: list[list[tuple[str, torch.nn.Module]]]) -> Iterator[dict[
     finally:
         for module in patched:
             module.__dict__.pop("forward", None)
-        _STORED.clear()
+        _SEEN_CACHES.clear()
         for key, blk in blocks.items():
             _BLOCKS.pop(key, None)
             _GROUPS.pop(blk.group, None)

@@ -81,7 +81,8 @@ class Trainer:
         required = [args[n] for n in trained]
         if whole:  # staged programs differentiate block by block instead
             self.bwd = addons.autodiff(fwd, grads_provided=[loss], grads_required=required)
-        self.keys = [_key_of(fwd, t) for t in required]
+        key_of = {id(arg): key for key, arg in fwd.args.to_dict().items()}
+        self.keys = [key_of[id(t)] for t in required]
         self.loss_dtype = loss.dtype
         acc = self.spec.accum_type
         where = built.locations.accumulator
@@ -464,13 +465,6 @@ def _inverse(loss_scaling: Any, divisor: int) -> Any:
     if isinstance(loss_scaling, popxl.Tensor):
         return 1.0 / (loss_scaling * float(divisor))
     return 1.0 / (float(loss_scaling) * divisor)
-
-
-def _key_of(fwd: Any, t: popxl.Tensor) -> str:
-    for key, arg in fwd.args.to_dict().items():
-        if arg is t:
-            return key
-    raise KeyError(t.name)
 
 
 def offload_activations(
