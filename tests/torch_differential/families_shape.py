@@ -26,6 +26,19 @@ def _factor(s: State, shape: tuple[int, ...]) -> list[int]:
     return dims
 
 
+def as_strided_views(shape: tuple[int, ...]) -> list[str]:
+    """``as_strided`` templates for a value of ``shape`` (4 elements or more). Its
+    ``storage_offset`` counts from the start of the storage, not of the tensor, and in eager
+    torch a micro-batch is a view into the whole batch's storage (replica 1's starts past
+    replica 0's elements), so each reads from a fresh contiguous copy."""
+    fresh = "{0}.clone(memory_format=torch.contiguous_format)"
+    row = math.prod(shape[1:])
+    return [
+        f"{fresh}.as_strided((2, 2), (1, 2))",
+        f"{fresh}.as_strided(({shape[0]}, 2), ({row}, 1), 1)",
+    ]
+
+
 def view(s: State) -> Value | None:
     x = s.pick(lambda v: v.tensor.dim() >= 1)
     if x is None:
@@ -60,10 +73,7 @@ def view(s: State) -> Value | None:
     if rank == 2:
         options.append("{0}.t()")
     if x.tensor.numel() >= 4:
-        options.append("{0}.contiguous().as_strided((2, 2), (1, 2))")
-        options.append(
-            f"{{0}}.contiguous().as_strided(({x.shape[0]}, 2), ({x.tensor[0].numel()}, 1), 1)"
-        )
+        options += as_strided_views(x.shape)
     return s.emit(s.choice(options), [x], "view", exact=True)
 
 

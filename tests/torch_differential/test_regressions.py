@@ -251,3 +251,35 @@ def _program_7300021974():
         seed=7300021974,
         families=("conv", "reduce"),
     )
+
+
+def test_as_strided_with_an_offset_on_two_replicas():
+    """call 0 output 0: values differ (rtol 3.8e-06, atol 3.8e-06):
+    got  [0.25080496072769165, 0.2516099214553833]
+    want [0.25080496072769165, 0.25080496072769165]
+    (program 7500025603, as found with ``i1.contiguous().as_strided(...)``)
+
+    The eager reference was wrong, not poptorch: ``as_strided``'s storage offset counts from
+    the start of the storage, and replica 1's micro-batch was a view into the whole batch, so
+    its reference read replica 0's elements. The generator now takes ``as_strided`` of a fresh
+    contiguous copy, whose storage is the micro-batch's own.
+    """
+    source = """
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb8 = torch.nn.Embedding(5, 1, padding_idx=1)
+            def forward(self, i1):
+                v1 = i1.clone(memory_format=torch.contiguous_format).as_strided((2, 2), (9, 1), 1)
+                v5 = torch.full((2, 2, 1, 6), 0.5, dtype=torch.float32)
+                v9 = self.emb8(v1.abs() % 5)
+                v10 = v5.float().square().mean() + v9.float().square().mean()
+                return v10
+    """
+    assert_agrees(
+        source,
+        [Input("i1", Spec((2, 3, 3), "int64"), "contiguous", 0, 3)],
+        Mode(replicas=2),
+        seed=7500025603,
+        families=("creation", "embedding", "reduce", "view"),
+    )

@@ -8,6 +8,7 @@ import torch
 from . import reference
 from .campaign import FEATURE_SETS, expected_refusal, set_name
 from .families_nn import LOSSES
+from .families_shape import as_strided_views
 from .generator import generate
 from .program import Input, Mode, Program, Spec
 from .runner import IllConditioned, Outcome, Refusal, assert_agrees, check
@@ -118,6 +119,17 @@ def test_every_loss_template_trains_in_eager_torch_from_two_trained_values(templ
     loss = eval(text, {"F": torch.nn.functional, "torch": torch, "a": a, "b": b})
     loss.sum().backward()
     assert a.grad is not None and torch.isfinite(a.grad).all()
+
+
+@pytest.mark.parametrize("template", as_strided_views((2, 3, 3)))
+def test_as_strided_templates_read_a_micro_batch_view_as_its_own_copy(template):
+    """Eager torch runs each micro-batch on a view into the whole batch, where poptorch's
+    replica holds its own tensor; ``as_strided`` with a storage offset counted from the start
+    of the storage read replica 0's elements in replica 1's reference (program 7500025603)."""
+    replica_1 = torch.arange(36.0).reshape(4, 3, 3).chunk(2)[1]
+    own = replica_1.clone()
+    view, copy = (eval(template.format("x"), {"torch": torch, "x": x}) for x in (replica_1, own))
+    assert torch.equal(view, copy)
 
 
 def test_int64_results_come_back_as_int32_with_the_same_values():
