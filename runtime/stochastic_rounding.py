@@ -23,7 +23,6 @@ import numpy as np
 
 from popxl._op import Op
 from popxl.dtypes import float16, float32
-from popxl.ops._rounding import round_to
 
 from .lowering import Env, apply_results, rounded_cast
 
@@ -49,28 +48,37 @@ def _mix(h: Any) -> Any:
     return h ^ (h >> 16)
 
 
-def uniform(x: Any, seed: int) -> Any:
-    """A number in [0, 1) per element of float32 ``x``, from its bits, position and ``seed``."""
-    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-    index = jnp.arange(x.size, dtype=jnp.uint32).reshape(x.shape)
+def _hash(bits: Any, seed: int) -> Any:
+    """32 random-looking bits per element, from the element's ``bits``, position and ``seed``."""
+    index = jnp.arange(bits.size, dtype=jnp.uint32).reshape(bits.shape)
     salt = np.uint32((seed * int(_GOLDEN)) % (1 << 32))
-    h = _mix(bits ^ _mix(index * _GOLDEN + salt))
-    return (h >> 8).astype(jnp.float32) * np.float32(2.0**-24)
+    return _mix(bits ^ _mix(index * _GOLDEN + salt))
 
 
 def stochastic_round(x: Any, target: Any, seed: int) -> Any:
-    """``x`` (float32) rounded to ``target`` (a NumPy float dtype) stochastically."""
-    near = round_to(x, target)  # not a cast round trip: XLA's GPU compiler folds those
-    nearest = near.astype(target)
-    toward = jnp.where(x > near, jnp.inf, -jnp.inf).astype(target)
-    other = jnp.nextafter(nearest, toward)
-    lo = jnp.minimum(nearest, other)
-    hi = jnp.maximum(nearest, other)
-    lo32, hi32 = lo.astype(jnp.float32), hi.astype(jnp.float32)
-    p_hi = (x - lo32) / (hi32 - lo32)
-    rounded = jnp.where(uniform(x, seed) < p_hi, hi, lo)
-    keep = ~jnp.isfinite(x) | ~jnp.isfinite(near) | (x == near) | ~jnp.isfinite(p_hi)
-    return jnp.where(keep, nearest, rounded)
+    """``x`` (float32) rounded to ``target`` (float16) stochastically.
+
+    Integer arithmetic on the bits, so that XLA fuses it into one pass over ``x``: adding a
+    random number below one float16 spacing to the float32 bits and clearing the bits float16
+    does not keep rounds the magnitude up with probability exactly the dropped fraction (a
+    carry into the exponent lands on the next binade's first value, which is float16's next
+    value too). Below float16's smallest normal the spacing is fixed (2**-24), and there the
+    fraction is compared with a uniform number instead.
+    """
+    drop, min_exponent, largest = 13, -14, 65504.0  # float16: see popxl/ops/_rounding.py
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    h = _hash(bits, seed)
+    kept = np.uint32(~((1 << drop) - 1) & 0xFFFFFFFF)
+    normal = jax.lax.bitcast_convert_type((bits + (h >> (32 - drop))) & kept, jnp.float32)
+    quantum = 2.0 ** (min_exponent - (23 - drop))
+    scaled = jnp.abs(x) * np.float32(1 / quantum)
+    whole = jnp.floor(scaled)
+    up = ((h >> 8).astype(jnp.float32) * np.float32(2.0**-24)) < (scaled - whole)
+    small = jnp.copysign((whole + up.astype(jnp.float32)) * np.float32(quantum), x)
+    rounded = jnp.where(jnp.abs(x) < np.float32(2.0**min_exponent), small, normal)
+    # Infinities, NaNs and values past the largest float16 round as the ordinary cast does.
+    keep = ~(jnp.abs(x) <= np.float32(largest))
+    return jnp.where(keep, x, rounded).astype(target)
 
 
 def lower_cast(env: Env, op: Op) -> None:
