@@ -80,7 +80,9 @@ def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str
     (channels-last) is fast on maps at least twice the kernel's extent; on smaller maps
     (ResNet's last stages) it is 2-100x slower than the matmul. Its weight gradient loses to
     the patches' matmul by 1.3-3x where there are more than 32 channels, except in 3-D,
-    where the patches are 27 times the input.
+    where the patches are 27 times the input. With at most 16 channels on either side
+    (a network's first convolution, tutorial 8's and the mixed-precision tutorial's CNNs) its
+    forward and input gradient lose to the matmul forms by 1.3-7x.
     """
     m, cg, *kernel = w_shape
     if cg == 1 and geo.groups > 1:
@@ -92,6 +94,12 @@ def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str
         return "matmul"
     if direction == "weight" and max(cg, m) > 32 and len(kernel) < 3:
         return "matmul"
+    if max(cg, m) <= 16 and direction != "weight":
+        # XLA hands convolutions this narrow to Eigen rather than YNNPACK: 2-7x slower than
+        # the matmul forms, except a forward whose patches are many rows (5 -> 12 channels
+        # at 5x5: 125 rows, where building them costs 4x XLA's kernel).
+        if direction == "input" or cg * math.prod(kernel) <= 32:
+            return "matmul"
     return "lax"
 
 

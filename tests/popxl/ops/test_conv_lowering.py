@@ -170,6 +170,13 @@ def test_the_choice_avoids_xla_kernels_slow_cases():
     assert choose((16, 16, 8, 8), (32, 16, 3, 3), geo, "weight") == "lax"
     geo3 = Geometry((1, 1, 1), ((1, 1),) * 3, (1, 1, 1), 1)
     assert choose((4, 64, 8, 16, 16), (64, 64, 3, 3, 3), geo3, "weight") == "lax"
+    # At most 16 channels a side (XLA's slow path): the matmul forms, unless the forward's
+    # patches have many rows.
+    valid = geo._replace(pads=((0, 0), (0, 0)))
+    got = [choose((12, 1, 128, 128), (5, 1, 3, 3), valid, d) for d in directions]
+    assert got == ["matmul", "matmul", "lax"]
+    got = [choose((12, 5, 63, 63), (12, 5, 5, 5), valid, d) for d in directions]
+    assert got == ["lax", "matmul", "lax"]
 
 
 def test_xla_kernel_takes_channels_last_operands_also_in_a_loop_body():
