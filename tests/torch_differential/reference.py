@@ -183,7 +183,8 @@ def _train_call(
         optimizer.zero_grad()
         for mb in inputs[start : start + per_step]:
             out = flatten(model(*mb))
-            (out[-1] / divisor).backward()
+            if out[-1].requires_grad:  # else no parameter reaches the loss: all are gradless
+                (out[-1] / divisor).backward()
             per_micro.append([t.detach() for t in out])
         optimizer.step()
     return per_micro

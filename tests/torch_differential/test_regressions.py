@@ -283,3 +283,31 @@ def test_as_strided_with_an_offset_on_two_replicas():
         seed=7500025603,
         families=("creation", "embedding", "reduce", "view"),
     )
+
+
+def test_a_training_loss_that_no_parameter_reaches():
+    """reference failed: ``RuntimeError: element 0 of tensors does not require grad``
+    (program 7600024418)
+
+    The reference was wrong, not poptorch: ``zeros_like`` cuts the loss off from the
+    convolution's weight, and eager's ``backward()`` refuses a loss without a gradient. The
+    reference now skips it, so every parameter is gradless for that step, as in poptorch.
+    """
+    source = """
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv1 = torch.nn.Conv3d(3, 9, 1, padding=1, groups=3, bias=False)
+            def forward(self):
+                v3 = torch.full((2, 9, 5, 4, 5), 0.5, dtype=torch.float32)
+                v5 = v3.square().mean()
+                loss = poptorch.identity_loss(v5, reduction="none")
+                return (loss,)
+    """
+    assert_agrees(
+        source,
+        [],
+        Mode(kind="training", optimizer="torch.optim.SGD(params, lr=0.05)"),
+        seed=7600024418,
+        families=("creation",),
+    )
