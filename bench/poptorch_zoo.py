@@ -86,6 +86,23 @@ def _gpt2(batch: int, size: int) -> tuple:
     return model, (ids,), None
 
 
+def _llama(batch: int, size: int) -> tuple:
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=512,
+    )
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, 512, (batch, size))
+    return model, (ids,), None
+
+
 def _bert(batch: int, size: int) -> tuple:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
@@ -105,11 +122,14 @@ def _bert(batch: int, size: int) -> tuple:
 
 MODELS: dict[str, Callable[[int, int], tuple]] = {
     "resnet18": _torchvision("resnet18"),
+    "resnet50": _torchvision("resnet50"),
+    "convnext_tiny": _torchvision("convnext_tiny"),
     "mobilenet_v2": _torchvision("mobilenet_v2"),
     "efficientnet_b0": _torchvision("efficientnet_b0"),
     "r3d_18": _video("r3d_18"),
     "vit_tiny": _timm("vit_tiny_patch16_224"),
     "gpt2": _gpt2,
+    "llama": _llama,
     "bert": _bert,
 }
 
