@@ -87,8 +87,6 @@ def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str
     m, cg, *kernel = w_shape
     if cg == 1 and geo.groups > 1:
         return "taps"  # depthwise: XLA's kernel is 10-100x slower in every direction
-    if direction != "weight" and pointwise(x_shape, w_shape, geo):
-        return "pointwise"
     if geo.groups > 1:
         return "matmul"  # grouped: XLA's gradients are 10x slower
     roomy = all(n >= 2 * ((k - 1) * d + 1) for k, d, n in zip(kernel, geo.dilation, x_shape[2:]))
@@ -353,42 +351,6 @@ def _taps_weight_grad(x: jax.Array, geo: Geometry, w_shape: tuple, gy: jax.Array
     return jnp.stack(grads, -1).reshape(w_shape)
 
 
-def pointwise(x_shape: tuple, w_shape: tuple, geo: Geometry) -> bool:
-    """Whether a convolution is a 1x1 (per-position) matmul that the batched form serves:
-    ungrouped, stride 1, unpadded, over at least 16 positions (on fewer, a batch of tiny
-    matmuls lost to XLA's kernel by 2-5x)."""
-    return (
-        geo.groups == 1
-        and all(k == 1 for k in w_shape[2:])
-        and all(s == 1 for s in geo.stride)
-        and all(p == (0, 0) for p in geo.pads)
-        and math.prod(x_shape[2:]) >= 16
-    )
-
-
-def _batched(a: jax.Array, b: jax.Array, contract: tuple) -> jax.Array:
-    """Per sample, ``a``'s matrix (shared, broadcast) times ``b[n]``'s."""
-    shared = jnp.broadcast_to(a, (b.shape[0], *a.shape))
-    return lax.dot_general(
-        shared, b, ((contract, (1,)), ((0,), (0,))), precision=dot_precision(b.dtype)
-    )
-
-
-def _pointwise_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
-    """A 1x1 convolution as one matmul per sample, in the ``NC*`` layout: no transposes
-    (MobileNet's and EfficientNet's expansions and projections: 1.6-1.8x faster than XLA's
-    kernel with its channels-last transposes)."""
-    n, c, *spatial = x.shape
-    y = _batched(w.reshape(w.shape[0], c), x.reshape(n, c, -1), (2,))
-    return y.reshape(n, w.shape[0], *spatial)
-
-
-def _pointwise_input_grad(w: jax.Array, geo: Geometry, x_shape: tuple, gy: jax.Array) -> jax.Array:
-    n, m, *spatial = gy.shape
-    dx = _batched(w.reshape(m, -1), gy.reshape(n, m, -1), (1,))
-    return dx.reshape(x_shape)
-
-
 class _Form(NamedTuple):
     forward: Any
     input_grad: Any
@@ -399,8 +361,6 @@ FORMS = {
     "lax": _Form(_lax_cl_conv, _lax_cl_input_grad, _lax_cl_weight_grad),
     "matmul": _Form(_matmul_conv, _col2im_input_grad, _matmul_weight_grad),
     "taps": _Form(_taps_conv, _taps_input_grad, _taps_weight_grad),
-    # its weight gradient is the patches' matmul (no patches to build for a 1x1 kernel)
-    "pointwise": _Form(_pointwise_conv, _pointwise_input_grad, _matmul_weight_grad),
 }
 
 

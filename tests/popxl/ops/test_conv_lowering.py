@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from runtime.conv_forms import FORMS, Geometry, choose, conv, conv_transpose, pointwise
+from runtime.conv_forms import FORMS, Geometry, choose, conv, conv_transpose
 
 # (name, input shape, weight shape, geometry)
 CASES = [
@@ -33,8 +33,6 @@ CASES = [
         Geometry((1, 1), ((1, 1), (1, 1)), (1, 1), 1),
     ),
     ("2d_1x1_stride", (2, 6, 7, 7), (5, 6, 1, 1), Geometry((2, 2), ((0, 0), (0, 0)), (1, 1), 1)),
-    ("2d_1x1", (2, 6, 5, 4), (7, 6, 1, 1), Geometry((1, 1), ((0, 0), (0, 0)), (1, 1), 1)),
-    ("1d_1x1", (2, 3, 17), (5, 3, 1), Geometry((1,), ((0, 0),), (1,), 1)),
     ("2d_groups", (2, 6, 7, 7), (9, 2, 3, 3), Geometry((1, 1), ((1, 1), (1, 1)), (1, 1), 3)),
     ("2d_depthwise", (2, 6, 8, 8), (6, 1, 3, 3), Geometry((1, 1), ((1, 1), (1, 1)), (1, 1), 6)),
     (
@@ -97,14 +95,12 @@ def _close(a, b, tol=1e-4):
     )
 
 
-# The per-tap form is for depthwise convolutions (one input channel per group), the
-# pointwise form for 1x1 ones.
+# The per-tap form is for depthwise convolutions (one input channel per group).
 FORM_CASES = [
     pytest.param(form, *case[1:], id=f"{form}-{case[0]}")
     for case in CASES
     for form in sorted(FORMS)
-    if (form != "taps" or (case[2][1] == 1 and case[3].groups > 1))
-    and (form != "pointwise" or pointwise(*case[1:]))
+    if form != "taps" or (case[2][1] == 1 and case[3].groups > 1)
 ]
 
 
@@ -181,10 +177,6 @@ def test_the_choice_avoids_xla_kernels_slow_cases():
     assert got == ["matmul", "matmul", "lax"]
     got = [choose((12, 5, 63, 63), (12, 5, 5, 5), valid, d) for d in directions]
     assert got == ["lax", "matmul", "lax"]
-    # A 1x1 convolution: one matmul per sample, in place, unless the map is tiny.
-    got = [choose((8, 96, 16, 16), (24, 96, 1, 1), valid, d) for d in directions]
-    assert got == ["pointwise", "pointwise", "matmul"]
-    assert choose((8, 320, 2, 2), (1280, 320, 1, 1), valid, "forward") == "lax"
 
 
 def test_xla_kernel_takes_channels_last_operands_also_in_a_loop_body():
