@@ -12,6 +12,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+import torch
 from torch.ops import aten
 
 import popxl
@@ -116,6 +117,14 @@ def _lower_as_strided(
 
 @lowering(aten.clone.default)
 def _lower_clone(ctx: NodeContext, x: popxl.Tensor, **_: Any) -> popxl.Tensor:
+    return ops.identity(x)
+
+
+@lowering(torch.ops.prims.copy_strided.default)
+def _lower_copy_strided(ctx: NodeContext, x: popxl.Tensor, stride: Any) -> popxl.Tensor:
+    """A copy with other strides, which torch's own decompositions leave in the graph to
+    keep an output's memory layout (``lerp`` or ``index_fill`` of a non-contiguous tensor).
+    Values here have no strides: a copy."""
     return ops.identity(x)
 
 

@@ -84,6 +84,12 @@ CASES = [
     ),
     Case("clone", lambda x: x.clone() * 2, lambda: (_randn(3, 2),), [aten.clone.default]),
     Case("alias", lambda x: x[...] * 2, lambda: (_randn(3, 2),), [aten.alias.default]),
+    Case(
+        "copy_strided",  # torch's index_fill decomposition keeps a transposed input's strides
+        lambda x: x.t().index_fill(1, torch.tensor([0, 2]), -1.0) * 2,
+        lambda: (_randn(4, 3),),
+        [torch.ops.prims.copy_strided.default],
+    ),
     Case("detach", lambda x: x.detach() * x, lambda: (_randn(3, 2),), [aten.alias.default]),
     Case(
         "to_half",
