@@ -76,31 +76,19 @@ def _video(name: str, frames: int = 8) -> Callable[[int, int], tuple]:
     return make
 
 
-def _gpt2(batch: int, size: int) -> tuple:
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
+def _causal_lm(config: str, model: str, **settings: Any) -> Callable[[int, int], tuple]:
+    """A small HuggingFace decoder (vocabulary 512) and a batch of token ids."""
 
-    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512)
-    model = transformers.GPT2LMHeadModel(config)
-    ids = torch.randint(0, 512, (batch, size))
-    return model, (ids,), None
+    def make(batch: int, size: int) -> tuple:
+        import torch  # noqa: PLC0415
+        import transformers  # noqa: PLC0415
 
+        built = getattr(transformers, model)(
+            getattr(transformers, config)(vocab_size=512, **settings)
+        )
+        return built, (torch.randint(0, 512, (batch, size)),), None
 
-def _llama(batch: int, size: int) -> tuple:
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
-
-    config = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=512,
-    )
-    model = transformers.LlamaForCausalLM(config)
-    ids = torch.randint(0, 512, (batch, size))
-    return model, (ids,), None
+    return make
 
 
 def _bert(batch: int, size: int) -> tuple:
@@ -128,8 +116,16 @@ MODELS: dict[str, Callable[[int, int], tuple]] = {
     "efficientnet_b0": _torchvision("efficientnet_b0"),
     "r3d_18": _video("r3d_18"),
     "vit_tiny": _timm("vit_tiny_patch16_224"),
-    "gpt2": _gpt2,
-    "llama": _llama,
+    "gpt2": _causal_lm("GPT2Config", "GPT2LMHeadModel", n_layer=2, n_embd=64, n_head=4),
+    "llama": _causal_lm(
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+    ),
     "bert": _bert,
 }
 
