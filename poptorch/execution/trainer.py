@@ -485,8 +485,10 @@ def offload_activations(
 
 
 def loss_dependencies(t: popxl.Tensor) -> set[popxl.Tensor]:
-    """The tensors of ``t``'s graph that ``t`` depends on, itself included (every input of
-    an op that makes one of them counts, a called subgraph's inputs too)."""
+    """The tensors of ``t``'s graph that a gradient of ``t`` can reach, itself included
+    (every input of an op that makes one of them counts, a called subgraph's inputs too),
+    as torch's autograd sees them: no gradient flows back through a ``detach`` or out of an
+    integer or boolean tensor (a comparison, an index, a sign test of a detached value)."""
     seen: set[popxl.Tensor] = set()
     todo = [t]
     while todo:
@@ -494,6 +496,11 @@ def loss_dependencies(t: popxl.Tensor) -> set[popxl.Tensor]:
         if current in seen:
             continue
         seen.add(current)
-        if current._producer is not None:
-            todo.extend(current._producer.inputs)
+        op = current._producer
+        if op is None or op.opdef.key in _GRADIENT_STOPS or not current.dtype.is_floating_point:
+            continue
+        todo.extend(op.inputs)
     return seen
+
+
+_GRADIENT_STOPS = ("detach", "detach_")

@@ -311,3 +311,34 @@ def test_a_training_loss_that_no_parameter_reaches():
         seed=7600024418,
         families=("creation",),
     )
+
+
+def test_a_parameter_that_reaches_the_loss_only_through_a_detach_is_left_alone():
+    """state prelu3.weight: values differ: got 0.2475, want 0.25 (program 7600026900)
+
+    ``prelu3``'s output reaches the loss only detached and through a comparison, so eager
+    torch gives its weight no gradient and LAMB leaves it alone, but poptorch counted it as
+    trained and LAMB's default weight decay (0.01) moved it. Which weights a loss depends on
+    now stops where autograd does: at ``detach`` and at integer and boolean tensors.
+    """
+    source = """
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.prelu3 = torch.nn.PReLU(3)
+                self.w5 = torch.nn.Parameter(torch.randn(3, 1) * 0.5)
+            def forward(self):
+                v1 = torch.full((2, 3), 0.5, dtype=torch.float32)
+                v4 = self.prelu3(v1)
+                v6 = v1 @ self.w5
+                v7 = F.hinge_embedding_loss(v1, torch.sign(v4.detach()) + (v4 == 0).float())
+                loss = poptorch.identity_loss(v6.square().mean() + v7, reduction="mean")
+                return (loss,)
+    """
+    assert_agrees(
+        source,
+        [],
+        Mode(kind="training", optimizer="poptorch.optim.LAMB(params, lr=0.01, eps=1e-2)"),
+        seed=7600026900,
+        families=("activation", "creation", "loss", "matmul"),
+    )
