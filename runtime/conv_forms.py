@@ -322,9 +322,9 @@ def _taps_input_grad(w: jax.Array, geo: Geometry, x_shape: tuple, gy: jax.Array)
         # The forward's own form: the cotangent, padded by the kernel's reach, under the
         # flipped kernel's taps. Each element reads its taps from one padded array, where
         # scattering each tap's product back made XLA test every tap's padding bounds per
-        # element (17% of MobileNetV2's training step).
+        # element (8x144x16x16, 3x3: 1.20 -> 0.20 ms).
         reach = tuple((k - 1) * d for k, d in zip(kernel, geo.dilation))
-        cot = _pad(g3, tuple((r, p + r - o - r) for r, p, o in zip(reach, padded, out)))
+        cot = _pad(g3, tuple((r, p - o) for r, p, o in zip(reach, padded, out)))
         last = math.prod(kernel) - 1
         products = (
             tap_slice(cot, t, geo.dilation, padded, (1,) * len(kernel)) * wt[:, :, last - i][expand]
