@@ -176,16 +176,33 @@ def _nudged(t: torch.Tensor, call: int) -> torch.Tensor:
 def _train_call(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: list, mode: Mode
 ) -> list[list[torch.Tensor]]:
+    """One optimiser step per ``accumulation * replicas`` micro-batches, reduced as PopTorch's
+    ``MeanReductionStrategy.Post`` does: each micro-batch's gradient is that of the loss
+    times the loss scaling (the backward's seed, in the loss's dtype), the gradients are
+    summed in float32, and the sum is unscaled and divided once before the step. (Dividing
+    the loss first, as eager torch users do, overflows later in float16: a program whose
+    float16 gradients overflow then differs from PopTorch's on purpose, program 8000024025.)"""
     per_step = mode.accumulation * mode.replicas
-    divisor = gradient_divisor(mode)
+    scaling = float(getattr(optimizer, "loss_scaling", 1.0))
+    unscale = gradient_divisor(mode) * scaling
+    params = [p for p in model.parameters() if p.requires_grad]
     per_micro = []
     for start in range(0, len(inputs), per_step):
         optimizer.zero_grad()
+        sums: dict[int, torch.Tensor] = {}
         for mb in inputs[start : start + per_step]:
             out = flatten(model(*mb))
-            if out[-1].requires_grad:  # else no parameter reaches the loss: all are gradless
-                (out[-1] / divisor).backward()
+            loss = out[-1]
+            if loss.requires_grad:  # else no parameter reaches the loss: all are gradless
+                seed = torch.full_like(loss, scaling)
+                grads = torch.autograd.grad(loss, params, seed, allow_unused=True)
+                for i, g in enumerate(grads):
+                    if g is not None:
+                        wide = g.to(torch.promote_types(g.dtype, torch.float32))
+                        sums[i] = sums[i] + wide if i in sums else wide
             per_micro.append([t.detach() for t in out])
+        for i, total in sums.items():
+            params[i].grad = (total / unscale).to(params[i].dtype)
         optimizer.step()
     return per_micro
 

@@ -342,3 +342,40 @@ def test_a_parameter_that_reaches_the_loss_only_through_a_detach_is_left_alone()
         seed=7600026900,
         families=("activation", "creation", "loss", "matmul"),
     )
+
+
+def test_float16_gradients_overflow_where_poptorch_divides_them_after_the_sum():
+    """state conv7.weight: values differ: got [inf, -inf], want [inf, -2798.0]
+    (program 8000024025; a fault of the reference, not of poptorch)
+
+    The weights diverge until float16 overflows. The reference divided each micro-batch's
+    loss by the 4 micro-batches of a step before its backward, so its float16 gradients
+    stayed 4 times smaller than poptorch's, which (as PopTorch's default ``Post`` reduction
+    does) differentiates the loss itself, sums the gradients in float32 and divides once.
+    The reference now reduces the same way.
+    """
+    source = """
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv7 = torch.nn.ConvTranspose3d(2, 1, 1, stride=1, padding=0, output_padding=0, groups=1, dilation=2, dtype=torch.float16)
+            def forward(self, x0):
+                v6 = x0.to(torch.float16)
+                v8 = self.conv7(v6)
+                v9 = v8.float().square()
+                loss = poptorch.identity_loss(v9, reduction="sum")
+                return [loss]
+    """  # noqa: E501 (the campaign's printed line)
+    optimizer = (
+        "torch.optim.SGD([{'params': params[:2], 'lr': 0.2}, "
+        "{'params': params[2:], 'momentum': 0.9}], lr=0.05)"
+    )
+    assert_agrees(
+        source,
+        [Input("x0", Spec((2, 2, 4, 4, 4), "float16"), "contiguous", 0, 4)],
+        Mode(
+            kind="training", optimizer=optimizer, device_iterations=3, accumulation=2, replicas=2
+        ),
+        seed=8000024025,
+        families=("conv", "dtype", "reduce"),
+    )
