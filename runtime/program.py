@@ -44,6 +44,7 @@ from . import (  # noqa: F401  (register lowerings)
     scratch,
     state_layout,
     stochastic_rounding,
+    transpose_sinking,
     vjp,
 )
 from .ipu_slots import SlotLayout
@@ -365,8 +366,19 @@ def _make_step(
         batched = _probe_batched(replica_step, candidates, shapes, inputs, nht, replicas)
     else:
         batched = (mode == "shard_map",) * n_state
-    step = _split_step(replica_step, batched, written, mode, replicas, local_replicas, stash)
+    sink = mode != "shard_map" and jax.default_backend() == "cpu" and _convolves(ir)
+    step = _split_step(
+        replica_step, batched, written, mode, replicas, local_replicas, stash, sink
+    )
     return step, batched, written, (), stash
+
+
+def _convolves(ir: Ir) -> bool:
+    """Whether the program has convolutions, whose forms run channels-last on the CPU
+    (``runtime/conv_forms``): its transposes are then sunk until they cancel."""
+    return any(
+        op.opdef.key.startswith("conv") for g in reachable_graphs(ir) for op in g._ops
+    )
 
 
 def _seed_streams(
@@ -474,6 +486,7 @@ def _split_step(
     replicas: int,
     local: int,
     stash: tuple = (),
+    sink: bool = False,
 ) -> Any:
     """The jitted ``step(written_state, constant_state, inputs)``: only state the program
     writes is donated and returned; read-only state (e.g. weights of an inference program)
@@ -507,6 +520,8 @@ def _split_step(
         )
     elif mode == "shard_map":
         step = _shard_mapped(step, replicas, local)
+    if sink:  # the transposes between channels-last convolutions cancel
+        step = transpose_sinking.sink_transposes(step)
     return jax.jit(step, donate_argnums=(0,))
 
 

@@ -1,0 +1,429 @@
+"""Transposes sunk through a traced step until they cancel: channels-last between convolutions.
+
+On XLA:CPU every convolution form runs channels-last (``runtime/conv_forms``) on ``NC*``
+operands, so each convolution transposes its input in and its output out, and its gradients
+do the same. Between two convolutions sit only per-channel ops (BatchNorm, activations,
+residual adds), which do not care about the layout, yet XLA keeps the ``NC*`` layout the
+program names and pays both transposes (13% of MobileNetV2's training step, with as much
+again in the copies around them).
+
+``sink_transposes(fn)`` traces ``fn`` and evaluates its jaxpr again with every transpose
+left pending: a value is then held as ``(base, perm)``, meaning ``lax.transpose(base,
+perm)``, and ops that commute with a transpose (elementwise ops, reductions, pads, slices,
+reshapes that only merge or split neighbouring axes, matmuls, concatenation) are applied to
+the base, their results pending the same or the mapped permutation. A pending transpose of
+a pending transpose composes, and one that composes to the identity is gone. Anything else
+reads the value transposed, once. The result is the same program, value for value: only
+where the transposes run changes.
+
+Calls (``jit``, ``custom_jvp_call``, ``custom_vjp_call``) are inlined, so a convolution's
+form and the ops around it meet; loop and branch bodies are rewritten on their own, their
+operands and results in the layout the program gives them.
+
+Imported lazily by the runtime's program builder: this module imports JAX.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+from jax import lax
+from jax.extend import core as jcore
+
+ELEMENTWISE = frozenset(
+    """
+    neg sign floor ceil round is_finite exp exp2 log log1p expm1 tanh logistic sin cos tan
+    asin acos atan sinh cosh asinh acosh atanh sqrt rsqrt cbrt abs not integer_pow square
+    erf erfc erf_inv lgamma digamma real imag conj convert_element_type reduce_precision
+    copy copy_p population_count clz add add_any sub mul div rem pow max min atan2 nextafter
+    and or xor eq ne lt le gt ge shift_left shift_right_logical shift_right_arithmetic
+    select_n clamp
+    """.split()
+)
+REDUCTIONS = frozenset(
+    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax argmin"
+    .split()
+)
+CUMULATIVE = frozenset("cumsum cumprod cummax cummin cumlogsumexp".split())
+INLINED = {"jit": "jaxpr", "pjit": "jaxpr", "custom_jvp_call": "call_jaxpr"}
+INLINED_VJP = "custom_vjp_call"
+
+
+class Pending(NamedTuple):
+    """``lax.transpose(base, perm)``, not yet computed."""
+
+    base: Any
+    perm: tuple[int, ...]
+
+
+def sink_transposes(fn: Any) -> Any:
+    """``fn`` with its transposes sunk through the ops that commute with them (a function
+    of the same arguments and results, to be traced by ``jax.jit``)."""
+
+    def sunk(*args: Any) -> Any:
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+        flat = jax.tree_util.tree_leaves(args)
+        outs = _Sinker().run(closed.jaxpr, closed.consts, flat)
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
+
+    return sunk
+
+
+def inverse(perm: Sequence[int]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+def _identity(perm: Sequence[int]) -> bool:
+    return all(i == p for i, p in enumerate(perm))
+
+
+def _pending(base: Any, perm: tuple[int, ...]) -> Any:
+    return base if _identity(perm) else Pending(base, perm)
+
+
+class _Sinker:
+    """One evaluation of a jaxpr with pending transposes (per loop body, a fresh one)."""
+
+    def __init__(self) -> None:
+        self._computed: dict[int, Any] = {}  # id(Pending) -> its transposed array
+        self._keep: list[Any] = []  # what the ids above name, kept alive
+        self._broadcasts: dict[int, tuple] = {}  # id(array) -> (operand, broadcast dims)
+
+    # Reading values ------------------------------------------------------------------------
+
+    def value(self, v: Any) -> Any:
+        """The array ``v`` stands for (a pending transpose is computed, once)."""
+        if not isinstance(v, Pending):
+            return v
+        key = id(v)
+        if key not in self._computed:
+            self._computed[key] = lax.transpose(v.base, v.perm)
+            self._keep.append(v)
+        return self._computed[key]
+
+    def transposed(self, x: Any, perm: tuple[int, ...]) -> Any:
+        """``lax.transpose(x, perm)`` of an array; a broadcast is broadcast again instead."""
+        made = self._broadcasts.get(id(x))
+        if made is None:
+            return lax.transpose(x, perm)
+        operand, dims = made
+        where = inverse(perm)
+        mapped = [where[d] for d in dims]
+        order = sorted(range(len(mapped)), key=mapped.__getitem__)
+        if order != list(range(len(order))):
+            operand = lax.transpose(operand, tuple(order))
+        shape = tuple(x.shape[p] for p in perm)
+        return lax.broadcast_in_dim(operand, shape, tuple(sorted(mapped)))
+
+    # The evaluation ------------------------------------------------------------------------
+
+    def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        """The outputs of ``jaxpr``, computed (none left pending)."""
+        return [self.value(v) for v in self.evaluate(jaxpr, consts, args)]
+
+    def evaluate(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        """The outputs of ``jaxpr``, some possibly pending."""
+        env: dict[Any, Any] = {}
+
+        def read(v: Any) -> Any:
+            return v.val if isinstance(v, jcore.Literal) else env[v]
+
+        for var, val in zip(jaxpr.constvars, consts):
+            env[var] = val
+        for var, val in zip(jaxpr.invars, args):
+            env[var] = val
+        for eqn in jaxpr.eqns:
+            ins = [read(v) for v in eqn.invars]
+            with eqn.ctx.manager:
+                outs = self.apply(eqn, ins)
+            for var, val in zip(eqn.outvars, outs):
+                env[var] = val
+        return [read(v) for v in jaxpr.outvars]
+
+    def apply(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        name = eqn.primitive.name
+        if name in INLINED:
+            closed = eqn.params[INLINED[name]]
+            return self.evaluate(closed.jaxpr, closed.consts, ins)
+        if name == INLINED_VJP:
+            closed = eqn.params["call_jaxpr"]
+            return self.evaluate(closed.jaxpr, closed.consts, ins)
+        if name == "transpose":
+            x, perm = ins[0], tuple(eqn.params["permutation"])
+            if isinstance(x, Pending):
+                return [_pending(x.base, tuple(x.perm[i] for i in perm))]
+            return [_pending(x, perm)]
+        if any(isinstance(v, Pending) for v in ins):
+            rule = _RULES.get(name)
+            if rule is None and name in ELEMENTWISE:
+                rule = _elementwise
+            elif rule is None and name in REDUCTIONS:
+                rule = _reduction
+            elif rule is None and name in CUMULATIVE:
+                rule = _cumulative
+            sunk = rule(self, eqn, ins) if rule is not None else None
+            if sunk is not None:
+                return sunk
+        return self.bind(eqn, [self.value(v) for v in ins])
+
+    def bind(self, eqn: Any, ins: list[Any], **changed: Any) -> list[Any]:
+        params = eqn.primitive.get_bind_params(eqn.params)
+        params.update(changed)
+        for key, val in params.items():
+            if isinstance(val, jcore.ClosedJaxpr):
+                params[key] = _rewritten(val)
+            elif isinstance(val, tuple) and val and all(
+                isinstance(v, jcore.ClosedJaxpr) for v in val
+            ):
+                params[key] = tuple(_rewritten(v) for v in val)
+        out = eqn.primitive.bind(*ins, **params)
+        if eqn.primitive.multiple_results:
+            return list(out)
+        if eqn.primitive.name == "broadcast_in_dim" and ins[0].ndim < out.ndim:
+            self._broadcasts[id(out)] = (ins[0], tuple(params["broadcast_dimensions"]))
+            self._keep.append(out)
+        return [out]
+
+    def bind_one(self, eqn: Any, ins: list[Any], **changed: Any) -> Any:
+        params = dict(eqn.params)
+        params.update(changed)
+        return eqn.primitive.bind(*ins, **params)
+
+
+def _rewritten(closed: Any) -> Any:
+    """A loop or branch body with its own transposes sunk; its signature unchanged."""
+    avals = closed.in_avals
+
+    def body(*args: Any) -> list[Any]:
+        return _Sinker().run(closed.jaxpr, closed.consts, args)
+
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    try:
+        new = jax.make_jaxpr(body)(*specs)
+    except TypeError:  # an operand JAX cannot describe as a ShapeDtypeStruct (a token)
+        return closed
+    if [(a.shape, a.dtype, a.weak_type) for a in new.out_avals] != [
+        (a.shape, a.dtype, a.weak_type) for a in closed.out_avals
+    ]:
+        return closed
+    return new
+
+
+# The rules: each returns the outputs (pending where it could), or None to compute the
+# operands and apply the op as it is. ----------------------------------------------------
+
+
+def _elementwise(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    rank = len(eqn.outvars[0].aval.shape)
+    pending = [v for v in ins if isinstance(v, Pending)]
+    perms = {v.perm for v in pending}
+    if len(perms) != 1:
+        return None
+    (perm,) = perms
+    full = [v for v in ins if not isinstance(v, Pending) and getattr(v, "ndim", 0) == rank]
+    if len(full) - sum(id(v) in s._broadcasts for v in full) > len(pending):
+        return None  # more arrays to transpose than pending ones to compute
+    back = inverse(perm)
+    args = [
+        v.base
+        if isinstance(v, Pending)
+        else (s.transposed(v, back) if getattr(v, "ndim", 0) == rank else v)
+        for v in ins
+    ]
+    outs = s.bind(eqn, args)
+    return [_pending(o, perm) for o in outs]
+
+
+def _reduction(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    (x,) = ins
+    axes = tuple(eqn.params["axes"])
+    base_axes = tuple(sorted(x.perm[a] for a in axes))
+    kept = [x.perm[i] for i in range(len(x.perm)) if i not in axes]
+    order = sorted(kept)
+    out = s.bind_one(eqn, [x.base], axes=base_axes)
+    return [_pending(out, tuple(order.index(d) for d in kept))]
+
+
+def _cumulative(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    (x,) = ins
+    out = s.bind_one(eqn, [x.base], axis=x.perm[eqn.params["axis"]])
+    return [Pending(out, x.perm)]
+
+
+def _pad(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    x, fill = ins
+    if isinstance(fill, Pending):
+        return None
+    config = eqn.params["padding_config"]
+    base = [config[i] for i in inverse(x.perm)]
+    return [Pending(s.bind_one(eqn, [x.base, fill], padding_config=tuple(base)), x.perm)]
+
+
+def _slice(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    (x,) = ins
+    back = inverse(x.perm)
+    params = eqn.params
+    strides = params["strides"]
+    changed = {
+        "start_indices": tuple(params["start_indices"][i] for i in back),
+        "limit_indices": tuple(params["limit_indices"][i] for i in back),
+        "strides": None if strides is None else tuple(strides[i] for i in back),
+    }
+    return [Pending(s.bind_one(eqn, [x.base], **changed), x.perm)]
+
+
+def _rev(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    (x,) = ins
+    dims = tuple(sorted(x.perm[d] for d in eqn.params["dimensions"]))
+    return [Pending(s.bind_one(eqn, [x.base], dimensions=dims), x.perm)]
+
+
+def _concatenate(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    perms = {v.perm if isinstance(v, Pending) else None for v in ins}
+    if len(perms) != 1 or None in perms:
+        return None
+    (perm,) = perms
+    dim = perm[eqn.params["dimension"]]
+    return [Pending(s.bind_one(eqn, [v.base for v in ins], dimension=dim), perm)]
+
+
+def _reshape(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    """A reshape (``reshape``, ``squeeze``, a broadcast that only adds unit axes) of a
+    pending transpose: applied to the base, itself transposed first only where the axes the
+    reshape merges are not neighbours there (one transpose, as computing the value would
+    cost, but the result keeps the base's layout)."""
+    x = ins[0]
+    if eqn.primitive.name == "reshape" and eqn.params.get("dimensions") is not None:
+        return None
+    target = tuple(eqn.outvars[0].aval.shape)
+    if eqn.primitive.name == "broadcast_in_dim" and math.prod(target) != math.prod(
+        x.base.shape
+    ):
+        return None
+    planned = reshape_plan(tuple(x.base.shape), x.perm, target)
+    if planned is None:
+        return None
+    first, shape, perm = planned
+    base = x.base if first is None else lax.transpose(x.base, first)
+    return [_pending(lax.reshape(base, shape), perm)]
+
+
+def reshape_plan(
+    base: tuple[int, ...], perm: tuple[int, ...], target: tuple[int, ...]
+) -> tuple[tuple[int, ...] | None, tuple[int, ...], tuple[int, ...]] | None:
+    """``(first, shape, perm2)`` with ``reshape(transpose(b, perm), target) ==
+    transpose(reshape(transpose(b, first), shape), perm2)`` for every ``b`` of shape
+    ``base``; ``first`` is None (no transpose) where the axes the reshape merges are
+    neighbours, in order, among ``b``'s axes of extent above 1. None where the reshape does
+    not split into runs of axes merged into one or one split into several."""
+    if 0 in base:
+        return None
+    value = [base[p] for p in perm]
+    vdims = [i for i, n in enumerate(value) if n != 1]
+    tdims = [j for j, n in enumerate(target) if n != 1]
+    groups = _groups([value[i] for i in vdims], [target[j] for j in tdims])
+    if groups is None:
+        return None
+    # Each base axis of extent above 1 is in one group; the groups are laid out in the
+    # order of their first base axis, a merged group's axes in the value's order.
+    runs = sorted(([perm[vdims[i]] for i in vs], [tdims[j] for j in ts]) for vs, ts in groups)
+    order = [d for axes, _ in runs for d in axes]
+    first = None
+    if order != sorted(order):
+        first = tuple(order) + tuple(d for d, n in enumerate(base) if n == 1)
+    shape: list[int] = []
+    where: dict[int, int] = {}
+    for axes, ts in runs:
+        sizes = [target[t] for t in ts] if len(axes) == 1 else [math.prod(base[d] for d in axes)]
+        for size, t in zip(sizes, ts):
+            where[t] = len(shape)
+            shape.append(size)
+    for j, n in enumerate(target):
+        if n == 1:
+            where[j] = len(shape)
+            shape.append(1)
+    return first, tuple(shape), tuple(where[j] for j in range(len(target)))
+
+
+def _groups(a: list[int], b: list[int]) -> list[tuple[list[int], list[int]]] | None:
+    """Runs of ``a`` and ``b`` with equal products, each one axis on at least one side."""
+    groups = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        ga, gb, pa, pb = [i], [j], a[i], b[j]
+        while pa != pb:
+            if pa < pb:
+                i += 1
+                if i == len(a):
+                    return None
+                ga.append(i)
+                pa *= a[i]
+            else:
+                j += 1
+                if j == len(b):
+                    return None
+                gb.append(j)
+                pb *= b[j]
+        if len(ga) > 1 and len(gb) > 1:
+            return None
+        groups.append((ga, gb))
+        i, j = i + 1, j + 1
+    if i != len(a) or j != len(b):
+        return None
+    return groups
+
+
+def _stack(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    """Operands pending the same transpose: their bases stacked on a new last axis."""
+    perms = {v.perm if isinstance(v, Pending) else None for v in ins}
+    if len(perms) != 1 or None in perms:
+        return None
+    (perm,) = perms
+    axis, rank = eqn.params["axis"], len(perm)
+    out = s.bind_one(eqn, [v.base for v in ins], axis=rank)
+    return [Pending(out, (*perm[:axis], rank, *perm[axis:]))]
+
+
+def _dot_general(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    """The pending transposes folded into the dimension numbers (as XLA's transpose
+    folding does); the result pends the order of the free axes."""
+    lhs, rhs = ins
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lperm = lhs.perm if isinstance(lhs, Pending) else tuple(range(lhs.ndim))
+    rperm = rhs.perm if isinstance(rhs, Pending) else tuple(range(rhs.ndim))
+    numbers = (
+        (tuple(lperm[d] for d in lc), tuple(rperm[d] for d in rc)),
+        (tuple(lperm[d] for d in lb), tuple(rperm[d] for d in rb)),
+    )
+    lbase = lhs.base if isinstance(lhs, Pending) else lhs
+    rbase = rhs.base if isinstance(rhs, Pending) else rhs
+    out = s.bind_one(eqn, [lbase, rbase], dimension_numbers=numbers)
+    lfree = [lperm[d] for d in range(len(lperm)) if d not in lc and d not in lb]
+    rfree = [rperm[d] for d in range(len(rperm)) if d not in rc and d not in rb]
+    lsorted, rsorted = sorted(lfree), sorted(rfree)
+    nb = len(lb)
+    perm = (
+        list(range(nb))
+        + [nb + lsorted.index(d) for d in lfree]
+        + [nb + len(lfree) + rsorted.index(d) for d in rfree]
+    )
+    return [_pending(out, tuple(perm))]
+
+
+_RULES = {
+    "pad": _pad,
+    "slice": _slice,
+    "rev": _rev,
+    "concatenate": _concatenate,
+    "stack": _stack,
+    "reshape": _reshape,
+    "squeeze": _reshape,
+    "broadcast_in_dim": _reshape,
+    "dot_general": _dot_general,
+}
