@@ -56,6 +56,12 @@ CASES = [
         Geometry((1, 1, 2), ((0, 1), (1, 0), (1, 1)), (1, 1, 1), 1),
     ),
     (
+        "3d_frames_stride_dilation",  # roomy: 2-D convolutions of its frames
+        (2, 3, 10, 8, 8),
+        (4, 3, 3, 3, 3),
+        Geometry((2, 1, 2), ((2, 1), (1, 1), (0, 1)), (2, 1, 1), 1),
+    ),
+    (
         "3d_stride_groups",
         (1, 4, 6, 6, 6),
         (4, 2, 3, 3, 3),
