@@ -56,9 +56,8 @@ def conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
     if jax.default_backend() != "cpu":
         return _lax_conv(x, w, geo)
     f = jnp.promote_types(x.dtype, jnp.float32)
-    form = _cpu_conv
-    if w.ndim == 5 and choose(x.shape, w.shape, geo, "forward") == "lax":
-        form = _frames_conv
+    frames = w.ndim == 5 and choose(x.shape, w.shape, geo, "forward") == "lax"
+    form: Any = _frames_conv if frames else _cpu_conv
     return form(x.astype(f), w.astype(f), geo).astype(x.dtype)
 
 
@@ -76,13 +75,14 @@ def _frames_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
     out = (frames + lo + hi - (depth - 1) * dilation - 1) // stride + 1
     xp = _pad(x, ((lo, hi), (0, 0), (0, 0)))
     plane = Geometry(geo.stride[1:], geo.pads[1:], geo.dilation[1:], geo.groups)
-    total = None
-    for i in range(depth):
+
+    def frame_conv(i: int) -> jax.Array:
         start = i * dilation
         taken = lax.slice_in_dim(xp, start, start + (out - 1) * stride + 1, stride, axis=2)
         batch = jnp.moveaxis(taken, 2, 1).reshape(n * out, c, *taken.shape[3:])
-        y = _cpu_conv(batch, w[:, :, i], plane)
-        total = y if total is None else total + y
+        return _cpu_conv(batch, w[:, :, i], plane)
+
+    total = functools.reduce(jnp.add, (frame_conv(i) for i in range(depth)))
     return jnp.moveaxis(total.reshape(n, out, *total.shape[1:]), 1, 2)
 
 

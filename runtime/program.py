@@ -367,18 +367,14 @@ def _make_step(
     else:
         batched = (mode == "shard_map",) * n_state
     sink = mode != "shard_map" and jax.default_backend() == "cpu" and _convolves(ir)
-    step = _split_step(
-        replica_step, batched, written, mode, replicas, local_replicas, stash, sink
-    )
+    step = _split_step(replica_step, batched, written, mode, replicas, local_replicas, stash, sink)
     return step, batched, written, (), stash
 
 
 def _convolves(ir: Ir) -> bool:
     """Whether the program has convolutions, whose forms run channels-last on the CPU
     (``runtime/conv_forms``): its transposes are then sunk until they cancel."""
-    return any(
-        op.opdef.key.startswith("conv") for g in reachable_graphs(ir) for op in g._ops
-    )
+    return any(op.opdef.key.startswith("conv") for g in reachable_graphs(ir) for op in g._ops)
 
 
 def _seed_streams(

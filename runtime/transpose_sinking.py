@@ -44,8 +44,7 @@ ELEMENTWISE = frozenset(
     """.split()
 )
 REDUCTIONS = frozenset(
-    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax argmin"
-    .split()
+    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax argmin".split()
 )
 CUMULATIVE = frozenset("cumsum cumprod cummax cummin cumlogsumexp".split())
 INLINED = {"jit": "jaxpr", "pjit": "jaxpr", "custom_jvp_call": "call_jaxpr"}
@@ -189,8 +188,10 @@ class _Sinker:
         for key, val in params.items():
             if isinstance(val, jcore.ClosedJaxpr):
                 params[key] = _rewritten(val)
-            elif isinstance(val, tuple) and val and all(
-                isinstance(v, jcore.ClosedJaxpr) for v in val
+            elif (
+                isinstance(val, tuple)
+                and val
+                and all(isinstance(v, jcore.ClosedJaxpr) for v in val)
             ):
                 params[key] = tuple(_rewritten(v) for v in val)
         out = eqn.primitive.bind(*ins, **params)
@@ -296,11 +297,18 @@ def _rev(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     return [Pending(s.bind_one(eqn, [x.base], dimensions=dims), x.perm, (eqn, ins))]
 
 
-def _concatenate(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _shared_perm(ins: list[Any]) -> tuple[int, ...] | None:
+    """The transpose every operand pends, if they all pend the same one."""
     perms = {v.perm if isinstance(v, Pending) else None for v in ins}
-    if len(perms) != 1 or None in perms:
+    if len(perms) != 1:
         return None
-    (perm,) = perms
+    return perms.pop()
+
+
+def _concatenate(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    perm = _shared_perm(ins)
+    if perm is None:
+        return None
     dim = perm[eqn.params["dimension"]]
     return [Pending(s.bind_one(eqn, [v.base for v in ins], dimension=dim), perm)]
 
@@ -314,9 +322,7 @@ def _reshape(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     if eqn.primitive.name == "reshape" and eqn.params.get("dimensions") is not None:
         return None
     target = tuple(eqn.outvars[0].aval.shape)
-    if eqn.primitive.name == "broadcast_in_dim" and math.prod(target) != math.prod(
-        x.base.shape
-    ):
+    if eqn.primitive.name == "broadcast_in_dim" and math.prod(target) != math.prod(x.base.shape):
         return None
     planned = reshape_plan(tuple(x.base.shape), x.perm, target)
     if planned is None:
@@ -396,10 +402,9 @@ def _stack(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     stacked on a new leading axis. On another axis the operands are computed and stacked as
     they are: with the new axis inside the base, each operand's copy would be scattered
     (im2col's patches stacked channels-last cost ResNet-18's training step 3x its stacks)."""
-    perms = {v.perm if isinstance(v, Pending) else None for v in ins}
-    if eqn.params["axis"] != 0 or len(perms) != 1 or None in perms:
+    perm = _shared_perm(ins)
+    if eqn.params["axis"] != 0 or perm is None:
         return None
-    (perm,) = perms
     out = s.bind_one(eqn, [v.base for v in ins])
     return [Pending(out, (0, *(p + 1 for p in perm)))]
 
@@ -455,7 +460,8 @@ def _matrix(v: Any, contract: Sequence[int], batch: Sequence[int]) -> bool:
     where = inverse(v.perm)
     in_base = [where[d] for d in range(len(v.perm))]  # value axes in the base's order
     in_order = all(
-        [v.perm[d] for d in dims if sizes[d] != 1] == sorted(v.perm[d] for d in dims if sizes[d] != 1)
+        [v.perm[d] for d in dims if sizes[d] != 1]
+        == sorted(v.perm[d] for d in dims if sizes[d] != 1)
         for dims in (batch, contract)
     )
     return in_order and runs(in_base) == runs(list(range(len(v.perm))))

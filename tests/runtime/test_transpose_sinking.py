@@ -127,7 +127,9 @@ def test_a_transpose_left_pending_is_computed_once_for_every_reader():
     def fn(x):
         y = _nchw(x)
         window = ((1, 1, 2, 2), (1, 1, 1, 1), "VALID")
-        return lax.reduce_window(y, 0.0, lax.add, *window), lax.reduce_window(y, -1e9, lax.max, *window)
+        return lax.reduce_window(y, 0.0, lax.add, *window), lax.reduce_window(
+            y, -1e9, lax.max, *window
+        )
 
     assert _transposes(sink_transposes(fn), X) == 1
     _agree(fn, X)
