@@ -380,11 +380,25 @@ def _taps_weight_grad(x: jax.Array, geo: Geometry, w_shape: tuple, gy: jax.Array
     xp = _pad(x, geo.pads)
     g3 = gy.reshape(n, c, -1, *out)
     axes = (0, *range(3, 3 + len(out)))
-    grads = [
-        (g3 * tap_slice(xp, t, geo.dilation, out, geo.stride)[:, :, None]).sum(axes)
-        for t in taps(kernel)
+    small = n * math.prod(out) < 8192
+    if small:  # the cotangent computed once, not in each tap's term of the reduction
+        g3 = lax.optimization_barrier(g3)
+    products = [
+        g3 * tap_slice(xp, t, geo.dilation, out, geo.stride)[:, :, None] for t in taps(kernel)
     ]
+    if small:
+        # One reduction of every tap's product: XLA fuses the taps' slices into it, where
+        # per-tap sums (handed to YNNPACK) each read a copy of the slice. 1.7-2.8x faster
+        # up to 16x16 outputs at batch 16; 1.2x slower at 8x32x32 (both measured, one core).
+        zeros = [jnp.zeros((), gy.dtype)] * len(products)
+        grads = lax.reduce(products, zeros, _add_each, axes)
+    else:
+        grads = [p.sum(axes) for p in products]
     return jnp.stack(grads, -1).reshape(w_shape)
+
+
+def _add_each(a: list[jax.Array], b: list[jax.Array]) -> list[jax.Array]:
+    return [u + v for u, v in zip(a, b)]
 
 
 class _Form(NamedTuple):

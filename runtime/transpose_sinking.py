@@ -44,7 +44,8 @@ ELEMENTWISE = frozenset(
     """.split()
 )
 REDUCTIONS = frozenset(
-    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax argmin".split()
+    "reduce reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor "
+    "argmax argmin".split()
 )
 CUMULATIVE = frozenset("cumsum cumprod cummax cummin cumlogsumexp".split())
 INLINED = {"jit": "jaxpr", "pjit": "jaxpr", "custom_jvp_call": "call_jaxpr"}
@@ -183,7 +184,7 @@ class _Sinker:
         return self.bind(eqn, [self.value(v) for v in ins])
 
     def bind(self, eqn: Any, ins: list[Any], **changed: Any) -> list[Any]:
-        params = eqn.primitive.get_bind_params(eqn.params)
+        params = dict(eqn.primitive.get_bind_params(eqn.params))  # (may be eqn.params itself)
         params.update(changed)
         for key, val in params.items():
             if isinstance(val, jcore.ClosedJaxpr):
@@ -253,13 +254,19 @@ def _elementwise(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
 
 
 def _reduction(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
-    (x,) = ins
-    axes = tuple(eqn.params["axes"])
-    base_axes = tuple(sorted(x.perm[a] for a in axes))
-    kept = [x.perm[i] for i in range(len(x.perm)) if i not in axes]
+    """A reduction (variadic ``reduce`` too: its operands, then their initial values)."""
+    key = "axes" if "axes" in eqn.params else "dimensions"
+    n = len(eqn.outvars)
+    arrays, inits = ins[:n], ins[n:]
+    perm = _shared_perm(arrays)
+    if perm is None or any(isinstance(v, Pending) for v in inits):
+        return None
+    axes = tuple(eqn.params[key])
+    base_axes = tuple(sorted(perm[a] for a in axes))
+    kept = [perm[i] for i in range(len(perm)) if i not in axes]
     order = sorted(kept)
-    out = s.bind_one(eqn, [x.base], axes=base_axes)
-    return [_pending(out, tuple(order.index(d) for d in kept))]
+    outs = s.bind(eqn, [v.base for v in arrays] + inits, **{key: base_axes})
+    return [_pending(out, tuple(order.index(d) for d in kept)) for out in outs]
 
 
 def _cumulative(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
@@ -295,6 +302,12 @@ def _rev(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     (x,) = ins
     dims = tuple(sorted(x.perm[d] for d in eqn.params["dimensions"]))
     return [Pending(s.bind_one(eqn, [x.base], dimensions=dims), x.perm, (eqn, ins))]
+
+
+def _barrier(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    """An optimisation barrier holds each base, pending as its operand was."""
+    outs = s.bind(eqn, [v.base if isinstance(v, Pending) else v for v in ins])
+    return [Pending(o, v.perm) if isinstance(v, Pending) else o for o, v in zip(outs, ins)]
 
 
 def _shared_perm(ins: list[Any]) -> tuple[int, ...] | None:
@@ -473,6 +486,7 @@ _RULES = {
     "rev": _rev,
     "concatenate": _concatenate,
     "stack": _stack,
+    "optimization_barrier": _barrier,
     "reshape": _reshape,
     "squeeze": _reshape,
     "broadcast_in_dim": _reshape,
