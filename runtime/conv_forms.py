@@ -105,9 +105,12 @@ def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str
     Measured on a quiet machine with ``bench/conv_lowering.py`` and per form, unrolled and
     in a loop body (ResNet-18, tutorial 8's CNN, depthwise, 1-D and 3-D shapes): XLA's kernel
     (channels-last) is fast on maps at least twice the kernel's extent; on smaller maps
-    (ResNet's last stages) it is 2-100x slower than the matmul. Its weight gradient loses to
-    the patches' matmul by 1.3-3x where there are more than 32 channels, except in 3-D,
-    where the patches are 27 times the input. With at most 16 channels on either side
+    (ResNet's last stages) it is 2-100x slower than the matmul. Its weight gradient, in a
+    program whose transposes are sunk (``runtime/transpose_sinking``), beats building the
+    patches on roomy maps (ResNet-18's SGD step 147 -> 127 ms on one core of an AVX-512
+    CPU, 2025-11-25; unsunk, on an AVX2 one, the patches had won by 1.3-3x), except for a
+    1x1 kernel, whose one tap is the input itself (MobileNetV2 105 against 117 ms). With at
+    most 16 channels on either side
     (a network's first convolution, tutorial 8's and the mixed-precision tutorial's CNNs) its
     forward and input gradient lose to the matmul forms by 1.3-7x.
     """
@@ -119,8 +122,8 @@ def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str
     roomy = all(n >= 2 * ((k - 1) * d + 1) for k, d, n in zip(kernel, geo.dilation, x_shape[2:]))
     if not roomy:
         return "matmul"
-    if direction == "weight" and max(cg, m) > 32 and len(kernel) < 3:
-        return "matmul"
+    if direction == "weight" and max(cg, m) > 32 and math.prod(kernel) == 1:
+        return "matmul"  # one tap: the patches are the input itself
     if max(cg, m) <= 16 and direction != "weight":
         # XLA hands convolutions this narrow to Eigen rather than YNNPACK: 2-7x slower than
         # the matmul forms, except a forward whose patches are many rows (5 -> 12 channels

@@ -169,10 +169,12 @@ def test_the_choice_avoids_xla_kernels_slow_cases():
     assert {choose((8, 512, 2, 2), (512, 512, 3, 3), geo, d) for d in directions} == {"matmul"}
     depthwise = geo._replace(groups=96)
     assert choose((8, 96, 16, 16), (96, 1, 3, 3), depthwise, "input") == "taps"
-    # A roomy map: XLA's kernel, but the weight gradient with many channels as a matmul
-    # (except in 3-D, where the patches are 27 times the input).
+    # A roomy map: XLA's kernel in every direction, but a 1x1 kernel's weight gradient with
+    # many channels is one matmul of the input (its only tap).
     got = [choose((8, 64, 16, 16), (64, 64, 3, 3), geo, d) for d in directions]
-    assert got == ["lax", "lax", "matmul"]
+    assert got == ["lax", "lax", "lax"]
+    pointwise = geo._replace(pads=((0, 0), (0, 0)))
+    assert choose((8, 144, 16, 16), (24, 144, 1, 1), pointwise, "weight") == "matmul"
     assert choose((16, 16, 8, 8), (32, 16, 3, 3), geo, "weight") == "lax"
     geo3 = Geometry((1, 1, 1), ((1, 1),) * 3, (1, 1, 1), 1)
     assert choose((4, 64, 8, 16, 16), (64, 64, 3, 3, 3), geo3, "weight") == "lax"
