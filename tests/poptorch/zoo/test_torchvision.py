@@ -48,9 +48,9 @@ class Case:
         return torch.randn(self.shape), torch.randint(0, 4, self.target)
 
 
-def _classifier(name: str, size: int = 32, **kwargs: Any) -> Case:
+def _classifier(name: str, size: int = 32, batch: int = 2, **kwargs: Any) -> Case:
     fn = getattr(tvm, name)
-    return Case(lambda: fn(num_classes=10, **kwargs), (2, 3, size, size))
+    return Case(lambda: fn(num_classes=10, **kwargs), (batch, 3, size, size), (batch,))
 
 
 def _segmentation(name: str, size: int = 32) -> Case:
@@ -90,15 +90,18 @@ CASES: dict[str, Case] = {
     "resnet50": _classifier("resnet50", 64),
     "resnext50_32x4d": _classifier("resnext50_32x4d", 64),
     "wide_resnet50_2": _classifier("wide_resnet50_2", 64),
-    "regnet_y_400mf": _classifier("regnet_y_400mf", 64),
+    # Batch norm over 8 values per channel (2x2 maps, batch 2) is still ill-conditioned
+    # enough that float32 rounding alone moves a step by 1-2% on some CPUs, eager's or ours
+    # (README: measured cases); batch 8 normalises 32.
+    "regnet_y_400mf": _classifier("regnet_y_400mf", 64, batch=8),
     "mobilenet_v2": _classifier("mobilenet_v2", 64),
     "mobilenet_v3_small": _classifier("mobilenet_v3_small", 64),
     "efficientnet_b0": _classifier("efficientnet_b0", 64),
     "efficientnet_v2_s": _classifier("efficientnet_v2_s", 64),
     "convnext_tiny": _classifier("convnext_tiny"),
-    "densenet121": _classifier("densenet121"),
+    "densenet121": _classifier("densenet121", 64, batch=8),
     "googlenet": _classifier("googlenet", 32, aux_logits=False, init_weights=True),
-    "inception_v3": _classifier("inception_v3", 75, aux_logits=False, init_weights=True),
+    "inception_v3": _classifier("inception_v3", 107, 8, aux_logits=False, init_weights=True),
     "mnasnet0_5": _classifier("mnasnet0_5", 64),
     "shufflenet_v2_x0_5": _classifier("shufflenet_v2_x0_5", 64),
     "squeezenet1_1": _classifier("squeezenet1_1", 64),
