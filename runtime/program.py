@@ -46,6 +46,7 @@ from . import (  # noqa: F401  (register lowerings)
     stochastic_rounding,
     transpose_sinking,
     vjp,
+    xla_options,
 )
 from .ipu_slots import SlotLayout
 from .lowering import Env, LoweringContext, lower_op, schedule
@@ -441,7 +442,7 @@ def _placed(
         owners = found
     layout = SlotLayout.build(ipus, shapes[:n_vars], owners)
     placed = placed_step(replica_step, layout, written, replicas=replicas)
-    return jax.jit(placed, donate_argnums=(0,)), layout
+    return xla_options.jit(placed, donate_argnums=(0,)), layout
 
 
 def _entry_shape(variables: list[Variable], entry: tuple[int, ...]) -> tuple:
@@ -518,7 +519,7 @@ def _split_step(
         step = _shard_mapped(step, replicas, local)
     if sink:  # the transposes between channels-last convolutions cancel
         step = transpose_sinking.sink_transposes(step)
-    return jax.jit(step, donate_argnums=(0,))
+    return xla_options.jit(step, donate_argnums=(0,))
 
 
 def _stacking_class(var: Variable) -> tuple:
