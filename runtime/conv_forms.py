@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -56,7 +57,7 @@ def conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
     if jax.default_backend() != "cpu":
         return _lax_conv(x, w, geo)
     f = jnp.promote_types(x.dtype, jnp.float32)
-    frames = w.ndim == 5 and geo.groups == 1
+    frames = w.ndim == 5 and geo.groups == 1 and _roomy(x.shape[3:], w.shape[3:], geo.dilation[1:])
     form: Any = _frames_conv if frames else _cpu_conv
     return form(x.astype(f), w.astype(f), geo).astype(x.dtype)
 
@@ -68,8 +69,10 @@ def _frames_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
     XLA:CPU's 3-D kernel is 3-8x slower than its 2-D one for the same arithmetic
     (R3D-18's 64-channel 3x3x3 layer at 4x8x16x16: 104 against 36 ms; its 3x7x7 stem:
     323 against 42 ms), and 3-D patches are 27 times the input where few frames make the
-    matmul form the choice (R3D-18's inference at 8 frames: 1,450 -> 1,276 ms over the
-    frames form on roomy maps only, one core). Grouped ones keep their 3-D forms.
+    matmul form the choice. Only where the frames are roomy (their 2-D convolutions take
+    XLA's kernel): on small frames the 3-D matmul form reads the weight as it is stored,
+    where each frame's kernel would be a strided copy of it, which XLA:CPU made at 1 GB/s
+    (R3D-18's inference on 2 cores: 538 -> 507 ms). Grouped ones keep their 3-D forms.
     """
     n, c, frames = x.shape[:3]
     depth = w.shape[2]
@@ -121,8 +124,7 @@ def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str
         return "taps"  # depthwise: XLA's kernel is 10-100x slower in every direction
     if geo.groups > 1:
         return "matmul"  # grouped: XLA's gradients are 10x slower
-    roomy = all(n >= 2 * ((k - 1) * d + 1) for k, d, n in zip(kernel, geo.dilation, x_shape[2:]))
-    if not roomy:
+    if not _roomy(x_shape[2:], kernel, geo.dilation):
         return "matmul"
     if direction == "weight" and max(cg, m) > 32 and math.prod(kernel) == 1:
         return "matmul"  # one tap: the patches are the input itself
@@ -133,6 +135,11 @@ def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str
         if direction == "input" or cg * math.prod(kernel) <= 32:
             return "matmul"
     return "lax"
+
+
+def _roomy(spatial: Sequence[int], kernel: Sequence[int], dilation: Sequence[int]) -> bool:
+    """Every spatial axis at least twice the kernel's dilated extent."""
+    return all(n >= 2 * ((k - 1) * d + 1) for k, d, n in zip(kernel, dilation, spatial))
 
 
 # The forms: forward, input gradient, weight gradient ----------------------------------------

@@ -62,6 +62,12 @@ CASES = [
         Geometry((2, 1, 2), ((2, 1), (1, 1), (0, 1)), (2, 1, 1), 1),
     ),
     (
+        "3d_small_frames",  # 3x3 frames under a 3x3 kernel: the 3-D matmul form
+        (2, 4, 5, 3, 3),
+        (6, 4, 3, 3, 3),
+        Geometry((1, 1, 1), ((1, 1),) * 3, (1, 1, 1), 1),
+    ),
+    (
         "3d_stride_groups",
         (1, 4, 6, 6, 6),
         (4, 2, 3, 3, 3),
