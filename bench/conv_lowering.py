@@ -12,7 +12,8 @@ and two whole networks written with either lowering: ResNet-18 (BatchNorm as its
 affine) and tutorial 8's CNN (logits, forward and backward).
 
 Each case is timed forward and forward + backward (gradients of every input except a
-network's images), ``jax.jit``-ed, ``block_until_ready``, median per-call time over rounds.
+network's images), ``jax.jit``-ed with the options programs compile with
+(``runtime/xla_options``: on several cores, convolutions on Eigen's kernel), ``block_until_ready``, median per-call time over rounds.
 Old and new run in alternating rounds in one process, so load changes hit both; eager torch
 (``torch.nn.functional``, its default 2 threads) runs afterwards in its own phase, never
 interleaved with XLA calls. The machine's load (``uptime``) is printed with each phase:
@@ -45,6 +46,7 @@ from jax import lax  # noqa: E402
 
 from popxl.ops.conv import _lower_conv  # noqa: E402
 from popxl.ops.pool import _lower_average_pool, _lower_max_pool  # noqa: E402
+from runtime.xla_options import jit  # noqa: E402  (the options programs compile with)
 
 HIGHEST = lax.Precision.HIGHEST
 
@@ -334,8 +336,8 @@ def time_xla(args: list, wrt: tuple, xla: dict, repeats: int, rounds: int) -> di
     cot = jnp.asarray(np.random.default_rng(1).standard_normal(outs["old"].shape), jnp.float32)
     fns = {}
     for name, f in xla.items():
-        fwd = jax.jit(f)
-        grad = jax.jit(jax.grad(_loss(f, cot), wrt))
+        fwd = jit(f)
+        grad = jit(jax.grad(_loss(f, cot), wrt))
         fns[name + " fwd"] = lambda fwd=fwd: fwd(*args)
         fns[name + " fwd+bwd"] = lambda grad=grad: grad(*args)
     g_old, g_new = fns["old fwd+bwd"](), fns["new fwd+bwd"]()
@@ -348,7 +350,7 @@ def time_xla(args: list, wrt: tuple, xla: dict, repeats: int, rounds: int) -> di
 def compile_seconds(f: Callable, inputs: list, wrt: tuple) -> float:
     args = [jax.tree.map(jnp.asarray, a) for a in inputs]
     start = time.perf_counter()
-    jax.jit(jax.grad(lambda *a: jnp.sum(f(*a)), wrt)).lower(*args).compile()
+    jit(jax.grad(lambda *a: jnp.sum(f(*a)), wrt)).lower(*args).compile()
     return time.perf_counter() - start
 
 
