@@ -32,7 +32,11 @@ YNN_WITHOUT_CONVOLUTIONS = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TY
 
 
 def jit(fun: Callable, **kwargs: Any) -> Any:
-    """``jax.jit(fun, **kwargs)``, compiled with this backend's options."""
+    """``jax.jit(fun, **kwargs)``, compiled with this backend's options.
+
+    JAX takes ``compiler_options`` on top-level jits only: to see such a function's jaxpr,
+    use its ``.trace(*args).jaxpr`` rather than tracing it inside ``jax.make_jaxpr``.
+    """
     options = compiler_options()
     if options:
         kwargs["compiler_options"] = options

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import numpy as np
 import pytest
 
@@ -174,7 +173,7 @@ def test_each_graph_is_traced_once(inline, monkeypatch):
         ir, *_ = optimizer_program(inline)
         program = build_program(ir)
         state = program.split(abstract_state(program))
-        jaxpr = jax.make_jaxpr(program.step)(*state, abstract_inputs(program))
+        jaxpr = program.step.trace(*state, abstract_inputs(program)).jaxpr
         counts[policy] = _count_primitive(jaxpr.jaxpr, "sin")
     grouped = len(SHAPES) + (1 if inline else 0)
     assert counts == {"scan": grouped, "inline": len(SHAPES) * LAYERS}
@@ -360,7 +359,7 @@ def test_layers_created_out_of_order_are_read_without_gathers(monkeypatch):
         if policy == "scan":
             program = build_program(ir)
             state = program.split(abstract_state(program))
-            jaxpr = jax.make_jaxpr(program.step)(*state, abstract_inputs(program))
+            jaxpr = program.step.trace(*state, abstract_inputs(program)).jaxpr
             # Only the learning rates (scalars, cheaper to gather than weight rows) are
             # gathered: the product group reads them in the order of the weights' stacks.
             assert _gathered_rows(jaxpr.jaxpr) == [()]
@@ -405,7 +404,7 @@ def test_phase_loads_read_the_buffer_without_a_gather(monkeypatch):
     monkeypatch.setattr(run_plans, "_policy", "scan")
     program = build_program(ir)
     state = program.split(abstract_state(program))
-    jaxpr = jax.make_jaxpr(program.step)(*state, abstract_inputs(program))
+    jaxpr = program.step.trace(*state, abstract_inputs(program)).jaxpr
     assert _gathered_rows(jaxpr.jaxpr) == []
     h = np.ones((2, 3), np.float32)
     for i in range(LAYERS):
@@ -448,7 +447,7 @@ def test_weights_the_forward_reads_alone_keep_an_entry_each(monkeypatch):
             names = [tuple(program.variables[i].name for i in e) for e in program.entries]
             assert sorted(names) == sorted((v.name,) for v in [*ws, *ms, x])
             state = program.split(abstract_state(program))
-            jaxpr = jax.make_jaxpr(program.step)(*state, abstract_inputs(program))
+            jaxpr = program.step.trace(*state, abstract_inputs(program)).jaxpr
             for name in ("concatenate", "slice", "scatter", "gather", "dynamic_update_slice"):
                 assert _count_primitive(jaxpr.jaxpr, name) == 0, name
     scan_out, scan_vars = results["scan"]
