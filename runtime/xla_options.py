@@ -12,7 +12,7 @@ three interleaved rounds (ms, YNNPACK's convolutions -> Eigen's):
 * R3D-18 inference 757 -> 540.
 
 So where the process may use more than one core, programs compile with YNNPACK kept for
-dots and reductions (taking reductions from it too made the training steps up to 1.8x
+dots and reductions (taking reductions from it too made the training steps up to 1.9x
 slower) and convolutions left to Eigen. A user's own ``XLA_FLAGS`` setting of the option
 wins, and a jaxlib that does not know the option compiles with its defaults.
 """
