@@ -53,7 +53,8 @@ def _lower_leaky_relu(ctx: NodeContext, x: popxl.Tensor, negative_slope: float =
 
 
 def _elu(x: Any, alpha: float, scale: float, input_scale: float) -> Any:
-    negative = jnp.minimum(x, _scalar(x, 0))
+    # where, not minimum: at 0 the derivative is the negative branch's, as torch's.
+    negative = jnp.where(x > 0, _scalar(x, 0), x)
     neg = _scalar(x, alpha * scale) * jnp.expm1(negative * _scalar(x, input_scale))
     return jnp.where(x > 0, x * _scalar(x, scale), neg)
 

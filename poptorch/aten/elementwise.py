@@ -12,7 +12,6 @@ activations live in ``activation.py``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +24,20 @@ import popxl
 from popxl import ops
 
 from .registry import NodeContext, Promote, lowering
+from .torch_derivatives import (
+    atan2,
+    clamp_ties_pass_through,
+    copysign,
+    entr,
+    fmax,
+    fmin,
+    hypot,
+    logit,
+    power,
+    sinc,
+    xlog1py,
+    xlogy,
+)
 
 # Unary ops ---------------------------------------------------------------------------------
 
@@ -174,7 +187,7 @@ _SCALAR_FORMS = ("Tensor", "Scalar", "Scalar_Tensor", "Tensor_Scalar")
 _BINARY_JAX_PACKETS: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {
     aten.remainder: ("remainder", jnp.remainder),
     aten.fmod: ("fmod", jnp.fmod),
-    aten.copysign: ("copysign", jnp.copysign),
+    aten.copysign: ("copysign", copysign),
     aten.bitwise_and: ("bitwise_and", _bitwise(jnp.bitwise_and, jnp.logical_and)),
     aten.bitwise_or: ("bitwise_or", _bitwise(jnp.bitwise_or, jnp.logical_or)),
     aten.bitwise_xor: ("bitwise_xor", _bitwise(jnp.bitwise_xor, jnp.logical_xor)),
@@ -189,13 +202,13 @@ _BINARY_POPXL: dict[Any, Callable[[popxl.Tensor, popxl.Tensor], popxl.Tensor]] =
     aten.maximum.default: ops.maximum,
 }
 _BINARY_JAX: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {
-    aten.pow.Tensor_Tensor: ("pow", jnp.power),
-    aten.pow.Scalar: ("pow", jnp.power),
-    aten.atan2.default: ("atan2", jnp.arctan2),
+    aten.pow.Tensor_Tensor: ("pow", power),
+    aten.pow.Scalar: ("pow", power),
+    aten.atan2.default: ("atan2", atan2),
     aten.minimum.default: ("minimum", jnp.minimum),
-    aten.fmax.default: ("fmax", jnp.fmax),
-    aten.fmin.default: ("fmin", jnp.fmin),
-    aten.hypot.default: ("hypot", jnp.hypot),
+    aten.fmax.default: ("fmax", fmax),
+    aten.fmin.default: ("fmin", fmin),
+    aten.hypot.default: ("hypot", hypot),
     aten.nextafter.default: ("nextafter", jnp.nextafter),
     aten.gcd.default: ("gcd", jnp.gcd),
     aten.lcm.default: ("lcm", jnp.lcm),
@@ -230,6 +243,36 @@ _binary(aten.special_zeta, overloads=("default", "self_scalar", "other_scalar"))
 )
 
 
+# Kept from decomposition: torch's own decompositions of these (a ``where`` around ``x * log
+# y``, around ``sin(pi x) / (pi x)``) differentiate to 0 * inf = NaN where eager torch's
+# derivative is 0.
+lowering(
+    aten.xlogy,
+    overloads=("Tensor", "Scalar_Self", "Scalar_Other"),
+    preserve=True,
+    promote=Promote.INT_TO_FLOAT,
+)(_binary_jax("xlogy", xlogy))
+lowering(
+    aten.special_xlog1py,
+    overloads=("default", "self_scalar", "other_scalar"),
+    preserve=True,
+    promote=Promote.INT_TO_FLOAT,
+)(_binary_jax("xlog1py", xlog1py))
+_UNARY_JAX_KEPT: dict[Any, tuple[str, Callable[[Any], Any]]] = {
+    aten.sinc.default: ("sinc", sinc),
+    aten.special_entr.default: ("entr", entr),
+}
+for _target, (_name, _jfn) in _UNARY_JAX_KEPT.items():
+    lowering(_target, preserve=True, promote=Promote.INT_TO_FLOAT, operands=(0,))(
+        _unary_jax(_name, _jfn)
+    )
+
+
+@lowering(aten.logit.default, preserve=True, promote=Promote.INT_TO_FLOAT, operands=(0,))
+def _lower_logit(ctx: NodeContext, x: popxl.Tensor, eps: float | None = None) -> Any:
+    return ctx.jax("logit", logit, x, eps=None if eps is None else float(eps))
+
+
 def _small_integer(value: Any) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
@@ -245,7 +288,7 @@ def _lower_pow_scalar(ctx: NodeContext, x: popxl.Tensor, exponent: Any) -> popxl
     """``x ** n`` for an integral ``n`` is repeated multiplication (exact for negative
     ``x``, as torch); other exponents use ``pow``."""
     if not _small_integer(exponent):
-        return _binary_jax("pow", jnp.power)(ctx, x, ctx.tensor(exponent, x.dtype))
+        return _binary_jax("pow", power)(ctx, x, ctx.tensor(exponent, x.dtype))
     n = int(exponent)
     if n < 0 and not x.dtype.is_floating_point:
         raise ValueError(
@@ -342,16 +385,8 @@ def _lower_where(ctx: NodeContext, condition: Any, x: Any, y: Any) -> popxl.Tens
 
 # clamp's gradient at a value equal to a bound changed between torch releases: older ones pass
 # it through to the input, newer ones give it to nothing for number bounds and split it between
-# input and bound for tensor bounds (as min/max do). The records follow the installed torch.
-
-
-@functools.cache
-def _ties_pass_through() -> bool:
-    import torch  # noqa: PLC0415 (poptorch's front end; only reached while capturing)
-
-    x = torch.zeros(1, requires_grad=True)
-    torch.clamp(x, 0.0, 1.0).sum().backward()
-    return x.grad is not None and bool(x.grad[0] == 1.0)
+# input and bound for tensor bounds (as min/max do). The records follow the installed torch
+# (``clamp_ties_pass_through``).
 
 
 def _clamp_min(x: Any, lo: Any) -> Any:
@@ -390,7 +425,7 @@ def _lower_clamp(ctx: NodeContext, x: popxl.Tensor, min: Any = None, max: Any = 
         raise ValueError(f"aten.clamp needs min or max (both are None), in {ctx.where()}.")
     # (name, lowering) for a min bound, a max bound, and both
     kinds: tuple[tuple[str, Callable[..., Any]], ...]
-    if _ties_pass_through():
+    if clamp_ties_pass_through():
         kinds = ("clamp_min", _clamp_min), ("clamp_max", _clamp_max), ("clamp", _clamp)
     elif isinstance(min, popxl.Tensor) or isinstance(max, popxl.Tensor):
         kinds = (

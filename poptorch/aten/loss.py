@@ -22,6 +22,8 @@ from torch.ops import aten
 import popxl
 
 from .registry import NodeContext, lowering
+from .torch_derivatives import abs as abs_
+from .torch_derivatives import clamp_min0, hinge
 
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
@@ -85,7 +87,7 @@ def _record(
 
 def _l1(x: Any, y: Any, reduction: int) -> Any:
     x, y = _f32(x, y)
-    return _reduce(jnp.abs(x - y), reduction)
+    return _reduce(abs_(x - y), reduction)
 
 
 def _mse(x: Any, y: Any, reduction: int) -> Any:
@@ -95,7 +97,7 @@ def _mse(x: Any, y: Any, reduction: int) -> Any:
 
 def _smooth_l1(x: Any, y: Any, reduction: int, beta: float) -> Any:
     x, y = _f32(x, y)
-    d = jnp.abs(x - y)
+    d = abs_(x - y)
     if beta == 0:
         return _reduce(d, reduction)
     return _reduce(jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta), reduction)
@@ -103,7 +105,7 @@ def _smooth_l1(x: Any, y: Any, reduction: int, beta: float) -> Any:
 
 def _huber(x: Any, y: Any, reduction: int, delta: float) -> Any:
     x, y = _f32(x, y)
-    d = jnp.abs(x - y)
+    d = abs_(x - y)
     return _reduce(jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
 
 
@@ -124,7 +126,7 @@ def _bce(x: Any, y: Any, w: Any, reduction: int) -> Any:
 def _bce_logits(x: Any, y: Any, w: Any, pos_weight: Any, reduction: int) -> Any:
     """``(1 - y) x + (1 + (p - 1) y) log(1 + exp(-x))``, with the log-sum-exp kept stable."""
     x, y = _f32(x, y)
-    softplus_neg = jnp.log1p(jnp.exp(-jnp.abs(x))) + jnp.maximum(-x, 0)
+    softplus_neg = jnp.log1p(jnp.exp(-abs_(x))) + jnp.maximum(-x, 0)
     if pos_weight is not None:
         log_weight = (pos_weight.astype(jnp.float32) - 1) * y + 1
         loss = (1 - y) * x + log_weight * softplus_neg
@@ -197,13 +199,13 @@ def _lower_poisson_nll_loss(
 
 def _hinge_embedding(x: Any, y: Any, margin: float, reduction: int) -> Any:
     (x,) = _f32(x)
-    loss = jnp.where(y != 1, jnp.maximum(margin - x, 0.0), 0.0) + jnp.where(y != -1, x, 0.0)
+    loss = jnp.where(y != 1, clamp_min0(margin - x), 0.0) + jnp.where(y != -1, x, 0.0)
     return _reduce(loss, reduction)
 
 
 def _margin_ranking(x1: Any, x2: Any, y: Any, margin: float, reduction: int) -> Any:
     x1, x2, y = _f32(x1, x2, y)
-    return _reduce(jnp.maximum(-y * (x1 - x2) + margin, 0.0), reduction)
+    return _reduce(clamp_min0(-y * (x1 - x2) + margin), reduction)
 
 
 def _cosine_embedding(x1: Any, x2: Any, y: Any, margin: float, reduction: int) -> Any:
@@ -212,15 +214,15 @@ def _cosine_embedding(x1: Any, x2: Any, y: Any, margin: float, reduction: int) -
     dot = (x1 * x2).sum(-1)
     norms = jnp.sqrt(((x1 * x1).sum(-1) + eps) * ((x2 * x2).sum(-1) + eps))
     cos = dot / norms
-    loss = jnp.where(y == 1, 1 - cos, 0.0) + jnp.where(y == -1, jnp.maximum(cos - margin, 0.0), 0.0)
+    loss = jnp.where(y == 1, 1 - cos, 0.0) + jnp.where(y == -1, clamp_min0(cos - margin), 0.0)
     return _reduce(loss, reduction)
 
 
 def _pairwise_distance(a: Any, b: Any, p: float, eps: float) -> Any:
     d = a - b + eps
     if p == math.inf:
-        return jnp.abs(d).max(-1)
-    return (jnp.abs(d) ** p).sum(-1) ** (1.0 / p)
+        return abs_(d).max(-1)
+    return (abs_(d) ** p).sum(-1) ** (1.0 / p)
 
 
 def _triplet_margin(
@@ -231,7 +233,7 @@ def _triplet_margin(
     d_neg = _pairwise_distance(a, neg, p, eps)
     if swap:
         d_neg = jnp.minimum(d_neg, _pairwise_distance(pos, neg, p, eps))
-    return _reduce(jnp.maximum(margin + d_pos - d_neg, 0.0), reduction)
+    return _reduce(clamp_min0(margin + d_pos - d_neg), reduction)
 
 
 def _multilabel_margin(x: Any, y: Any, reduction: int, shape: tuple[int, ...]) -> Any:
@@ -248,9 +250,9 @@ def _multilabel_margin(x: Any, y: Any, reduction: int, shape: tuple[int, ...]) -
     safe = jnp.where(valid, y, 0)
     is_target = (jax.nn.one_hot(safe, c) * valid[..., None]).max(axis=1) > 0  # (N, C)
     x_target = jnp.take_along_axis(x, safe, axis=-1)  # (N, C): x at each listed target
-    hinge = jnp.maximum(1 - x_target[:, :, None] + x[:, None, :], 0.0)  # (N, j, i)
+    margins = hinge(1 - x_target[:, :, None] + x[:, None, :])  # (N, j, i)
     pairs = valid[:, :, None] & ~is_target[:, None, :]
-    loss = jnp.where(pairs, hinge, 0.0).sum((1, 2)) / c
+    loss = jnp.where(pairs, margins, 0.0).sum((1, 2)) / c
     return _reduce(loss[0] if squeeze else loss, reduction).reshape(shape)
 
 

@@ -22,6 +22,7 @@ import popxl
 from popxl import ops
 
 from .registry import NodeContext, lowering
+from .torch_derivatives import abs as abs_
 
 
 def _axes(dims: Any, rank: int) -> list[int]:
@@ -318,7 +319,7 @@ def _safe_root(total: Any, p: float) -> Any:
 def vector_norm(x: Any, ord: float, axis: Any, keepdims: bool) -> Any:
     """torch.linalg.vector_norm's meaning, computed in float32 for half inputs."""
     wide = x.astype(jnp.float32 if x.dtype == jnp.float16 else x.dtype)
-    a = jnp.abs(wide)
+    a = abs_(wide)
     if ord == float("inf"):
         out = jnp.max(a, axis=axis, keepdims=keepdims)
     elif ord == float("-inf"):
@@ -330,7 +331,10 @@ def vector_norm(x: Any, ord: float, axis: Any, keepdims: bool) -> Any:
     elif ord == 2:
         out = _safe_root(jnp.sum(wide * wide, axis=axis, keepdims=keepdims), 2)
     else:
-        out = _safe_root(jnp.sum(a**ord, axis=axis, keepdims=keepdims), ord)
+        # |x|^p with derivative 0 where x is 0 (infinite for p < 1), as torch's norm backward
+        nonzero = a != 0
+        powered = jnp.where(nonzero, jnp.where(nonzero, a, 1) ** ord, 0)
+        out = _safe_root(jnp.sum(powered, axis=axis, keepdims=keepdims), ord)
     return out.astype(x.dtype)
 
 

@@ -8,6 +8,7 @@ first input and return a new handle on the same storage.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -63,6 +64,27 @@ def _sign(x: Any) -> Any:
     return jnp.sign(x)
 
 
+@functools.cache
+def _abs_with_sign_derivative() -> Any:
+    # Built on first use: popxl imports JAX lazily.
+    @jax.custom_jvp
+    def abs_(x: Any) -> Any:
+        return jnp.abs(x)
+
+    @abs_.defjvp
+    def _jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+        (x,), (dx,) = primals, tangents
+        return jnp.abs(x), jnp.sign(x) * dx
+
+    return abs_
+
+
+def jax_abs(x: Any) -> Any:
+    """``jnp.abs`` with derivative ``sign(x)``: 0 at 0, as PopART's AbsGrad and torch's
+    (JAX's own abs has 1 there). The ATen lowerings of torch use it too."""
+    return _abs_with_sign_derivative()(x)
+
+
 def _gelu_tanh(x: Any) -> Any:
     """GELU's tanh form as ``x * (tanh((x + x³·0.044715) · √(2/π)) + 1) * 0.5``.
 
@@ -92,7 +114,7 @@ UNARY: dict[str, tuple[str, Any, str | None]] = {
     "ceil": ("Ceil", lambda x: jnp.ceil(x), None),
     "sign": ("Sign", _sign, None),
     "negate": ("Neg", lambda x: -x, None),
-    "abs": ("Abs", lambda x: jnp.abs(x), None),
+    "abs": ("Abs", jax_abs, None),
     # where (not maximum): the gradient at exactly 0 is 0, as PopART's and torch's are.
     "relu": ("Relu", lambda x: jnp.where(x > 0, x, jnp.zeros_like(x)), "ReluInplace"),
     "gelu": ("Gelu", _gelu_tanh, "GeluInplace"),

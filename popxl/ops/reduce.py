@@ -17,6 +17,7 @@ from .. import dtypes
 from .._op import OpDef, define
 from ..tensor import Tensor, constant
 from ._base import jax, jnp, lax, normalize_axes, normalize_axis, record, spec
+from .elementwise import jax_abs
 
 AXIS_TYPE_MSG = (
     "{op}: `axis` must be None, an int or an iterable of ints, got {value!r}. Pass e.g. "
@@ -79,7 +80,7 @@ REDUCTIONS: dict[str, tuple[str, Any, bool]] = {
     "min": ("ReduceMin", lambda x, a, k: jnp.min(x, axis=a, keepdims=k), False),
     "median": ("ReduceMedian", _median, False),
     "sumsquare": ("ReduceSumSquare", lambda x, a, k: _sum_of(x * x, x, a, k), False),
-    "l1": ("ReduceL1", lambda x, a, k: _sum_of(jnp.abs(x), x, a, k), False),
+    "l1": ("ReduceL1", lambda x, a, k: _sum_of(jax_abs(x), x, a, k), False),
     "l2": ("ReduceL2", lambda x, a, k: jnp.sqrt(_sum_of(x * x, x, a, k)), True),
     "logsum": ("ReduceLogSum", lambda x, a, k: jnp.log(_sum_of(x, x, a, k)), True),
     "logsumexp": ("ReduceLogSumExp", _logsumexp, True),

@@ -379,3 +379,36 @@ def test_float16_gradients_overflow_where_poptorch_divides_them_after_the_sum():
         seed=8000024025,
         families=("conv", "dtype", "reduce"),
     )
+
+
+def test_atan2_at_the_origin_has_torchs_zero_derivative():
+    """state prelu6.weight: values differ: got [nan, nan, nan, nan], want [0.25, 0.25, 0.25, 0.25]
+    (program 8800027693)
+
+    ``relu6`` makes zeros, ``PReLU`` keeps them, and ``atan2(0, 0)``'s derivative is 0 in
+    torch but NaN (0/0) in JAX's ``arctan2``; the NaN reached PReLU's weight. poptorch's
+    ``atan2`` now has torch's derivative (and ``hypot`` too: NaN at the origin, as torch's).
+    """
+    source = """
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb3 = torch.nn.Embedding(6, 5)
+                self.prelu6 = torch.nn.PReLU(4)
+            def forward(self, i1):
+                v4 = self.emb3(i1.abs() % 6)
+                v5 = F.relu6(v4 * 4)
+                v7 = self.prelu6(v5)
+                v8 = torch.full((2, 4, 3, 5), 0.5, dtype=torch.float32)
+                v9 = torch.atan2(v7, v5)
+                v10 = v8.float().square().mean() + v9.float().square().mean()
+                loss = poptorch.identity_loss(v10, reduction="none")
+                return (loss,)
+    """
+    assert_agrees(
+        source,
+        [Input("i1", Spec((2, 4, 3), "int64"), "contiguous", 0, 2)],
+        Mode(kind="training", optimizer="torch.optim.SGD(params, lr=0.05)"),
+        seed=8800027693,
+        families=("activation", "creation", "elementwise", "embedding", "reduce"),
+    )

@@ -19,6 +19,13 @@ def _large() -> tuple:
     return (torch.tensor([[-100.0, -3.0, -0.5, 0.5, 3.0, 100.0, 1000.0]]),)
 
 
+def _with_zeros() -> tuple:
+    """Where the elu family's derivative is its negative branch's (torch's ``x <= 0``)."""
+    x = _randn(3, 5)
+    x[0] = 0.0
+    return (x,)
+
+
 def _act(name, fn, ops, make=lambda: (_randn(3, 5),), **kw):
     return Case(name, fn, make, ops, **kw)
 
@@ -39,6 +46,9 @@ CASES = [
     _act("elu_large", F.elu, [aten.elu.default], make=_large, half=False),
     _act("selu", torch.selu, [aten.elu.default]),
     _act("celu", lambda a: F.celu(a, 0.5), [aten.celu.default]),
+    _act("elu_zero", lambda a: F.elu(a, 0.7), [aten.elu.default], make=_with_zeros),
+    _act("selu_zero", torch.selu, [aten.elu.default], make=_with_zeros),
+    _act("celu_zero", lambda a: F.celu(a, 0.5), [aten.celu.default], make=_with_zeros),
     _act("celu_large", F.celu, [aten.celu.default], make=_large, half=False),
     _act("hardtanh", lambda a: F.hardtanh(a, -2.0, 1.5), [aten.hardtanh.default]),
     _act("relu6", F.relu6, [aten.hardtanh.default]),

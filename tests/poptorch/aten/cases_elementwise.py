@@ -24,6 +24,35 @@ def _ints(low: int, high: int, *shape: int) -> torch.Tensor:
     return torch.randint(low, high, shape or (3, 4), dtype=torch.int32)
 
 
+def _origin_rows() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two 3x4 tensors whose first rows are both zero (signed zeros included), where
+    ``atan2`` and ``hypot`` have torch's special derivatives (0 and NaN)."""
+    a, b = _randn(3, 4), _randn(3, 4)
+    a[0], b[0] = torch.tensor([0.0, -0.0, 0.0, -0.0]), torch.tensor([0.0, 0.0, -0.0, -0.0])
+    return a, b
+
+
+def _zero_row() -> torch.Tensor:
+    """A 3x4 tensor whose first row is (signed) zeros."""
+    a = _randn(3, 4)
+    a[0] = torch.tensor([0.0, -0.0, 0.0, -0.0])
+    return a
+
+
+def _xlog1py_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` 0 in its first row where ``y`` is -1, 0, 2, 5."""
+    y = torch.rand(3, 4) * 3
+    y[0] = torch.tensor([-1.0, 0.0, 2.0, 5.0])
+    return _zero_row(), y
+
+
+def _fminmax_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """Ties (both zero) in the first row, a NaN on each side in the second."""
+    a, b = _zero_row(), _zero_row()
+    a[1, 0], b[1, 1] = float("nan"), float("nan")
+    return a, b
+
+
 def _unary(name, fn, op, make=_randn, **kw):
     return Case(name, fn, lambda: (make(3, 4),), [op], **kw)
 
@@ -95,6 +124,7 @@ CASES = [
     Case("pow_scalar", lambda a: a**3, lambda: (_randn(3, 4),), [aten.pow.Tensor_Scalar]),
     Case("pow_scalar_base", lambda a: 2.0**a, lambda: (_randn(3, 4),), [aten.pow.Scalar]),
     Case("atan2", torch.atan2, lambda: (_randn(3, 4), _randn(3, 4)), [aten.atan2.default]),
+    Case("atan2_origin", torch.atan2, _origin_rows, [aten.atan2.default]),
     Case("maximum", torch.maximum, lambda: (_randn(3, 4), _randn(3, 4)), [aten.maximum.default]),
     Case("minimum", torch.minimum, lambda: (_randn(3, 4), _randn(3, 4)), [aten.minimum.default]),
     Case("fmax", torch.fmax, lambda: (_randn(3, 4), _randn(3, 4)), [aten.fmax.default]),
@@ -208,6 +238,23 @@ CASES = [
     Case("copysign", torch.copysign, lambda: (_randn(3, 4), _randn(3, 4)), [aten.copysign.Tensor], grad_inputs=[0]),
     Case("copysign_scalar", lambda a: torch.copysign(a, -1.0), lambda: (_randn(3, 4),), [aten.copysign.Scalar]),
     Case("hypot", torch.hypot, lambda: (_randn(3, 4), _randn(3, 4)), [aten.hypot.default]),
+    Case("hypot_origin", torch.hypot, _origin_rows, [aten.hypot.default]),
+    # Special points where torch's derivative is not JAX's (poptorch/aten/torch_derivatives.py).
+    Case("abs_zero", torch.abs, lambda: (_zero_row(),), [aten.abs.default]),
+    Case("pow_zero_base", torch.pow, lambda: (_zero_row().abs(), _zero_row().abs()), [aten.pow.Tensor_Tensor], half=False),
+    Case("xlogy_zero", torch.xlogy, lambda: (_zero_row(), _zero_row().abs()), [aten.xlogy.Tensor], half=False),
+    Case("xlogy_scalar_self", lambda b: torch.xlogy(2.0, b), lambda: (_positive(3, 4),), [aten.xlogy.Scalar_Self], half=False),
+    Case("xlogy_scalar_other", lambda a: torch.xlogy(a, 3.0), lambda: (_zero_row(),), [aten.xlogy.Scalar_Other], half=False),
+    Case("xlog1py_zero", torch.special.xlog1py, _xlog1py_inputs, [aten.special_xlog1py.default], half=False),
+    Case("xlog1py_scalar_self", lambda b: torch.special.xlog1py(2.0, b), lambda: (_positive(3, 4),), [aten.special_xlog1py.self_scalar], half=False),
+    Case("xlog1py_scalar_other", lambda a: torch.special.xlog1py(a, 3.0), lambda: (_zero_row(),), [aten.special_xlog1py.other_scalar], half=False),
+    Case("entr_zero", torch.special.entr, lambda: (_zero_row().abs(),), [aten.special_entr.default], half=False),
+    Case("sinc_zero", torch.sinc, lambda: (_zero_row(),), [aten.sinc.default]),
+    Case("logit_ends", torch.logit, lambda: (torch.tensor([[0.0, 1.0, 0.3, 0.7]]),), [aten.logit.default], half=False),
+    Case("logit_eps", lambda a: torch.logit(a, eps=0.2), lambda: (torch.tensor([[0.0, 0.1, 0.5, 0.9, 1.0]]),), [aten.logit.default], half=False),
+    Case("copysign_zero", lambda a: torch.copysign(a, -1.0), lambda: (_zero_row(),), [aten.copysign.Scalar]),
+    Case("fmax_ties_nan", torch.fmax, _fminmax_inputs, [aten.fmax.default]),
+    Case("fmin_ties_nan", torch.fmin, _fminmax_inputs, [aten.fmin.default]),
     Case("nextafter", lambda a, b: torch.nextafter(a, b) - a, lambda: (_randn(3, 4), _randn(3, 4)), [aten.nextafter.default], grad=False, half=False, atol=0, rtol=0),
     Case("gcd", torch.gcd, lambda: (_ints(-20, 20), _ints(-20, 20)), [aten.gcd.default], grad=False, half=False),
     Case("lcm", torch.lcm, lambda: (_ints(-20, 20), _ints(-20, 20)), [aten.lcm.default], grad=False, half=False),

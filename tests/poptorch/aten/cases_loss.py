@@ -152,6 +152,20 @@ CASES = [
         lambda: (_randn(4, 5), _randn(4, 5), _signs(4, 5)),
         [aten.margin_ranking_loss.default],
     ),
+    # At the hinge (a tie of the two inputs, or x at the margin) torch's clamp_min gives the
+    # derivative to nothing (or, in older torch, to the input), not half of it.
+    Case(
+        "margin_ranking_loss_ties",
+        lambda a, b, y: F.margin_ranking_loss(a, b, y, margin=0.0),
+        lambda: (lambda a: (a, a.clone(), _signs(4, 5)))(_randn(4, 5)),
+        [aten.margin_ranking_loss.default],
+    ),
+    Case(
+        "hinge_embedding_loss_at_margin",
+        lambda x, y: F.hinge_embedding_loss(x, y, margin=0.5, reduction="none"),
+        lambda: (torch.full((6,), 0.5), -torch.ones(6, dtype=torch.int64)),
+        [aten.hinge_embedding_loss.default],
+    ),
     Case(
         "cosine_embedding_loss",
         lambda a, b, y: F.cosine_embedding_loss(a, b, y, margin=0.2, reduction="sum"),

@@ -22,6 +22,13 @@ def _with_nans() -> tuple:
     return (x,)
 
 
+def _zero_rows() -> tuple:
+    """A 3x4 tensor whose first row is zeros: where torch's norm derivatives are 0."""
+    x = torch.randn(3, 4)
+    x[0] = 0.0
+    return (x,)
+
+
 def _ties() -> tuple:
     return (torch.randint(0, 4, (3, 7)).float(),)
 
@@ -75,6 +82,8 @@ CASES = [
     Case("norm_1", lambda x: torch.norm(x, p=1, dim=0), _randn(3, 4), [aten.linalg_vector_norm.default]),
     Case("norm_3", lambda x: torch.norm(x, p=3, dim=1, keepdim=True), _randn(3, 4), [aten.linalg_vector_norm.default]),
     Case("norm_inf", lambda x: torch.linalg.vector_norm(x, ord=float("inf"), dim=1), _randn(3, 4), [aten.linalg_vector_norm.default]),
+    Case("norm_half_zeros", lambda x: torch.linalg.vector_norm(x * (x > 0), ord=0.5, dim=1), _zero_rows, [aten.linalg_vector_norm.default]),
+    Case("norm_inf_zeros", lambda x: torch.linalg.vector_norm(x, ord=float("inf"), dim=1), _zero_rows, [aten.linalg_vector_norm.default]),
     Case("norm_neg_inf", lambda x: torch.linalg.vector_norm(x, ord=float("-inf")), _randn(3, 4), [aten.linalg_vector_norm.default]),
     Case("norm_0", lambda x: torch.linalg.vector_norm(x * (x > 0), ord=0, dim=1), _randn(3, 4), [aten.linalg_vector_norm.default], grad=False),
     Case("count_nonzero", lambda x: torch.count_nonzero(x, (0, 2)), _ints(2, 3, 4), [aten.sum.dim_IntList], grad=False),
