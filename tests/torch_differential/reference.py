@@ -15,11 +15,15 @@ documented semantics applied where a poptorch call differs from one eager call.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch._decomp
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .program import Mode, Program, make_inputs, make_model
 
@@ -127,10 +131,43 @@ EAGER_POPTORCH = types.SimpleNamespace(
 )
 
 
-def run_eager(program: Program, float64: bool = False, nudge: bool = False) -> Result:
+def run_eager(
+    program: Program, float64: bool = False, nudge: bool = False, decomposed: bool = False
+) -> Result:
     """Every call of the program in eager PyTorch. The arbiters of a disagreement (see
     ``runner.check``): with ``float64`` its floating weights and inputs in float64; with
-    ``nudge`` each floating input moved by about one rounding error of its dtype."""
+    ``nudge`` each floating input moved by about one rounding error of its dtype; with
+    ``decomposed`` each op that has one computed by torch's own Python decomposition
+    (``torch._decomp``) instead of its native kernel."""
+    with _Decomposed() if decomposed else contextlib.nullcontext():
+        return _run_eager(program, float64, nudge)
+
+
+class _Decomposed(TorchDispatchMode):
+    """Eager torch with each op that has a decomposition in ``torch._decomp`` computed by
+    it (one level: the decomposition's own ops run natively). Autograd is unchanged: the
+    derivative formulas stay torch's, only the kernels' arithmetic is the decomposed one
+    (GroupNorm as ``(x - mean) * rstd`` rather than the native kernel's fused
+    ``x * scale + shift``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch._decomp.decomposition_table
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        decomposition = self.table.get(func)
+        if decomposition is not None:
+            try:
+                out = decomposition(*args, **kwargs)
+            except Exception:  # noqa: BLE001 (a decomposition eager cannot run: the kernel)
+                out = NotImplemented
+            if out is not NotImplemented:
+                return out
+        return func(*args, **kwargs)
+
+
+def _run_eager(program: Program, float64: bool, nudge: bool) -> Result:
     model = make_model(program, {"poptorch": EAGER_POPTORCH})
     if float64:
         model = model.double()
