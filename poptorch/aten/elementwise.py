@@ -246,18 +246,14 @@ _binary(aten.special_zeta, overloads=("default", "self_scalar", "other_scalar"))
 # Kept from decomposition: torch's own decompositions of these (a ``where`` around ``x * log
 # y``, around ``sin(pi x) / (pi x)``) differentiate to 0 * inf = NaN where eager torch's
 # derivative is 0.
-lowering(
-    aten.xlogy,
-    overloads=("Tensor", "Scalar_Self", "Scalar_Other"),
-    preserve=True,
-    promote=Promote.INT_TO_FLOAT,
-)(_binary_jax("xlogy", xlogy))
-lowering(
-    aten.special_xlog1py,
-    overloads=("default", "self_scalar", "other_scalar"),
-    preserve=True,
-    promote=Promote.INT_TO_FLOAT,
-)(_binary_jax("xlog1py", xlog1py))
+_BINARY_JAX_KEPT: dict[Any, tuple[str, tuple[str, ...], Callable[[Any, Any], Any]]] = {
+    aten.xlogy: ("xlogy", ("Tensor", "Scalar_Self", "Scalar_Other"), xlogy),
+    aten.special_xlog1py: ("xlog1py", ("default", "self_scalar", "other_scalar"), xlog1py),
+}
+for _packet, (_name, _overloads, _jfn2) in _BINARY_JAX_KEPT.items():
+    lowering(_packet, overloads=_overloads, preserve=True, promote=Promote.INT_TO_FLOAT)(
+        _binary_jax(_name, _jfn2)
+    )
 _UNARY_JAX_KEPT: dict[Any, tuple[str, Callable[[Any], Any]]] = {
     aten.sinc.default: ("sinc", sinc),
     aten.special_entr.default: ("entr", entr),

@@ -12,6 +12,7 @@ first (``atan2(0, 0)``: JAX's derivative is NaN, torch's 0).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -103,25 +104,6 @@ def _fmin_jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
     return jnp.fmin(x, y), _ordered_pick(x, y, dx, dy, x < y, x > y)
 
 
-def _xlogy_value(x: Any, y: Any) -> Any:
-    safe_y = jnp.where(x == 0, 1, y)
-    return jnp.where(jnp.isnan(y), jnp.nan, jnp.where(x == 0, 0, x * jnp.log(safe_y)))
-
-
-@jax.custom_jvp
-def xlogy(x: Any, y: Any) -> Any:
-    return _xlogy_value(x, y)
-
-
-@xlogy.defjvp
-def _xlogy_jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
-    # x: log y, 0 where x is 0 and y <= 0 (JAX's: 0 * log 0 = NaN); y: x / y.
-    (x, y), (dx, dy) = primals, tangents
-    masked = (x == 0) & (y <= 0)
-    d_x = jnp.where(masked, 0, jnp.log(jnp.where(masked, 1, y)))
-    return _xlogy_value(x, y), dx * d_x + dy * (x / y)
-
-
 @jax.custom_jvp
 def copysign(x: Any, y: Any) -> Any:
     return jnp.copysign(x, y)
@@ -152,23 +134,35 @@ def _logit_jvp(eps: float | None, primals: tuple, tangents: tuple) -> tuple[Any,
     return logit(x, eps), dx * slope
 
 
-def _xlog1py_value(x: Any, y: Any) -> Any:
-    safe_y = jnp.where(x == 0, 0, y)
-    return jnp.where(jnp.isnan(y), jnp.nan, jnp.where(x == 0, 0, x * jnp.log1p(safe_y)))
+def _x_times_log(log: Callable[[Any], Any], shift: int) -> Any:
+    """``x * log(y)`` (``log`` is ``log`` with ``shift`` 0, ``log1p`` with 1) as torch has it.
+
+    Its value is 0 where ``x`` is 0 and NaN where ``y`` is; its derivative in ``x`` is
+    ``log(y)``, 0 where ``x`` is 0 and ``y`` is at or below the domain's end ``-shift``
+    (JAX's: ``0 * log 0`` = NaN), and in ``y`` it is ``x / (y + shift)``.
+    """
+    neutral = 1 - shift  # log(neutral) == 0
+
+    def value(x: Any, y: Any) -> Any:
+        safe_y = jnp.where(x == 0, neutral, y)
+        return jnp.where(jnp.isnan(y), jnp.nan, jnp.where(x == 0, 0, x * log(safe_y)))
+
+    @jax.custom_jvp
+    def x_times_log(x: Any, y: Any) -> Any:
+        return value(x, y)
+
+    @x_times_log.defjvp
+    def _jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+        (x, y), (dx, dy) = primals, tangents
+        masked = (x == 0) & (y <= -shift)
+        d_x = jnp.where(masked, 0, log(jnp.where(masked, neutral, y)))
+        return value(x, y), dx * d_x + dy * (x / (y + shift))
+
+    return x_times_log
 
 
-@jax.custom_jvp
-def xlog1py(x: Any, y: Any) -> Any:
-    return _xlog1py_value(x, y)
-
-
-@xlog1py.defjvp
-def _xlog1py_jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
-    # x: log1p y, 0 where x is 0 and y <= -1; y: x / (1 + y).
-    (x, y), (dx, dy) = primals, tangents
-    masked = (x == 0) & (y <= -1)
-    d_x = jnp.where(masked, 0, jnp.log1p(jnp.where(masked, 0, y)))
-    return _xlog1py_value(x, y), dx * d_x + dy * (x / (y + 1))
+xlogy = _x_times_log(jnp.log, 0)
+xlog1py = _x_times_log(jnp.log1p, 1)
 
 
 def _entr_value(x: Any) -> Any:
