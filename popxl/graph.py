@@ -33,6 +33,9 @@ class Graph:
     _next_hook: int
     # Set only by popxl_addons on graphs built from a custom ``build_grad``; read with getattr.
     _autodiff_safe: bool
+    # The runtime's analyses of this graph (its schedule, signature and run plan), each with
+    # the ops it was made from: kept here so that they live and die with the graph.
+    _lowering_memo: dict[str, Any]
 
     def __init__(self) -> None:
         raise TypeError(
@@ -52,6 +55,7 @@ class Graph:
         self._by_ref_inputs = set()
         self._hooks = {}
         self._next_hook = 0
+        self._lowering_memo = {}
         ir._graphs[graph_id] = self
         return self
 

@@ -23,7 +23,6 @@ the activations' ops inside a layer would only add copies.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -80,26 +79,19 @@ GROUP_OPDEF = OpDef(key="op_group", type="OpGroup", infer=None, special="op_grou
 
 # The schedule ------------------------------------------------------------------------------
 
-_SCHEDULES: OrderedDict[int, tuple[tuple[Op, ...], tuple[Any, ...]]] = OrderedDict()
-CACHE_SIZE = 256  # a pipelined program has ~100 graphs
-
-
 def schedule(graph: Graph) -> tuple[Any, ...]:
     """``graph``'s ops in a lowering order with groups together (op groups as ``OpGroup``);
     cached while the graph is unchanged."""
-    cached = _SCHEDULES.get(id(graph))
+    cached = graph._lowering_memo.get("schedule")
     ops = tuple(graph._ops)
     if cached is not None and cached[0] == ops:
-        _SCHEDULES.move_to_end(id(graph))
         return cached[1]
     result: list[Any] = []
     for unit in _Reorder(ops).units():
         is_calls = unit[0].opdef.special == "call"  # planned as runs by ``runtime.calls``
         result.extend(unit if len(unit) == 1 or is_calls else [OpGroup(unit)])
-    _SCHEDULES[id(graph)] = (ops, tuple(result))
-    while len(_SCHEDULES) > CACHE_SIZE:
-        _SCHEDULES.popitem(last=False)
-    return _SCHEDULES[id(graph)][1]
+    graph._lowering_memo["schedule"] = (ops, tuple(result))
+    return tuple(result)
 
 
 def has_effects(graph: Graph, _seen: dict[Graph, bool] | None = None) -> bool:
@@ -176,20 +168,13 @@ def _graph_tokens(graph: Graph, memo: dict) -> tuple[frozenset, frozenset]:
     return memo[graph]
 
 
-# Signatures by graph, least recently used first (holding the graph, so an id is never
-# reused while its entry lives).
-_SIGNATURES: OrderedDict[int, tuple[Graph, int, Hashable]] = OrderedDict()
-SIGNATURE_CACHE_SIZE = 4096
-
-
 def signature(graph: Graph) -> Hashable:
     """What ``graph`` computes, up to the identity of its tensors: graphs with equal
     signatures (the stash graphs a pipeline makes per activation, one per layer) lower to
     the same function, so their calls are grouped like calls of one graph."""
-    cached = _SIGNATURES.get(id(graph))
-    if cached is not None and cached[0] is graph and cached[1] == len(graph._ops):
-        _SIGNATURES.move_to_end(id(graph))
-        return cached[2]
+    cached = graph._lowering_memo.get("signature")
+    if cached is not None and cached[0] == len(graph._ops):
+        return cached[1]
     numbering: dict[Tensor, int] = {}
 
     def num(t: Tensor) -> Hashable:
@@ -213,9 +198,7 @@ def signature(graph: Graph) -> Hashable:
         hash(found)
     except TypeError:
         found = ("graph", id(graph))  # an attribute we cannot compare: only itself
-    _SIGNATURES[id(graph)] = (graph, len(graph._ops), found)
-    while len(_SIGNATURES) > SIGNATURE_CACHE_SIZE:
-        _SIGNATURES.popitem(last=False)
+    graph._lowering_memo["signature"] = (len(graph._ops), found)
     return found
 
 

@@ -63,9 +63,14 @@ from .xla_workarounds import fenced
 
 REPLICA_AXIS = "replica"
 # Compiled steps by IR structure, least recently used first; bounded so that programs built
-# and dropped in a long process do not keep their IRs and executables alive forever.
+# and dropped in a long process do not keep their IRs and executables alive forever. An
+# entry holds its IR and so the IR's weights: beside the count, the entries other than the
+# newest hold at most STEP_CACHE_BYTES of variable data (a zoo of models built one after
+# another in a process would otherwise keep 64 models' weights).
 _STEP_CACHE: OrderedDict[str, Any] = OrderedDict()
 STEP_CACHE_SIZE = 64
+STEP_CACHE_BYTES = 1 << 30
+_STEP_CACHE_WEIGHTS: dict[str, int] = {}  # the bytes of variable data each entry holds
 
 
 @dataclass
@@ -616,6 +621,25 @@ def enable_persistent_cache() -> None:
         compilation_cache.reset_cache()
 
 
+def _host_bytes(var: Variable) -> int:
+    data = var._host_data
+    return 0 if data is None or isinstance(data, np.memmap) else int(data.nbytes)
+
+
+def _bound_step_cache() -> None:
+    """Drop the least recently used steps past ``STEP_CACHE_SIZE`` entries, or while the
+    entries before the newest hold more than ``STEP_CACHE_BYTES`` of weights."""
+
+    def older_bytes() -> int:
+        return sum(_STEP_CACHE_WEIGHTS.get(k, 0) for k in list(_STEP_CACHE)[:-1])
+
+    while len(_STEP_CACHE) > STEP_CACHE_SIZE or (
+        len(_STEP_CACHE) > 1 and older_bytes() > STEP_CACHE_BYTES
+    ):
+        key, _ = _STEP_CACHE.popitem(last=False)
+        _STEP_CACHE_WEIGHTS.pop(key, None)
+
+
 def build_program(ir: Ir) -> Program:
     """Lower ``ir`` to a jitted step, reusing a cached step for a structurally equal IR."""
     graphs = reachable_graphs(ir)
@@ -647,9 +671,9 @@ def build_program(ir: Ir) -> Program:
         entries = state_layout.entries_for(len(variables), groups)
         made = _make_step(ir, variables, buffers, h2d, d2h, mode, run_checks, local, entries)
         cached = _STEP_CACHE[key] = (*made, entries)
-        while len(_STEP_CACHE) > STEP_CACHE_SIZE:
-            _STEP_CACHE.popitem(last=False)
+        _STEP_CACHE_WEIGHTS[key] = sum(_host_bytes(v) for v in variables)
     _STEP_CACHE.move_to_end(key)
+    _bound_step_cache()
     step, batched, written, slots, stash, entries = cached
     return Program(
         ir,

@@ -10,7 +10,6 @@ turns runs off; every call is then inlined.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -111,14 +110,6 @@ def _same_call(a: Op, b: Op) -> bool:
     )
 
 
-# Plans by graph, least recently used first; bounded (a plan holds its graph's ops, so a
-# weak-keyed cache could never drop them).
-_PLANS: OrderedDict[int, tuple[tuple[Op, ...], dict[Op, Run], set[Op]]] = OrderedDict()
-
-
-PLAN_CACHE_SIZE = 64
-
-
 def runs_of(graph: Graph) -> dict[Op, Run]:
     """The graph's runs, keyed by their first call."""
     return plan_of(graph)[0]
@@ -127,9 +118,8 @@ def runs_of(graph: Graph) -> dict[Op, Run]:
 def plan_of(graph: Graph) -> tuple[dict[Op, Run], set[Op]]:
     """(runs keyed by their first call, the other calls of every run); cached while the
     graph is unchanged."""
-    cached = _PLANS.get(id(graph))
+    cached = graph._lowering_memo.get("plan")
     if cached is not None and cached[0] == tuple(graph._ops):
-        _PLANS.move_to_end(id(graph))
         return cached[1], cached[2]
     ops = graph._ops if policy() == "inline" else grouping.schedule(graph)
     runs: dict[Op, Run] = {}
@@ -145,9 +135,7 @@ def plan_of(graph: Graph) -> tuple[dict[Op, Run], set[Op]]:
                     runs[ops[i]] = run
         i = j
     members = {op for run in runs.values() for op in run.ops[1:]}
-    _PLANS[id(graph)] = (tuple(graph._ops), runs, members)
-    while len(_PLANS) > PLAN_CACHE_SIZE:
-        _PLANS.popitem(last=False)
+    graph._lowering_memo["plan"] = (tuple(graph._ops), runs, members)
     return runs, members
 
 

@@ -93,8 +93,17 @@ BACKWARD_MSG = (
 )
 
 
-# The executor that trains each user model (so reads of the model copy its weights back).
-_TRAINERS: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
+# The executor that trains a user model (so reads of the model copy its weights back) is kept
+# in the model's own ``__dict__``: a global table keyed weakly by the model would still hold
+# the executor, and through it the model, for as long as the process lives.
+_TRAINER_ATTR = "_poptorch_trainer"
+
+
+def _trainer(model: Any) -> Any:
+    """The executor training ``model``, if any."""
+    return vars(model).get(_TRAINER_ATTR) if isinstance(model, torch.nn.Module) else None
+
+
 # How many times each user model's host weights were refreshed from a device.
 _VERSIONS: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
 
@@ -237,7 +246,6 @@ class TorchExecutor(PoplarExecutor):
             arrays = [_host_array(t, f"Input {i}") for i, t in enumerate(tensors)]
             self._compile_arrays(arrays, self._captured)
         self._compiled_call = _args.metadata(call)
-        self.copyWeightsToDevice()
         return tensors
 
     # ---- saving ----------------------------------------------------------------------------
@@ -301,7 +309,7 @@ class TorchExecutor(PoplarExecutor):
 
     def _refresh_from_trainer(self) -> None:
         """An inference model of a model being trained elsewhere runs its latest weights."""
-        trainer = _TRAINERS.get(self._user_model)
+        trainer = _trainer(self._user_model)
         if trainer is not None and trainer is not self:
             trainer.copyWeightsToHostIfNeeded()
             version = host_weights_version(self._user_model)
@@ -318,7 +326,8 @@ class TorchExecutor(PoplarExecutor):
             return {tree_key(n): t for n, t in state.items()}
 
     def _adopt_weights(self) -> None:
-        """Weights come from the torch model (``copyWeightsToDevice`` after compiling)."""
+        """Weights come from the torch model: the program starts from its values, and
+        attaching writes them again (``attachToDevice``)."""
 
     def _sync_weights(self) -> None:
         """The torch model is the host copy; nothing to pull before a run."""
@@ -424,8 +433,11 @@ class TorchExecutor(PoplarExecutor):
         return out
 
     def attachToDevice(self) -> None:  # noqa: N802
+        """Attach with the torch model's weights: they go to the session's host copy first,
+        so attaching uploads them once."""
+        if self._session is not None and not self._session.is_attached:
+            self.copyWeightsToDevice()
         super().attachToDevice()
-        self.copyWeightsToDevice()
 
     def detachFromDevice(self) -> None:  # noqa: N802
         """Detach, bringing trained weights to the torch model first (``attachToDevice``
@@ -519,7 +531,7 @@ class _unwrapped:
 def _copy_back(model: Any) -> None:
     if _UNWRAP.depth:
         return
-    trainer = _TRAINERS.get(model)
+    trainer = _trainer(model)
     if trainer is not None:
         _UNWRAP.depth += 1
         try:
@@ -541,11 +553,11 @@ def _instrumented_class(cls: type[torch.nn.Module]) -> type:
         return cls.__getattribute__(self, name)
 
     def copyWeightsToHostIfNeeded(self: Any) -> bool:  # noqa: N802
-        trainer = _TRAINERS.get(self)
+        trainer = _trainer(self)
         return trainer.copyWeightsToHostIfNeeded() if trainer is not None else False
 
     def destroy(self: Any) -> None:
-        trainer = _TRAINERS.get(self)
+        trainer = _trainer(self)
         if trainer is not None:
             trainer.destroy()
 
@@ -553,6 +565,7 @@ def _instrumented_class(cls: type[torch.nn.Module]) -> type:
         # Saved models are plain torch models: the wrapper class is not pickled.
         _copy_back(self)
         state = self.__dict__.copy()
+        state.pop(_TRAINER_ATTR, None)
         return (_rebuild_plain, (cls, state))
 
     wrapper = type(
@@ -617,9 +630,9 @@ class PoptorchBuffer(torch.Tensor):
 
 
 def _instrument(model: torch.nn.Module, executor: TorchExecutor) -> None:
-    if model in _TRAINERS and _TRAINERS[model] is not executor:
+    if _trainer(model) not in (None, executor):
         raise RuntimeError(ALREADY_WRAPPED_MSG)
-    _TRAINERS[model] = executor
+    model.__dict__[_TRAINER_ATTR] = executor
     cls = type(model)
     if cls not in _WRAPPER_CLASSES.values():
         model.__class__ = _instrumented_class(cls)
@@ -641,7 +654,7 @@ def _set_class(obj: Any, cls: type) -> None:
 
 
 def _uninstrument(model: torch.nn.Module) -> None:
-    _TRAINERS.pop(model, None)
+    model.__dict__.pop(_TRAINER_ATTR, None)
     cls = type(model)
     for plain, wrapper in _WRAPPER_CLASSES.items():
         if wrapper is cls:
@@ -659,7 +672,7 @@ def _uninstrument(model: torch.nn.Module) -> None:
 
 
 def is_wrapped(model: Any) -> bool:
-    return model in _TRAINERS
+    return _trainer(model) is not None
 
 
 def unwrapped_class(model: Any) -> type:

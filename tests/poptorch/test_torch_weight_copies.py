@@ -4,11 +4,14 @@ and what trainingModel needs to find a loss."""
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
 
 import poptorch
+import popxl
 
 
 class Regress(torch.nn.Module):
@@ -70,3 +73,27 @@ def test_training_model_without_a_loss_is_refused():
     pm = poptorch.trainingModel(NoLoss())
     with pytest.raises(poptorch.Error, match=r"Couldn't find a loss in graph.*shape \(2, 4\)"):
         pm(torch.randn(2, 4))
+
+
+def test_a_trained_model_dropped_by_its_user_frees_its_program_and_weights():
+    """Nothing global keeps a wrapped model, its executor or its program alive: a process
+    that trains model after model (a notebook, the zoo's tests) does not keep them all."""
+    model = Regress()
+    pm = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    pm(torch.randn(4), torch.randn(4))
+    gone = [weakref.ref(model), weakref.ref(pm), weakref.ref(pm._session)]
+    del model, pm
+    gc.collect()
+    assert [ref() for ref in gone] == [None, None, None]
+
+
+def test_the_first_run_uploads_the_weights_once(monkeypatch):
+    """The torch weights go to the session's host copy before it attaches, and attaching
+    puts them on the device: one upload, not one of the Ir's copy and then the torch one."""
+    puts: list[int] = []
+    put = popxl.Session._put
+    monkeypatch.setattr(popxl.Session, "_put", lambda s, a: puts.append(len(a)) or put(s, a))
+    model = Regress()
+    pm = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    pm(torch.randn(4), torch.randn(4))
+    assert len(puts) == 1, puts

@@ -295,3 +295,15 @@ def test_step_cache_is_bounded_and_keeps_recent_programs(monkeypatch):
     assert len(program._STEP_CACHE) <= 2
     assert sessions[-1]._program.key in program._STEP_CACHE
     assert sessions[0]._program.key not in program._STEP_CACHE
+
+
+def test_step_cache_keeps_no_more_than_its_budget_of_other_programs_weights(monkeypatch):
+    """Each w is 8 bytes: with a budget of 12, the newest step and one older one stay."""
+    monkeypatch.setattr(program, "STEP_CACHE_BYTES", 12)
+    sessions = [
+        popxl.Session(_add_program(nht=1, constant=float(next(_fresh)))[0]) for _ in range(3)
+    ]
+    keys = [s._program.key for s in sessions]
+    assert keys[0] not in program._STEP_CACHE
+    assert keys[1] in program._STEP_CACHE and keys[2] in program._STEP_CACHE
+    assert list(program._STEP_CACHE)[-1] == keys[2]  # the newest is the most recent
