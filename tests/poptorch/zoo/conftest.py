@@ -1,5 +1,5 @@
-"""The zoo's full run: ``pytest -m zoo_full tests/poptorch/zoo`` runs every model family at
-its smallest config. Without ``-m zoo_full`` those tests are deselected and only the fast
+"""The zoo's full run: ``pytest -m zoo_full tests/poptorch/zoo -n 2 --dist loadgroup`` runs
+every model family at its smallest config (the largest steps in one xdist group). Without ``-m zoo_full`` those tests are deselected and only the fast
 sample (a few small models) runs, within the README's test command."""
 
 from __future__ import annotations
