@@ -146,6 +146,58 @@ def training_step(
     return step
 
 
+@dataclass
+class Steps:
+    """Several training steps of a model through poptorch and eager torch."""
+
+    loss_error: float  # the last loss, poptorch's against eager torch's (relative)
+    moved_error: float  # the parameters' total movement, poptorch's against eager's
+    # Eager torch from a copy with its weights nudged by float32 rounding (``nudged``) against
+    # eager torch: how far rounding alone takes these steps.
+    rounding: float
+
+
+def _eager_steps(
+    model: torch.nn.Module, args: tuple, kwargs: dict, optimizer: Optimizer, steps: int
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The last loss and each parameter's movement over ``steps`` eager steps of ``model``."""
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = optimizer(model.parameters())
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = _loss(model(*args, **kwargs))
+        loss.backward()
+        opt.step()
+    moved = [p.detach().double() - b.double() for p, b in zip(model.parameters(), before)]
+    return loss.detach(), moved
+
+
+def several_steps(
+    model: torch.nn.Module,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    optimizer: Optimizer = _sgd,
+    reference: Optimizer | None = None,
+    steps: int = 3,
+) -> Steps:
+    """``steps`` training steps through poptorch (``optimizer``) and eager torch
+    (``reference``, by default the same) from the same weights, and from nudged weights in
+    eager torch."""
+    kwargs = kwargs or {}
+    without_dropout(model).train()
+    reference = reference or optimizer
+    want_loss, want = _eager_steps(copy.deepcopy(model), args, kwargs, reference, steps)
+    _, rounded = _eager_steps(nudged(model, seed=0), args, kwargs, reference, steps)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = poptorch.trainingModel(model, optimizer=optimizer(model.parameters()))
+    for _ in range(steps):
+        got_loss = _loss(trainer(*args, **kwargs)).detach()
+    trainer.copyWeightsToHost()
+    trainer.detachFromDevice()
+    got = [p.detach().double() - b.double() for p, b in zip(model.parameters(), before)]
+    return Steps(relative([got_loss], [want_loss]), relative(got, want), relative(rounded, want))
+
+
 def training_errors(
     model: torch.nn.Module,
     args: tuple = (),
