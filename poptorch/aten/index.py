@@ -595,6 +595,34 @@ def _lower_sort_stable(
     return _lower_sort(ctx, x, dim, descending)
 
 
+def _kth(x: Any, k: int, axis: int, keepdim: bool) -> tuple:
+    values, order = _sort(x, axis, descending=False)
+    value = jax.lax.slice_in_dim(values, k - 1, k, axis=axis)
+    index = jax.lax.slice_in_dim(order, k - 1, k, axis=axis)
+    if not keepdim:
+        value, index = jnp.squeeze(value, axis), jnp.squeeze(index, axis)
+    return value, index
+
+
+@lowering(aten.kthvalue.default)
+def _lower_kthvalue(
+    ctx: NodeContext, x: popxl.Tensor, k: int, dim: int = -1, keepdim: bool = False
+) -> Any:
+    """The ``k``-th smallest value along ``dim`` (from 1) and its index: the stable sort's,
+    so of equal values the first."""
+    if x.rank == 0:
+        if int(k) != 1:
+            raise IndexError(f"kthvalue(): selected number k={k} out of range for a 0-d tensor")
+        return ops.identity(x), ctx.constant(0, ctx.out_spec(1)[1])
+    axis = _dim(dim, x.rank)
+    if not 1 <= int(k) <= x.shape[axis]:
+        raise IndexError(
+            f"kthvalue(): selected number k={k} out of range for dimension {dim} of size "
+            f"{x.shape[axis]}"
+        )
+    return ctx.jax("kthvalue", _kth, x, k=int(k), axis=axis, keepdim=bool(keepdim))
+
+
 # Bucketing --------------------------------------------------------------------------------
 
 

@@ -314,6 +314,18 @@ CASES = [
     ),
     Case("topk", lambda x: torch.topk(x, 2), lambda: (_randn(3, 5),), [aten.topk.default]),
     Case(
+        "kthvalue",
+        lambda x: torch.kthvalue(x, 2),
+        lambda: (_randn(3, 5),),
+        [aten.kthvalue.default],
+    ),
+    Case(
+        "kthvalue_keepdim",
+        lambda x: torch.kthvalue(x, 4, dim=0, keepdim=True),
+        lambda: (_randn(4, 2, 3),),
+        [aten.kthvalue.default],
+    ),
+    Case(
         "topk_smallest",
         lambda x: torch.topk(x, 3, dim=0, largest=False),
         lambda: (_randn(4, 2),),
