@@ -1,4 +1,4 @@
-"""Cumulative ops (cummax/cummin, logcumsumexp) and distances (cdist, dist), as small JAX
+"""Cumulative ops (cummax/cummin, logcumsumexp) and distances (cdist, pdist, dist), as small JAX
 functions recorded under their ATen names (``cumsum``/``cumprod`` are in ``index.py``).
 
 ``pairwise_distance`` and ``cosine_similarity`` reach the table decomposed into elementwise
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from torch.ops import aten
 
@@ -91,6 +92,18 @@ def _lower_cdist(
 ) -> popxl.Tensor:
     dtype = ctx.out_dtype
     return ctx.jax("cdist", _cdist, ctx.tensor(x1, dtype), ctx.tensor(x2, dtype), p=float(p))
+
+
+def _pdist(x: Any, *, p: float) -> Any:
+    """p-norm distance between each pair of rows ``i < j`` of ``x`` (N, M), in the order
+    of ``(0, 1), (0, 2), ..., (N - 2, N - 1)``."""
+    first, second = np.triu_indices(x.shape[0], 1)
+    return vector_norm(x[first] - x[second], p, (-1,), False)
+
+
+@lowering(aten._pdist_forward.default)
+def _lower_pdist(ctx: NodeContext, x: popxl.Tensor, p: float = 2.0) -> popxl.Tensor:
+    return ctx.jax("pdist", _pdist, ctx.tensor(x, ctx.out_dtype), p=float(p))
 
 
 def _dist(x: Any, y: Any, *, p: float) -> Any:

@@ -46,6 +46,7 @@ def _cdist(p: float, **kw) -> object:
 
 # torch has no float16 cdist on the CPU to compare with.
 _CDIST = [aten._cdist_forward.default]
+_PDIST = [aten._pdist_forward.default]
 
 CASES = [
     Case("cumsum_rows", lambda x: torch.cumsum(x, 1), _randn((3, 5)), [aten.cumsum.default]),
@@ -67,6 +68,12 @@ CASES = [
     Case("cdist_inf", _cdist(float("inf")), _rand((3, 4), (2, 4)), _CDIST, half=False),
     Case("cdist_0", _cdist(0.0), lambda: (torch.randint(0, 2, (3, 4)).float(), torch.randint(0, 2, (2, 4)).float()), _CDIST, grad=False, half=False),
     Case("cdist_same_rows", lambda a: torch.cdist(a, a), _rand((3, 4)), _CDIST, half=False),
+    Case("pdist_2", lambda a: torch.pdist(a), _rand((5, 3)), _PDIST, half=False),
+    Case("pdist_1", lambda a: torch.pdist(a, 1.0), _rand((4, 6)), _PDIST, half=False),
+    Case("pdist_3", lambda a: torch.pdist(a, 3.0), _rand((4, 2)), _PDIST, half=False),
+    Case("pdist_inf", lambda a: torch.pdist(a, float("inf")), _rand((4, 3)), _PDIST, half=False),
+    Case("pdist_repeated_rows", lambda a: torch.pdist(torch.cat([a, a])), _rand((2, 3)), _PDIST, half=False),
+    Case("pdist_one_row", lambda a: torch.pdist(a), _rand((1, 3)), _PDIST, half=False, grad=False),
     Case("dist", lambda a, b: torch.dist(a, b), _randn((3, 4), (4,)), [aten.dist.default]),
     Case("dist_3", lambda a, b: torch.dist(a, b, 3), _randn((3, 4), (3, 4)), [aten.dist.default]),
     Case("pairwise_distance", lambda a, b: torch.nn.functional.pairwise_distance(a, b, 3.0), _randn((5, 4), (5, 4)), [aten.linalg_vector_norm.default]),
