@@ -80,13 +80,20 @@ def _sgd(params: Any) -> torch.optim.Optimizer:
 
 
 def _eager_step(
-    model: torch.nn.Module, args: tuple, kwargs: dict, optimizer: Optimizer, loss_of: Any
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    optimizer: Optimizer,
+    loss_of: Any,
+    steps: int = 1,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss and the parameters after one eager step of (a copy of) ``model``."""
+    """The last loss and the parameters after ``steps`` eager steps of (a copy of) ``model``."""
     opt = optimizer(model.parameters())
-    loss = loss_of(model(*args, **kwargs))
-    loss.backward()
-    opt.step()
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = loss_of(model(*args, **kwargs))
+        loss.backward()
+        opt.step()
     return loss.detach(), {n: p.detach() for n, p in model.named_parameters()}
 
 
@@ -162,14 +169,8 @@ def _eager_steps(
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The last loss and each parameter's movement over ``steps`` eager steps of ``model``."""
     before = [p.detach().clone() for p in model.parameters()]
-    opt = optimizer(model.parameters())
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = _loss(model(*args, **kwargs))
-        loss.backward()
-        opt.step()
-    moved = [p.detach().double() - b.double() for p, b in zip(model.parameters(), before)]
-    return loss.detach(), moved
+    loss, after = _eager_step(model, args, kwargs, optimizer, _loss, steps)
+    return loss, [a.double() - b.double() for a, b in zip(after.values(), before)]
 
 
 def several_steps(
