@@ -8,7 +8,9 @@ each other):
 * ``poptorch``: the first call, split into its stages (capture, building the program,
   compiling, first run), then steady calls;
 * ``eager``: the first call and steady calls of the plain torch model;
-* ``compile``: ``torch.compile``'s first call (its compilation) and steady calls.
+* ``compile``: ``torch.compile``'s first call (its compilation) and steady calls;
+* ``jax``: the same network written by hand in JAX (``bench/_vision_jax.py``; ResNet-18
+  only), its first call being ``jax.jit``'s trace, compilation and first run.
 
 Steady figures are medians; peak memory is the process's VmHWM. Say the machine's load
 with the figures (``uptime``): under load eager torch's threads collapse.
@@ -27,6 +29,8 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._common import peak_rss_mb, run_variant  # noqa: E402
@@ -167,6 +171,26 @@ def _medians(call: Callable[[], Any], calls: int) -> tuple[float, float]:
     return first, statistics.median(times) * 1e3
 
 
+def _jax_worker(name: str, mode: str, model: Any, inputs: tuple, labels: Any, calls: int) -> dict:
+    from bench import _vision_jax  # noqa: PLC0415
+
+    if name not in _vision_jax.MODELS:
+        raise SystemExit(f"no hand-written JAX twin of {name!r}; there are {list(_vision_jax.MODELS)}")
+    infer, train = _vision_jax.MODELS[name]
+    host = [np.asarray(x) for x in inputs]
+    if mode == "infer":
+        model.eval()
+        forward = infer(model)
+        call: Callable[[], Any] = lambda: forward(*host).block_until_ready()  # noqa: E731
+    else:
+        model.train()
+        step = train(model)
+        targets = np.asarray(labels)
+        call = lambda: float(step(*host, targets))  # noqa: E731
+    first, steady = _medians(call, calls)
+    return {"first_s": first, "steady_ms": steady, "peak_mb": peak_rss_mb()}
+
+
 def worker(name: str, mode: str, side: str, batch: int, size: int, calls: int) -> dict:
     import torch  # noqa: PLC0415
 
@@ -175,6 +199,8 @@ def worker(name: str, mode: str, side: str, batch: int, size: int, calls: int) -
     torch.manual_seed(0)
     model, inputs, labels = MODELS[name](batch, size)
     result: dict[str, Any] = {}
+    if side == "jax":
+        return _jax_worker(name, mode, model, inputs, labels, calls)
     if mode == "infer":
         model.eval()
         if side == "poptorch":

@@ -241,13 +241,26 @@ def _has_state(module: torch.nn.Module) -> bool:
     return any(True for _ in module.parameters()) or any(True for _ in module.buffers())
 
 
+def _updates_statistics(module: torch.nn.Module) -> bool:
+    """Whether a call of ``module`` updates batch-norm running statistics (a training
+    BatchNorm that tracks them): such a module writes its buffers, so it cannot be a block."""
+    return any(
+        isinstance(m, torch.nn.modules.batchnorm._NormBase)
+        and m.training
+        and m.track_running_stats
+        for m in module.modules()
+    )
+
+
 def find_groups(
     model: torch.nn.Module, min_size: int = 2
 ) -> list[list[tuple[str, torch.nn.Module]]]:
     """Groups of identical children of the model's ``ModuleList``s and ``Sequential``s.
 
-    Only children with weights count (a stack of activations gains nothing), and a module
-    that is itself inside a group is not searched again.
+    Only children with weights count (a stack of activations gains nothing), children
+    that update batch-norm statistics do not (a block cannot write its buffers, and knowing
+    it here saves exporting the model twice), and a module that is itself inside a group is
+    not searched again.
     """
     groups: list[list[tuple[str, torch.nn.Module]]] = []
     taken: set[int] = set()
@@ -256,7 +269,7 @@ def find_groups(
         if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
             pending: list[list[tuple[str, torch.nn.Module]]] = []
             for name, child in module.named_children():
-                if not _has_state(child) or id(child) in taken:
+                if not _has_state(child) or id(child) in taken or _updates_statistics(child):
                     continue
                 path = f"{prefix}{name}"
                 for g in pending:

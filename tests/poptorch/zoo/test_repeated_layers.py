@@ -94,3 +94,36 @@ def test_a_cache_holding_keys_already_is_used_inline():
     for g, w in zip(got.cache.layers, want.cache.layers):
         assert g.keys.shape[-2] == w.keys.shape[-2] == 16
         torch.testing.assert_close(g.keys, w.keys, rtol=1e-4, atol=1e-5)
+
+
+class _Stage(torch.nn.Module):
+    """Three identical convolution and batch-norm blocks, as a torchvision stage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        block = lambda: torch.nn.Sequential(  # noqa: E731
+            torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU()
+        )
+        self.blocks = torch.nn.Sequential(block(), block(), block())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x).mean()
+
+
+def test_blocks_updating_batch_norm_statistics_are_captured_inline_with_one_export(monkeypatch):
+    """In training a batch norm writes its running statistics, which a block cannot do: such
+    children are not blocks, known before exporting, so the model is exported once; in
+    evaluation they are one subgraph called three times."""
+    from poptorch.capture import export  # noqa: PLC0415
+
+    exports = []
+    original = export._export
+    monkeypatch.setattr(export, "_export", lambda *a: exports.append(1) or original(*a))
+    torch.manual_seed(0)
+    model, x = _Stage(), torch.randn(2, 4, 8, 8)
+    assert_trains_as_eager(model, args=(x,))
+    assert len(exports) == 1
+    eval_model = _Stage().eval()
+    got, want, calls = _infer(eval_model, x=x)
+    assert sum(c.startswith("Sequential_subgraph") for c in calls) == 3
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
