@@ -39,9 +39,14 @@ def _batch_norm_infer(t: Any, *params: Any, epsilon: float, momentum: float) -> 
 def _lower_batch_norm(
     x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, epsilon: float, momentum: float
 ) -> Any:
+    # The per-channel factor is formed before it meets the data (as torch's CPU kernel does):
+    # the scale's gradient is then the sum of ``dy * centred``, times the per-channel
+    # ``rsqrt``, rather than a sum over a full-size broadcast of it (which XLA:CPU built in
+    # memory for every batch norm of a training step: 1 ms for MobileNetV2's 96-channel
+    # 32x32 ones).
     centred = x.astype(_compute_type(x)) - _per_channel(mean, x)
-    y = centred * lax.rsqrt(_per_channel(var, x) + epsilon)
-    return (y * _per_channel(scale, x) + _per_channel(bias, x)).astype(x.dtype)
+    factor = lax.rsqrt(_per_channel(var, x) + epsilon) * _per_channel(scale, x)
+    return (centred * factor + _per_channel(bias, x)).astype(x.dtype)
 
 
 BATCH_NORM = define(
