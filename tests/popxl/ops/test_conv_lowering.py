@@ -128,12 +128,21 @@ def _close(a, b, tol=1e-4):
     )
 
 
-# The per-tap form is for depthwise convolutions (one input channel per group).
+def _fits(form: str, w_shape: tuple, geo: Geometry) -> bool:
+    """The per-tap form is for depthwise convolutions (one input channel per group), the
+    pointwise form for 1x1 kernels of one group without padding."""
+    if form == "taps":
+        return w_shape[1] == 1 and geo.groups > 1
+    if form == "pointwise":
+        return geo.groups == 1 and set(w_shape[2:]) == {1} and set(geo.pads) == {(0, 0)}
+    return True
+
+
 FORM_CASES = [
     pytest.param(form, *case[1:], id=f"{form}-{case[0]}")
     for case in CASES
     for form in sorted(FORMS)
-    if form != "taps" or (case[2][1] == 1 and case[3].groups > 1)
+    if _fits(form, case[2], case[3])
 ]
 
 
@@ -202,6 +211,11 @@ def test_the_choice_avoids_xla_kernels_slow_cases():
     assert got == ["lax", "lax", "lax"]
     pointwise = geo._replace(pads=((0, 0), (0, 0)))
     assert choose((8, 144, 16, 16), (24, 144, 1, 1), pointwise, "weight") == "matmul"
+    # A 1x1 kernel's forward is one product reading the weight as stored, strided or not.
+    assert choose((8, 144, 16, 16), (24, 144, 1, 1), pointwise, "forward") == "pointwise"
+    strided = pointwise._replace(stride=(2, 2))
+    assert choose((8, 64, 16, 16), (128, 64, 1, 1), strided, "forward") == "pointwise"
+    assert choose((8, 64, 16, 16), (128, 64, 1, 1), geo, "forward") == "lax"  # padded
     assert choose((16, 16, 8, 8), (32, 16, 3, 3), geo, "weight") == "lax"
     geo3 = Geometry((1, 1, 1), ((1, 1),) * 3, (1, 1, 1), 1)
     assert choose((4, 64, 8, 16, 16), (64, 64, 3, 3, 3), geo3, "weight") == "lax"
