@@ -33,6 +33,8 @@ from .torch_derivatives import (
     fmin,
     hypot,
     logit,
+    maximum,
+    minimum,
     power,
     sinc,
     xlog1py,
@@ -199,13 +201,13 @@ _BINARY_JAX_PACKETS: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {
 _BINARY_POPXL: dict[Any, Callable[[popxl.Tensor, popxl.Tensor], popxl.Tensor]] = {
     aten.mul.Tensor: ops.mul,
     aten.mul.Scalar: ops.mul,
-    aten.maximum.default: ops.maximum,
 }
 _BINARY_JAX: dict[Any, tuple[str, Callable[[Any, Any], Any]]] = {
     aten.pow.Tensor_Tensor: ("pow", power),
     aten.pow.Scalar: ("pow", power),
     aten.atan2.default: ("atan2", atan2),
-    aten.minimum.default: ("minimum", jnp.minimum),
+    aten.maximum.default: ("maximum", maximum),
+    aten.minimum.default: ("minimum", minimum),
     aten.fmax.default: ("fmax", fmax),
     aten.fmin.default: ("fmin", fmin),
     aten.hypot.default: ("hypot", hypot),

@@ -83,6 +83,31 @@ def _ordered_pick(x: Any, y: Any, dx: Any, dy: Any, x_wins: Any, y_wins: Any) ->
 
 
 @jax.custom_jvp
+def maximum(x: Any, y: Any) -> Any:
+    """``torch.maximum``: NaN wins the value; its derivative is torch's rule, which gives
+    both sides the full gradient where one is NaN (JAX's splits it)."""
+    return jnp.maximum(x, y)
+
+
+@maximum.defjvp
+def _maximum_jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+    (x, y), (dx, dy) = primals, tangents
+    return jnp.maximum(x, y), _ordered_pick(x, y, dx, dy, x > y, x < y)
+
+
+@jax.custom_jvp
+def minimum(x: Any, y: Any) -> Any:
+    """``torch.minimum``, with ``maximum``'s derivative rule mirrored."""
+    return jnp.minimum(x, y)
+
+
+@minimum.defjvp
+def _minimum_jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+    (x, y), (dx, dy) = primals, tangents
+    return jnp.minimum(x, y), _ordered_pick(x, y, dx, dy, x < y, x > y)
+
+
+@jax.custom_jvp
 def fmax(x: Any, y: Any) -> Any:
     return jnp.fmax(x, y)
 

@@ -255,6 +255,9 @@ CASES = [
     Case("copysign_zero", lambda a: torch.copysign(a, -1.0), lambda: (_zero_row(),), [aten.copysign.Scalar]),
     Case("fmax_ties_nan", torch.fmax, _fminmax_inputs, [aten.fmax.default]),
     Case("fmin_ties_nan", torch.fmin, _fminmax_inputs, [aten.fmin.default]),
+    # NaN wins the value, and torch gives both sides the whole gradient there
+    Case("maximum_ties_nan", torch.maximum, _fminmax_inputs, [aten.maximum.default]),
+    Case("minimum_ties_nan", torch.minimum, _fminmax_inputs, [aten.minimum.default]),
     Case("nextafter", lambda a, b: torch.nextafter(a, b) - a, lambda: (_randn(3, 4), _randn(3, 4)), [aten.nextafter.default], grad=False, half=False, atol=0, rtol=0),
     Case("gcd", torch.gcd, lambda: (_ints(-20, 20), _ints(-20, 20)), [aten.gcd.default], grad=False, half=False),
     Case("lcm", torch.lcm, lambda: (_ints(-20, 20), _ints(-20, 20)), [aten.lcm.default], grad=False, half=False),
