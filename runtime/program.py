@@ -523,8 +523,39 @@ def _split_step(
     elif mode == "shard_map":
         step = _shard_mapped(step, replicas, local)
     if sink:  # the transposes between channels-last convolutions cancel
-        step = transpose_sinking.sink_transposes(step)
+        return _SunkStep(step)
     return xla_options.jit(step, donate_argnums=(0,))
+
+
+class _SunkStep:
+    """The jitted step of a program with convolutions on the CPU: its transposes sunk
+    (``runtime.transpose_sinking``) and, where the traced step neither loops nor branches,
+    its weights updated in place (``xla_options.in_place_options``). The step is traced
+    once, on first use, and that trace serves both the choice and the sinking."""
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+        self._traced: dict = {}
+        self._jit: Any = None
+
+    def _jitted(self, args: tuple) -> Any:
+        if self._jit is None:
+            closed = transpose_sinking.trace(self._fn, args, self._traced)
+            self._jit = xla_options.jit(
+                transpose_sinking.sink_transposes(self._fn, self._traced),
+                in_place=not transpose_sinking.has_loops(closed.jaxpr),
+                donate_argnums=(0,),
+            )
+        return self._jit
+
+    def __call__(self, *args: Any) -> Any:
+        return self._jitted(args)(*args)
+
+    def lower(self, *args: Any) -> Any:
+        return self._jitted(args).lower(*args)
+
+    def trace(self, *args: Any) -> Any:
+        return self._jitted(args).trace(*args)
 
 
 def _stacking_class(var: Variable) -> tuple:

@@ -66,17 +66,47 @@ class Pending(NamedTuple):
     source: tuple | None = None
 
 
-def sink_transposes(fn: Any) -> Any:
+def sink_transposes(fn: Any, traced: dict | None = None) -> Any:
     """``fn`` with its transposes sunk through the ops that commute with them (a function
-    of the same arguments and results, to be traced by ``jax.jit``)."""
+    of the same arguments and results, to be traced by ``jax.jit``).
+
+    ``traced`` (optional) holds traces of ``fn`` made beforehand, by the abstract values of
+    their arguments (``trace``): one found there is not traced again."""
 
     def sunk(*args: Any) -> Any:
-        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+        found = (traced or {}).pop(_avals(args), None)
+        closed, out_shape = found or jax.make_jaxpr(fn, return_shape=True)(*args)
         flat = jax.tree_util.tree_leaves(args)
         outs = _Sinker().run(closed.jaxpr, closed.consts, flat)
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
 
     return sunk
+
+
+def trace(fn: Any, args: tuple, traced: dict) -> Any:
+    """``fn``'s closed jaxpr for ``args``, kept in ``traced`` for ``sink_transposes``."""
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    traced[_avals(args)] = (closed, out_shape)
+    return closed
+
+
+def _avals(args: tuple) -> tuple:
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    return tree, tuple((tuple(a.shape), str(a.dtype)) for a in leaves)
+
+
+LOOPS = frozenset({"while", "scan", "cond"})
+
+
+def has_loops(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` (or any jaxpr inside it) loops or branches."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in LOOPS:
+            return True
+        for sub in jcore.jaxprs_in_params(eqn.params):
+            if has_loops(sub):
+                return True
+    return False
 
 
 def inverse(perm: Sequence[int]) -> tuple[int, ...]:
