@@ -82,51 +82,28 @@ def _ordered_pick(x: Any, y: Any, dx: Any, dy: Any, x_wins: Any, y_wins: Any) ->
     )
 
 
-@jax.custom_jvp
-def maximum(x: Any, y: Any) -> Any:
-    """``torch.maximum``: NaN wins the value; its derivative is torch's rule, which gives
-    both sides the full gradient where one is NaN (JAX's splits it)."""
-    return jnp.maximum(x, y)
+def _picking(forward: Any, wins: Any) -> Any:
+    """``forward(x, y)`` (a maximum- or minimum-like op) with torch's derivative:
+    ``wins(a, b)`` tells where ``a``'s value is taken over ``b``'s."""
+
+    @jax.custom_jvp
+    def op(x: Any, y: Any) -> Any:
+        return forward(x, y)
+
+    @op.defjvp
+    def _jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+        (x, y), (dx, dy) = primals, tangents
+        return forward(x, y), _ordered_pick(x, y, dx, dy, wins(x, y), wins(y, x))
+
+    return op
 
 
-@maximum.defjvp
-def _maximum_jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
-    (x, y), (dx, dy) = primals, tangents
-    return jnp.maximum(x, y), _ordered_pick(x, y, dx, dy, x > y, x < y)
-
-
-@jax.custom_jvp
-def minimum(x: Any, y: Any) -> Any:
-    """``torch.minimum``, with ``maximum``'s derivative rule mirrored."""
-    return jnp.minimum(x, y)
-
-
-@minimum.defjvp
-def _minimum_jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
-    (x, y), (dx, dy) = primals, tangents
-    return jnp.minimum(x, y), _ordered_pick(x, y, dx, dy, x < y, x > y)
-
-
-@jax.custom_jvp
-def fmax(x: Any, y: Any) -> Any:
-    return jnp.fmax(x, y)
-
-
-@fmax.defjvp
-def _fmax_jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
-    (x, y), (dx, dy) = primals, tangents
-    return jnp.fmax(x, y), _ordered_pick(x, y, dx, dy, x > y, x < y)
-
-
-@jax.custom_jvp
-def fmin(x: Any, y: Any) -> Any:
-    return jnp.fmin(x, y)
-
-
-@fmin.defjvp
-def _fmin_jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
-    (x, y), (dx, dy) = primals, tangents
-    return jnp.fmin(x, y), _ordered_pick(x, y, dx, dy, x < y, x > y)
+# torch.maximum and torch.minimum: a NaN wins the value, and torch gives both sides the
+# whole gradient there (JAX's rule splits it); fmax and fmin: the number wins.
+maximum = _picking(jnp.maximum, jnp.greater)
+minimum = _picking(jnp.minimum, jnp.less)
+fmax = _picking(jnp.fmax, jnp.greater)
+fmin = _picking(jnp.fmin, jnp.less)
 
 
 @jax.custom_jvp
