@@ -488,7 +488,8 @@ def _strided(x: jax.Array, stride: tuple[int, ...]) -> jax.Array:
     """The positions a 1x1 kernel reads at ``stride``."""
     if all(s == 1 for s in stride):
         return x
-    return x[(slice(None), slice(None), *(slice(None, None, s) for s in stride))]
+    index = (slice(None), slice(None)) + tuple(slice(None, None, s) for s in stride)
+    return x[index]
 
 
 def _pointwise_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
