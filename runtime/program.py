@@ -9,6 +9,7 @@ the IR is replicated. Steps are compiled once and cached in-process by the IR's 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections import OrderedDict
@@ -38,6 +39,7 @@ from . import (  # noqa: F401  (register lowerings)
     checks,
     control,
     distributed,
+    hoisting,
     host_io,
     remote,
     runs,
@@ -527,6 +529,12 @@ def _split_step(
     return xla_options.jit(step, donate_argnums=(0,))
 
 
+def compiled_step(step: Any, executable: Any) -> Any:
+    """The callable that runs ``executable``, compiled from ``step.lower`` (as the executable
+    cache loads it), as ``step`` is called."""
+    return step.compiled(executable) if isinstance(step, _SunkStep) else executable
+
+
 class _SunkStep:
     """The jitted step of a program with convolutions on the CPU: its transposes sunk
     (``runtime.transpose_sinking``) and, where the traced step neither loops nor branches,
@@ -541,11 +549,17 @@ class _SunkStep:
     def _jitted(self, args: tuple) -> Any:
         if self._jit is None:
             closed = transpose_sinking.trace(self._fn, args, self._traced)
-            self._jit = xla_options.jit(
-                transpose_sinking.sink_transposes(self._fn, self._traced),
-                in_place=not transpose_sinking.has_loops(closed.jaxpr),
-                donate_argnums=(0,),
+            jit = functools.partial(
+                xla_options.jit, in_place=not transpose_sinking.has_loops(closed.jaxpr)
             )
+            sunk = transpose_sinking.sink_transposes(self._fn, self._traced)
+            if not hoisting.worth_hoisting(closed, args, 1):
+                self._jit = jit(sunk, donate_argnums=(0,))
+            else:  # the work on read-only state (weights' layouts) kept between runs
+                closed, out_shape = jax.make_jaxpr(sunk, return_shape=True)(*args)
+                self._jit = hoisting.Hoisted(
+                    closed, jax.tree_util.tree_structure(out_shape), args, 1, jit
+                )
         return self._jit
 
     def __call__(self, *args: Any) -> Any:
@@ -553,6 +567,18 @@ class _SunkStep:
 
     def lower(self, *args: Any) -> Any:
         return self._jitted(args).lower(*args)
+
+    def compiled(self, executable: Any) -> Any:
+        """The callable that runs ``executable`` (compiled from ``lower``) as this step is
+        called."""
+
+        def run(*args: Any) -> Any:
+            jitted = self._jitted(args)  # traced here when the executable was loaded
+            if isinstance(jitted, hoisting.Hoisted):
+                return jitted.call_compiled(executable, *args)
+            return executable(*args)
+
+        return run
 
     def trace(self, *args: Any) -> Any:
         return self._jitted(args).trace(*args)

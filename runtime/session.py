@@ -46,6 +46,7 @@ from .program import (
     abstract_inputs,
     abstract_state,
     build_program,
+    compiled_step,
     enable_persistent_cache,
     reachable_graphs,
     replica_mesh,
@@ -539,7 +540,9 @@ class Session(SessionCompat):
                 arrays = tuple(a[:, None] for a in arrays)
             arrays = placement.inputs(arrays)
         with self._x64():
-            step = self._executable or program.step
+            step = program.step
+            if self._executable is not None:  # loaded from the executable cache
+                step = compiled_step(step, self._executable)
             mut, fixed = program.split(state)
             try:
                 new, (buffers, counts) = step((*mut, *self._stash()), fixed, arrays)

@@ -97,3 +97,48 @@ def test_the_first_run_uploads_the_weights_once(monkeypatch):
     pm = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     pm(torch.randn(4), torch.randn(4))
     assert len(puts) == 1, puts
+
+
+
+class ConvNet(torch.nn.Module):
+    """A convolution and a batch norm: in eval, work on weights alone that inference keeps
+    between calls; in training, a loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 20, 3, padding=1)
+        self.norm = torch.nn.BatchNorm2d(20)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.norm(self.conv(x)))
+        return out.mean() if self.training else out
+
+
+def test_inference_follows_weights_changed_on_the_host():
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    x = torch.randn(2, 3, 8, 8)
+    infer = poptorch.inferenceModel(model)
+    torch.testing.assert_close(infer(x), model(x).detach(), rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        model.conv.weight.mul_(-1.5)
+        model.norm.running_var.add_(0.5)
+    infer.copyWeightsToDevice()
+    torch.testing.assert_close(infer(x), model(x).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_inference_follows_weights_trained_by_the_training_model():
+    """PopTorch's implicit copy from a training model to an inference model of the same
+    model (its user guide's precompilation example)."""
+    torch.manual_seed(0)
+    model = ConvNet()
+    x = torch.randn(2, 3, 8, 8)
+    train = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5))
+    model.eval()
+    infer = poptorch.inferenceModel(model)
+    before = infer(x)
+    for _ in range(2):
+        train(x)
+    after = infer(x)
+    torch.testing.assert_close(after, model(x).detach(), rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(after, before)
