@@ -99,7 +99,6 @@ def test_the_first_run_uploads_the_weights_once(monkeypatch):
     assert len(puts) == 1, puts
 
 
-
 class ConvNet(torch.nn.Module):
     """A convolution and a batch norm: in eval, work on weights alone that inference keeps
     between calls; in training, a loss."""
@@ -142,3 +141,27 @@ def test_inference_follows_weights_trained_by_the_training_model():
     after = infer(x)
     torch.testing.assert_close(after, model(x).detach(), rtol=1e-4, atol=1e-5)
     assert not torch.allclose(after, before)
+
+
+def test_training_with_a_frozen_convolution_matches_eager():
+    """Fine-tuning: the frozen convolution's weight is read-only state, so its layout is made
+    once; the trained layers still learn as in eager torch."""
+    torch.manual_seed(0)
+    model = ConvNet()
+    model.conv.requires_grad_(False)
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 3, 8, 8)
+    train = poptorch.trainingModel(
+        model, optimizer=torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    )
+    optimizer = torch.optim.SGD([p for p in reference.parameters() if p.requires_grad], lr=0.5)
+    for _ in range(3):
+        loss = train(x)
+        optimizer.zero_grad()
+        expected = reference(x)
+        expected.backward()
+        optimizer.step()
+        torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+    train.copyWeightsToHost()
+    torch.testing.assert_close(model.norm.weight, reference.norm.weight, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.conv.weight, reference.conv.weight)

@@ -82,6 +82,36 @@ def test_a_written_weight_is_used_at_the_next_run() -> None:
     np.testing.assert_allclose(again, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_replicas_on_one_device_keep_their_prepared_weights(monkeypatch) -> None:
+    """Two replicas mapped on one device (``vmap``): the prepared weight serves both, and a
+    written weight reaches both at the next run."""
+    monkeypatch.setenv("POPXL_REPLICATION", "vmap")
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 2, 16, 8, 8)).astype(np.float32)
+    w0 = rng.standard_normal((24, 16, 3, 3)).astype(np.float32) * 0.1
+    b0 = rng.standard_normal(24).astype(np.float32)
+    ir = popxl.Ir()
+    ir.replication_factor = 2
+    with ir.main_graph:
+        stream = popxl.h2d_stream((2, 16, 8, 8), popxl.float32, name="x")
+        w = popxl.variable(w0, name="w")
+        b = popxl.variable(b0, name="b")
+        y = ops.conv(ops.host_load(stream), w, padding=(1, 1, 1, 1))
+        y = ops.relu(y + ops.reshape(b, (1, 24, 1, 1)))
+        out = popxl.d2h_stream(y.shape, y.dtype, name="y")
+        ops.host_store(out, y)
+    with popxl.Session(ir, "ipu_model") as session:
+        first = session.run({stream: x})[out]
+        assert isinstance(session._program.step._jit, hoisting.Hoisted)
+        session.write_variable_data(w, -w0)
+        second = session.run({stream: x})[out]
+    for replica in range(2):
+        expected = _conv_reference(x[replica], w0, b0)
+        np.testing.assert_allclose(first[replica], expected, rtol=1e-5, atol=1e-5)
+        expected = _conv_reference(x[replica], -w0, b0)
+        np.testing.assert_allclose(second[replica], expected, rtol=1e-5, atol=1e-5)
+
+
 def test_split_takes_only_work_on_read_only_arguments() -> None:
     def step(w: jax.Array, x: jax.Array) -> jax.Array:
         kernel = w.transpose(2, 3, 1, 0) * 2.0  # read-only work: hoisted
