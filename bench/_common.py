@@ -93,3 +93,16 @@ def device_name() -> str:
     return (
         f"{d.platform}:{getattr(d, 'device_kind', '')} x{len(jax.devices())}, {os.cpu_count()} CPUs"
     )
+
+
+def first_and_median(call: Callable[[], Any], calls: int) -> tuple[float, float]:
+    """(first call s, median of the next ``calls`` in ms)."""
+    start = time.perf_counter()
+    call()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return first, statistics.median(times) * 1e3

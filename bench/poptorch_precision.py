@@ -25,11 +25,10 @@ import json
 import os
 import statistics
 import sys
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import run_variant  # noqa: E402
+from bench._common import first_and_median, run_variant  # noqa: E402
 
 SIDES = ("poptorch float32", "poptorch float16", "eager float32", "eager float16")
 
@@ -61,6 +60,19 @@ def _tutorial_cnn() -> Any:
     return CustomModel()
 
 
+def _eager_step(model: Any, optimizer: Any, *inputs: Any) -> Any:
+    """One eager training step of ``model``, which returns ``(output, loss)``."""
+
+    def step() -> Any:
+        optimizer.zero_grad()
+        _, loss = model(*inputs)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
 def _cnn_call(side: str) -> Any:
     import torch  # noqa: PLC0415
 
@@ -73,16 +85,7 @@ def _cnn_call(side: str) -> Any:
     if half:
         model, x = model.half(), x.half()
     if side.startswith("eager"):
-        optimizer = torch.optim.AdamW(model.parameters(), lr=0.001)
-
-        def step() -> Any:
-            optimizer.zero_grad()
-            _, loss = model(x, labels)
-            loss.backward()
-            optimizer.step()
-            return loss
-
-        return step
+        return _eager_step(model, torch.optim.AdamW(model.parameters(), lr=0.001), x, labels)
     accum, scaling = (torch.float16, 1024) if half else (torch.float32, None)
     optimizer = poptorch.optim.AdamW(
         model.parameters(), lr=0.001, accum_type=accum, loss_scaling=scaling
@@ -106,15 +109,7 @@ def _transformer_call(side: str) -> Any:
         model, x, target = model.half(), x.half(), target.half()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     if side.startswith("eager"):
-
-        def step() -> Any:
-            optimizer.zero_grad()
-            _, loss = model(x, target)
-            loss.backward()
-            optimizer.step()
-            return loss
-
-        return step
+        return _eager_step(model, optimizer, x, target)
     opts = poptorch.Options().showCompilationProgressBar(False)
     pm = poptorch.trainingModel(model, opts, optimizer)
     return lambda: pm(x, target)
@@ -128,16 +123,8 @@ def worker(name: str, side: str, calls: int) -> dict:
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
-    call = MODELS[name](side)
-    start = time.perf_counter()
-    call()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return {"first_s": first, "steady_ms": statistics.median(times) * 1e3}
+    first, steady = first_and_median(MODELS[name](side), calls)
+    return {"first_s": first, "steady_ms": steady}
 
 
 def main() -> None:

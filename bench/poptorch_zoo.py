@@ -24,16 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import peak_rss_mb, run_variant  # noqa: E402
+from bench._common import first_and_median, peak_rss_mb, run_variant  # noqa: E402
 
 SIDES = ("poptorch", "eager", "compile")
 
@@ -158,24 +156,13 @@ class _Trained:
         return WithLoss()
 
 
-def _medians(call: Callable[[], Any], calls: int) -> tuple[float, float]:
-    """(first call s, median of the next ``calls`` in ms)."""
-    start = time.perf_counter()
-    call()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return first, statistics.median(times) * 1e3
-
-
 def _jax_worker(name: str, mode: str, model: Any, inputs: tuple, labels: Any, calls: int) -> dict:
     from bench import _vision_jax  # noqa: PLC0415
 
     if name not in _vision_jax.MODELS:
-        raise SystemExit(f"no hand-written JAX twin of {name!r}; there are {list(_vision_jax.MODELS)}")
+        raise SystemExit(
+            f"no hand-written JAX twin of {name!r}; there are {list(_vision_jax.MODELS)}"
+        )
     infer, train = _vision_jax.MODELS[name]
     host = [np.asarray(x) for x in inputs]
     if mode == "infer":
@@ -187,7 +174,7 @@ def _jax_worker(name: str, mode: str, model: Any, inputs: tuple, labels: Any, ca
         step = train(model)
         targets = np.asarray(labels)
         call = lambda: float(step(*host, targets))  # noqa: E731
-    first, steady = _medians(call, calls)
+    first, steady = first_and_median(call, calls)
     return {"first_s": first, "steady_ms": steady, "peak_mb": peak_rss_mb()}
 
 
@@ -233,7 +220,7 @@ def worker(name: str, mode: str, side: str, batch: int, size: int, calls: int) -
                 optimizer.step()
                 return loss
 
-    first, steady = _medians(call, calls)
+    first, steady = first_and_median(call, calls)
     result.update(first_s=first, steady_ms=steady, peak_mb=peak_rss_mb())
     if side == "poptorch":
         result["stages_s"] = dict(getattr(pm, "_first_call_seconds", {}) or {})
