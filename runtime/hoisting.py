@@ -73,7 +73,7 @@ def split(closed: jcore.ClosedJaxpr, read_only: Sequence[int]) -> Split | None:
             derived.update(eqn.outvars)
         else:
             kept.append(eqn)
-    if all(eqn.primitive.name in FREE for eqn in hoisted):
+    if not any(eqn.primitive.name not in FREE and _worth(eqn.outvars) for eqn in hoisted):
         return None
     used = {v for eqn in kept for v in eqn.invars if not isinstance(v, jcore.Literal)}
     used.update(v for v in jaxpr.outvars if not isinstance(v, jcore.Literal))
@@ -98,16 +98,25 @@ def worth_hoisting(closed: jcore.ClosedJaxpr, args: tuple, read_only: int) -> bo
     """Whether ``closed``, traced for ``args``, may do work on ``args[read_only]`` alone
     that ``split`` would keep, before its calls are inlined (a call, such as a convolution's
     ``custom_vjp``, that reads read-only state may hold it; ``runtime.transpose_sinking``
-    inlines them). A training step, which writes
-    its weights, has no such work and keeps its plain compilation."""
+    inlines them). A training step, which writes its weights, has no such work and keeps
+    its plain compilation, as does one whose read-only state is only scalars (an
+    optimizer's hyperparameters)."""
     leaves = [len(jax.tree_util.tree_leaves(a)) for a in args]
     start = sum(leaves[:read_only])
     read = range(start, start + leaves[read_only])
     fixed = {closed.jaxpr.invars[i] for i in read}
     calls = (e for e in closed.jaxpr.eqns if e.primitive.name in CUSTOM_CALLS)
-    return any(v in fixed for e in calls for v in e.invars if not isinstance(v, jcore.Literal)) or (
-        split(closed, read) is not None
-    )
+    read_by_calls = [
+        v for e in calls for v in e.invars if not isinstance(v, jcore.Literal) and v in fixed
+    ]
+    return _worth(read_by_calls) or split(closed, read) is not None
+
+
+def _worth(values: Sequence[Any]) -> bool:
+    """Whether any of ``values`` is a matrix or larger: work on scalars and per-channel
+    vectors (an optimizer's hyperparameters, a batch norm's factors alone) is not worth a
+    program of its own."""
+    return any(len(v.aval.shape) >= 2 for v in values if not isinstance(v, jcore.Literal))
 
 
 class Hoisted:

@@ -573,6 +573,8 @@ class _SunkStep:
         called."""
 
         def run(*args: Any) -> Any:
+            if getattr(executable, "in_tree", None) == jax.tree_util.tree_structure((args, {})):
+                return executable(*args)  # the step's own arguments: nothing was hoisted
             jitted = self._jitted(args)  # traced here when the executable was loaded
             if isinstance(jitted, hoisting.Hoisted):
                 return jitted.call_compiled(executable, *args)

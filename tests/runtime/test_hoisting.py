@@ -143,3 +143,25 @@ def _counting(fn, calls: list):
         return fn(*args)
 
     return counted
+
+
+def test_scalars_read_only_are_not_worth_a_program() -> None:
+    """A training step whose read-only state is an optimizer's scalars keeps one program:
+    only matrices or larger, read by a lowering rule's call or reshaped alone, count."""
+
+    @jax.custom_vjp
+    def scaled(x: jax.Array, s: jax.Array) -> jax.Array:
+        return x * s
+
+    scaled.defvjp(lambda x, s: (x * s, (x, s)), lambda res, g: (g * res[1], (g * res[0]).sum()))
+
+    def step(w: jax.Array, lr: jax.Array, x: jax.Array) -> jax.Array:
+        return w - lr * scaled(x, lr * 2.0)
+
+    w, lr, x = jnp.ones((3, 3)), jnp.float32(0.1), jnp.ones((3, 3))
+    assert not hoisting.worth_hoisting(jax.make_jaxpr(step)(w, lr, x), (w, lr, x), 1)
+
+    def weighted(w: jax.Array, v: jax.Array, x: jax.Array) -> jax.Array:
+        return w + scaled(x, v)  # a read-only matrix read by the call
+
+    assert hoisting.worth_hoisting(jax.make_jaxpr(weighted)(w, x, x), (w, x, x), 1)
