@@ -101,15 +101,20 @@ def worth_hoisting(closed: jcore.ClosedJaxpr, args: tuple, read_only: int) -> bo
     inlines them). A training step, which writes its weights, has no such work and keeps
     its plain compilation, as does one whose read-only state is only scalars (an
     optimizer's hyperparameters)."""
-    leaves = [len(jax.tree_util.tree_leaves(a)) for a in args]
-    start = sum(leaves[:read_only])
-    read = range(start, start + leaves[read_only])
+    read = _positions(args, read_only)
     fixed = {closed.jaxpr.invars[i] for i in read}
     calls = (e for e in closed.jaxpr.eqns if e.primitive.name in CUSTOM_CALLS)
     read_by_calls = [
         v for e in calls for v in e.invars if not isinstance(v, jcore.Literal) and v in fixed
     ]
     return _worth(read_by_calls) or split(closed, read) is not None
+
+
+def _positions(args: tuple, read_only: int) -> range:
+    """The positions of ``args[read_only]``'s leaves among the flat leaves of ``args``."""
+    counts = [len(jax.tree_util.tree_leaves(a)) for a in args]
+    start = sum(counts[:read_only])
+    return range(start, start + counts[read_only])
 
 
 def _worth(values: Sequence[Any]) -> bool:
@@ -134,11 +139,9 @@ class Hoisted:
         read_only: int,
         jit: Callable[..., Any],
     ) -> None:
-        leaves = [jax.tree_util.tree_leaves(a) for a in args]
-        start = sum(len(part) for part in leaves[:read_only])
-        self._fixed = slice(start, start + len(leaves[read_only]))
+        read = _positions(args, read_only)
+        self._fixed = slice(read.start, read.stop)
         self._out_tree = out_tree
-        read = range(self._fixed.start, self._fixed.stop)
         parts = split(closed, read) or Split(
             jcore.ClosedJaxpr(_jaxpr([], [closed.jaxpr.invars[i] for i in read], [], [], ""), []),
             closed,
@@ -146,7 +149,7 @@ class Hoisted:
         self._prepare = jax.jit(
             jcore.jaxpr_as_fun(parts.prepare), compiler_options=QUICK_TO_COMPILE
         )
-        donated = tuple(range(len(leaves[0])))
+        donated = tuple(range(len(jax.tree_util.tree_leaves(args[0]))))
         self._main = jit(jcore.jaxpr_as_fun(parts.main), donate_argnums=donated)
         self._compiling: concurrent.futures.Future | None = None
         self._kept_for: tuple = ()
