@@ -205,12 +205,17 @@ def test_the_choice_avoids_xla_kernels_slow_cases():
     assert {choose((8, 512, 2, 2), (512, 512, 3, 3), geo, d) for d in directions} == {"matmul"}
     depthwise = geo._replace(groups=96)
     assert choose((8, 96, 16, 16), (96, 1, 3, 3), depthwise, "input") == "taps"
-    # A roomy map: XLA's kernel in every direction, but a 1x1 kernel's weight gradient with
-    # many channels is one matmul of the input (its only tap).
+    # A roomy map: XLA's kernel in every direction.
     got = [choose((8, 64, 16, 16), (64, 64, 3, 3), geo, d) for d in directions]
     assert got == ["lax", "lax", "lax"]
+    # A 1x1 kernel's weight gradient: a product over the positions of the channels-last
+    # operands, or XLA's kernel where the cotangent is the wider one over many positions.
     pointwise = geo._replace(pads=((0, 0), (0, 0)))
-    assert choose((8, 144, 16, 16), (24, 144, 1, 1), pointwise, "weight") == "matmul"
+    assert choose((8, 144, 16, 16), (24, 144, 1, 1), pointwise, "weight") == "pointwise"
+    temporal = Geometry((1, 1, 1), ((0, 0),) * 3, (1, 1, 1), 1)  # S3D's frames, stacked
+    assert choose((1, 192, 8, 56, 56), (576, 192, 1, 1, 1), temporal, "weight") == "lax"
+    assert choose((8, 320, 2, 2), (1280, 320, 1, 1), pointwise, "weight") == "pointwise"
+    assert choose((8, 64, 16, 16), (128, 64, 1, 1), geo, "weight") == "matmul"  # padded
     # A 1x1 kernel's forward is one product reading the weight as stored, strided or not.
     assert choose((8, 144, 16, 16), (24, 144, 1, 1), pointwise, "forward") == "pointwise"
     strided = pointwise._replace(stride=(2, 2))
