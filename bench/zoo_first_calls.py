@@ -17,8 +17,13 @@ Only first calls are compared; the steady figures (a median of ``--calls`` calls
 sanity check, not a speed measurement (``bench/poptorch_zoo.py`` times those). Nothing else
 may run on the machine meanwhile; the table says the load.
 
+``--against eager`` compares with eager torch instead (the model called as it is): a sweep
+of every zoo model's steady speed against eager's, each side in its own process; give it
+``--calls 5`` or more.
+
 Run: python bench/zoo_first_calls.py [--families torchvision,transformers,timm]
      [--models resnet18,gpt2] [--modes infer,train] [--calls 3] [--timeout 900]
+     [--against compile|eager]
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._common import child_env, peak_rss_mb  # noqa: E402
 
 FAMILIES = ("torchvision", "transformers", "timm")
-SIDES = ("poptorch", "compile")
+AGAINST = {"compile": "torch.compile", "eager": "eager torch"}
 
 
 def _names(family: str) -> list[str]:
@@ -97,7 +102,7 @@ def worker(family: str, name: str, mode: str, side: str, calls: int) -> dict:
             pm = poptorch.inferenceModel(model, opts)
             call: Callable[[], Any] = lambda: pm(*args, **kwargs)  # noqa: E731
         else:
-            compiled = torch.compile(model)
+            compiled = torch.compile(model) if side == "compile" else model
 
             def call() -> Any:
                 with torch.no_grad():
@@ -109,7 +114,7 @@ def worker(family: str, name: str, mode: str, side: str, calls: int) -> dict:
             pm = poptorch.trainingModel(model, opts, optimizer)
             call = lambda: pm(*args, **kwargs)  # noqa: E731
         else:
-            compiled = torch.compile(model)
+            compiled = torch.compile(model) if side == "compile" else model
 
             def call() -> Any:
                 optimizer.zero_grad()
@@ -165,6 +170,7 @@ def main() -> None:
     parser.add_argument("--modes", default="infer,train")
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--against", choices=sorted(AGAINST), default="compile")
     parser.add_argument("--worker", nargs=4, metavar=("FAMILY", "MODEL", "MODE", "SIDE"))
     args = parser.parse_args()
     if args.worker:
@@ -173,32 +179,37 @@ def main() -> None:
         return
     wanted = set(filter(None, args.models.split(",")))
     print(f"load: {os.getloadavg()[0]:.2f} (1-minute average) at {time.strftime('%H:%M')} UTC")
+    other = AGAINST[args.against]
     print(
-        "| family | model | mode | poptorch first s | stages s | torch.compile first s "
-        "| compile / poptorch | steady ms poptorch / compile |"
+        f"| family | model | mode | poptorch first s | stages s | {other} first s "
+        f"| {args.against} / poptorch first | steady ms poptorch / {args.against} "
+        f"| steady speed x {args.against} |"
     )
-    print("|" + "---|" * 8, flush=True)
+    print("|" + "---|" * 9, flush=True)
     for family in args.families.split(","):
         for name in _names(family):
             if wanted and name not in wanted:
                 continue
             for mode in args.modes.split(","):
                 ours, theirs = (
-                    _run(family, name, mode, side, args.calls, args.timeout) for side in SIDES
+                    _run(family, name, mode, side, args.calls, args.timeout)
+                    for side in ("poptorch", args.against)
                 )
                 stages = ", ".join(f"{k} {v:.1f}" for k, v in ours.get("stages_s", {}).items())
-                ratio = (
-                    f"{theirs['first_s'] / ours['first_s']:.1f}"
-                    if "first_s" in ours and "first_s" in theirs
-                    else "-"
-                )
                 steady = f"{_cell(ours, 'steady_ms', '.1f')} / {_cell(theirs, 'steady_ms', '.1f')}"
                 print(
                     f"| {family} | {name} | {mode} | {_cell(ours, 'first_s', '.1f')} | "
-                    f"{stages or '-'} | {_cell(theirs, 'first_s', '.1f')} | {ratio} | {steady} |",
+                    f"{stages or '-'} | {_cell(theirs, 'first_s', '.1f')} | "
+                    f"{_ratio(theirs, ours, 'first_s')} | {steady} | "
+                    f"{_ratio(theirs, ours, 'steady_ms')} |",
                     flush=True,
                 )
     print(f"load: {os.getloadavg()[0]:.2f} (1-minute average) at {time.strftime('%H:%M')} UTC")
+
+
+def _ratio(theirs: dict, ours: dict, key: str) -> str:
+    a, b = theirs.get(key), ours.get(key)
+    return f"{a / b:.2f}" if a and b else "-"
 
 
 if __name__ == "__main__":
