@@ -133,7 +133,7 @@ def _scattered_max_grad(
         limit = (xl.shape[0], *(a + (o - 1) * r + 1 for a, o, r in zip(start[1:], out, stride)))
         element = lax.slice(xl, start, (*limit, channels), (1, *stride, 1))
         winner = jnp.where((element == yl) | jnp.isnan(element), i, winner)
-    index = lax.broadcasted_iota(jnp.int32, yl.shape, 0) * math.prod(size)
+    index = jnp.zeros(yl.shape, jnp.int32)  # within a sample: (position, channel)
     rest = winner
     for axis in reversed(spatial):
         k = kernel[axis - 1]
@@ -142,9 +142,19 @@ def _scattered_max_grad(
         reach = o * stride[axis - 1] + tap * dilation[axis - 1]
         index += reach * math.prod(size[axis:])
     index = index * channels + lax.broadcasted_iota(jnp.int32, yl.shape, yl.ndim - 1)
-    grad = jnp.zeros((xl.size,), g.dtype)
-    grad = grad.at[index.reshape(-1)].add(gl.reshape(-1), mode="promise_in_bounds")
+    sample = xl[0].size
+    if xl.size < _INDEX_LIMIT:  # one flat index
+        index += lax.broadcasted_iota(jnp.int32, yl.shape, 0) * sample
+        grad = jnp.zeros((xl.size,), g.dtype).at[index.reshape(-1)]
+    else:  # (sample, index within it): flat ones would overflow int32
+        batch = lax.broadcasted_iota(jnp.int32, yl.shape, 0).reshape(-1)
+        grad = jnp.zeros((xl.shape[0], sample), g.dtype).at[batch, index.reshape(-1)]
+    grad = grad.add(gl.reshape(-1), mode="promise_in_bounds")
     return jnp.moveaxis(grad.reshape(xl.shape), -1, 1)
+
+
+# Scatter indices are int32 (JAX without x64).
+_INDEX_LIMIT = 2**31
 
 
 def _tiled_max_grad(xp: jax.Array, y: jax.Array, g: jax.Array, kernel: tuple) -> jax.Array:

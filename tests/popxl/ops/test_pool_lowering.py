@@ -12,6 +12,7 @@ import pytest
 import torch
 from jax import lax
 
+from runtime import pool_forms
 from runtime.pool_forms import window_max, window_sum
 
 # (input shape, kernel, stride, dilation); inputs are already padded, windows VALID.
@@ -120,6 +121,19 @@ def test_overlapping_max_gradient_sums_windows_sharing_a_winner():
     want = np.zeros_like(x)
     want[0, 0, 2, 2] = gy.sum()
     np.testing.assert_array_equal(dx, want)
+
+
+def test_overlapping_max_gradient_indexes_per_sample_past_int32(rng, monkeypatch):
+    # Flat indices into an input of 2**31 elements or more would overflow int32: such inputs
+    # are indexed (sample, position within it), with the same result.
+    shape, kernel, stride, dilation = CASES[7]
+    x = jnp.asarray(_tied(rng, shape))
+    y, pullback = jax.vjp(lambda a: window_max(a, kernel, stride, dilation), x)
+    gy = jnp.asarray(rng.standard_normal(y.shape).astype(np.float32))
+    flat = pullback(gy)[0]
+    monkeypatch.setattr(pool_forms, "_INDEX_LIMIT", 8)
+    _, per_sample = jax.vjp(lambda a: window_max(a, kernel, stride, dilation), x)
+    np.testing.assert_array_equal(per_sample(gy)[0], flat)
 
 
 def test_other_backends_keep_reduce_window(rng, monkeypatch):
