@@ -142,7 +142,7 @@ def _scattered_max_grad(
         reach = o * stride[axis - 1] + tap * dilation[axis - 1]
         index += reach * math.prod(size[axis:])
     index = index * channels + lax.broadcasted_iota(jnp.int32, yl.shape, yl.ndim - 1)
-    sample = xl[0].size
+    sample = math.prod(xl.shape[1:])
     if xl.size < _INDEX_LIMIT:  # one flat index
         index += lax.broadcasted_iota(jnp.int32, yl.shape, 0) * sample
         grad = jnp.zeros((xl.size,), g.dtype).at[index.reshape(-1)]
