@@ -4,9 +4,10 @@ An inference program reads its weights and never writes them, yet every run repe
 does to them before they meet the data: on the CPU each convolution's weight is transposed
 from torch's ``(O, I, *kernel)`` to the channels-last kernel layout, a depthwise weight is
 cut into per-tap slices, and an eval batch norm's scale is formed from its statistics
-(EfficientNet-B0's inference step: 19 ms with that work, 13 ms without). ``split`` cuts the step's jaxpr in two: ``prepare``, the equations that read
-only read-only state (layout and elementwise arithmetic, nothing that grows an array), and
-``main``, the rest, which takes ``prepare``'s results as extra arguments. ``Hoisted`` runs
+(EfficientNet-B0's inference step: 19 ms with that work, 13 ms without). ``split`` cuts the
+step's jaxpr in two: ``prepare``, the equations that read only read-only state (layout and
+elementwise arithmetic, nothing that grows an array), and ``main``, the rest, which takes
+``prepare``'s results as extra arguments. ``Hoisted`` runs
 ``prepare`` again only when the read-only state it was given is not the same set of arrays
 as last time (JAX arrays are immutable: a write of a weight, from the host or by another
 program, makes a new array), so a run costs what its data needs.
