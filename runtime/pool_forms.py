@@ -145,11 +145,11 @@ def _scattered_max_grad(
     sample = math.prod(xl.shape[1:])
     if xl.size < _INDEX_LIMIT:  # one flat index
         index += lax.broadcasted_iota(jnp.int32, yl.shape, 0) * sample
-        grad = jnp.zeros((xl.size,), g.dtype).at[index.reshape(-1)]
+        at = jnp.zeros((xl.size,), g.dtype).at[index.reshape(-1)]
     else:  # (sample, index within it): flat ones would overflow int32
         batch = lax.broadcasted_iota(jnp.int32, yl.shape, 0).reshape(-1)
-        grad = jnp.zeros((xl.shape[0], sample), g.dtype).at[batch, index.reshape(-1)]
-    grad = grad.add(gl.reshape(-1), mode="promise_in_bounds")
+        at = jnp.zeros((xl.shape[0], sample), g.dtype).at[batch, index.reshape(-1)]
+    grad = at.add(gl.reshape(-1), mode="promise_in_bounds")
     return jnp.moveaxis(grad.reshape(xl.shape), -1, 1)
 
 
