@@ -57,6 +57,10 @@ NON_FLOAT_REQUIRED_MSG = (
 FOREIGN_TENSOR_MSG = "{what} contains {t}, which is not a tensor of the graph {graph}."
 
 GradInfos = dict[Graph, GradGraphInfo]
+# Ops whose results the gradient graph computes again from the forward graph's inputs rather
+# than take from the forward graph: layout changes, as cheap as reading a kept copy. (Not
+# casts: under stochastic rounding a cast is not a function of its input.)
+RECOMPUTED = frozenset({"transpose", "reshape"})
 
 
 def autodiff(
@@ -115,6 +119,7 @@ class _Differentiator:
         self.activations: dict[Version, Tensor] = {}
         self.expected_inputs: list[ExpectedConnection] = []
         self.call_inputs: dict[tuple[Op, int], Tensor] = {}
+        self._produced_by: dict[Version, Step] | None = None
 
     # The walk ---------------------------------------------------------------------------
 
@@ -248,6 +253,8 @@ class _Differentiator:
         root = version.root
         if isinstance(root, Constant):
             tensor = constant(root._data, root.dtype, root.name)
+        elif (recomputed := self._recomputed(version)) is not None:
+            tensor = recomputed
         else:
             source = root if self.analysis.is_final(version) else self._tap(version)
             self._export(source)
@@ -257,6 +264,42 @@ class _Differentiator:
             )
         self.activations[version] = tensor
         return tensor
+
+    def _recomputed(self, version: Version) -> Tensor | None:
+        """``version`` computed again in the gradient graph, where it is a layout change
+        (``RECOMPUTED``) of the forward graph's inputs and constants, directly or through
+        more of them: a weight's transpose is read again from the weight rather than kept.
+        Kept, it would be a new output of the forward graph, and of every call: a stack that a
+        run of calls writes per call and the gradient calls read back. None otherwise."""
+        step = self._producers().get(version)
+        if step is None or not self._recomputable(step):
+            return None
+        inputs = tuple(self.fwd_value(v) for v in step.befores)
+        op = step.op
+        return add_op(self.grad, op.opdef, inputs, dict(op.attrs), [version.root.spec],
+                      [version.root.name]).outputs[0]  # fmt: skip
+
+    def _recomputable(self, step: Step) -> bool:
+        op = step.op
+        if op.opdef.key not in RECOMPUTED or len(op.outputs) != 1 or step.written:
+            return False
+        if [v.root for v in step.befores] != list(op.inputs):  # read through a view
+            return False
+        producers = self._producers()
+        for v in step.befores:
+            if isinstance(v.root, Constant):
+                continue
+            if v.root in self.fwd._inputs and self.analysis.is_final(v):
+                continue
+            inner = producers.get(v)
+            if inner is None or not self._recomputable(inner):
+                return False
+        return True
+
+    def _producers(self) -> dict[Version, Step]:
+        if self._produced_by is None:
+            self._produced_by = {v: s for s in self.analysis.steps for v in s.new_outputs}
+        return self._produced_by
 
     def _tap(self, version: Version) -> Tensor:
         """Copy a root's value before the op that overwrites it."""

@@ -257,6 +257,64 @@ def test_expected_connections_for_custom_grads():
     assert "GradGraphInfo[" in repr(info) and "FwdGrad" in repr(info)
 
 
+def _fwd_expected(info):
+    return [
+        ec.fwd_tensor
+        for ec in info.expected_inputs
+        if ec.connection_type is ExpectedConnectionType.Fwd
+    ]
+
+
+def test_layout_changes_of_inputs_are_recomputed_not_kept():
+    """A weight's transpose (and a reshape of it) is read again from the weight by the
+    gradient graph: the forward graph gains no output for it, and the gradients agree."""
+    rng = np.random.default_rng(5)
+    xv = rng.normal(size=(4, 6)).astype(np.float32)
+    wv = rng.normal(size=(3, 2, 6)).astype(np.float32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+
+        def build(x, w):
+            wt = ops.transpose(ops.reshape(w, (6, 6)), (1, 0))
+            return ops.gelu(ops.matmul(x, wt))
+
+        g = ir.create_graph(build, popxl.TensorSpec(xv.shape, F32), popxl.TensorSpec(wv.shape, F32))
+        info = transforms.autodiff(g)
+        assert set(_fwd_expected(info)) == {*g.inputs, g._ops[2].outputs[0]}
+        assert len(g.outputs) == 2  # the gelu's input is kept; the transpose is not
+        keys = [op.opdef.key for op in info.graph._ops]
+        assert keys.index("reshape") < keys.index("transpose")
+        args = [popxl.variable(xv, F32), popxl.variable(wv, F32)]
+        site = ops.call_with_info(g, *args)
+        seed = popxl.constant(np.ones((4, 6), np.float32))
+        grads = ops.call(info.graph, seed, inputs_dict=info.inputs_dict(site))
+        streams = []
+        for t in grads:
+            streams.append(popxl.d2h_stream(t.shape, t.dtype))
+            ops.host_store(streams[-1], t)
+    with popxl.Session(ir) as s:
+        out = s.run()
+    ref = jax.grad(
+        lambda x, w: jnp.sum(jax.nn.gelu(x @ w.reshape(6, 6).T, approximate=True)), (0, 1)
+    )(xv, wv)
+    for stream, r in zip(streams, ref):
+        np.testing.assert_allclose(out[stream], r, rtol=1e-5, atol=1e-6)
+
+
+def test_layout_changes_of_intermediates_are_kept():
+    ir = popxl.Ir()
+    with ir.main_graph:
+
+        def build(x, w):
+            return ops.matmul(x, ops.transpose(ops.exp(w), (1, 0)))
+
+        g = ir.create_graph(build, popxl.TensorSpec((4, 6), F32), popxl.TensorSpec((5, 6), F32))
+        info = transforms.autodiff(g)
+        transposed = g._ops[1].outputs[0]
+        assert transposed in _fwd_expected(info) and transposed in g.outputs
+        assert "transpose" not in [op.opdef.key for op in info.graph._ops]
+
+
 def test_added_forward_outputs_appear_at_existing_call_sites():
     ir = popxl.Ir()
     with ir.main_graph:
