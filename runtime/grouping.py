@@ -209,6 +209,8 @@ def _attr_signature(value: Any) -> Hashable:
         return tuple(_attr_signature(v) for v in value)
     if isinstance(value, np.ndarray):
         return ("ndarray", value.shape, value.dtype.str, value.tobytes())
+    if hasattr(value, "structural_key"):  # a gradient op's recipe: the forward op it snapshots
+        return ("structure", value.structural_key(_attr_signature))
     if callable(value) and not hasattr(value, "name"):
         return ("callable", id(value))
     return value

@@ -100,7 +100,9 @@ def _is_call(op: Op) -> bool:
 def _same_call(a: Op, b: Op) -> bool:
     graph_a, graph_b = a.attrs["graphs"][0], b.attrs["graphs"][0] if _is_call(b) else None
     same_graph = graph_b is graph_a or (
-        graph_b is not None and grouping.signature(graph_b) == grouping.signature(graph_a)
+        graph_b is not None
+        and grouping.signature(graph_b) == grouping.signature(graph_a)
+        and not _kept_apart(graph_a)
     )
     return (
         same_graph
@@ -108,6 +110,15 @@ def _same_call(a: Op, b: Op) -> bool:
         and len(b.inputs) == len(a.inputs)
         and b.execution_context == a.execution_context
     )
+
+
+def _kept_apart(graph: Graph) -> bool:
+    """Whether calls of ``graph`` and of another graph with its signature stay out of one
+    run: gradient graphs (PopTorch's per-block ones, one per differentiated copy of a
+    layer) of a replicated program, whose calls lowered apart let each weight gradient's
+    replica sum wait for its accumulator (``replica_sums``), which a run's stacked outputs
+    would compute per replica instead."""
+    return graph.ir.replication_factor > 1 and any("recipe" in op.attrs for op in graph._ops)
 
 
 def runs_of(graph: Graph) -> dict[Op, Run]:

@@ -220,6 +220,55 @@ def test_stacked_variables_read_and_written_per_variable(monkeypatch):
         np.testing.assert_array_equal(session.get_tensor_data(weights[0]["w"]), np.zeros((H, H)))
 
 
+def _twin_layers_program(replicas: int):
+    """Two layers built as two graphs of one structure, each differentiated on its own
+    (as PopTorch captures the blocks of a model): the gradient calls of the two gradient
+    graphs chain in reverse. Returns (ir, the streams of the weight gradients)."""
+    from popxl import transforms  # noqa: PLC0415
+
+    rng = np.random.default_rng(2)
+    ir = popxl.Ir(replication=replicas)
+    with ir.main_graph:
+        x = popxl.variable(rng.normal(size=(B, H)).astype(np.float32), name="x")
+        ws = [
+            popxl.variable(rng.normal(size=(H, H)).astype(np.float32), name=f"w{i}")
+            for i in range(2)
+        ]
+        graphs = [ir.create_graph(lambda t, w: ops.tanh(t @ w), x, ws[i]) for i in range(2)]
+        infos = [transforms.autodiff(g) for g in graphs]
+        sites, h = [], x
+        for g, w in zip(graphs, ws):
+            sites.append(ops.call_with_info(g, h, w))
+            h = sites[-1].outputs[0]
+        grad = popxl.constant(np.ones((B, H), np.float32))
+        streams = []
+        for info, site in reversed(list(zip(infos, sites))):
+            grads = ops.call(info.graph, grad, inputs_dict=info.inputs_dict(site))
+            grad = grads[0]
+            streams.append(popxl.d2h_stream(grads[1].shape, popxl.float32, f"dw{len(streams)}"))
+            ops.host_store(streams[-1], grads[1])
+    return ir, streams
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_gradient_graphs_of_identical_layers_are_one_run(replicas, monkeypatch):
+    """The gradient graphs of two identical layer graphs compute the same function, so their
+    calls are one run like the forward calls; under replication they stay apart, so each
+    weight gradient's replica sum can wait for its use. Both agree with inlining."""
+    monkeypatch.setattr(run_plans, "_policy", "scan")
+    ir, streams = _twin_layers_program(replicas)
+    lengths = sorted(len(run.ops) for run in run_plans.runs_of(ir.main_graph).values())
+    assert lengths == ([2, 2] if replicas == 1 else [2])
+    with popxl.Session(ir, "ipu_model") as session:
+        scanned = session.run()
+    monkeypatch.setattr(run_plans, "_policy", "inline")
+    ir, streams_inline = _twin_layers_program(replicas)
+    with popxl.Session(ir, "ipu_model") as session:
+        inlined = session.run()
+    for a, b in zip(streams, streams_inline):
+        np.testing.assert_allclose(scanned[a], inlined[b], rtol=1e-6, atol=1e-6)
+
+
 def test_calls_that_do_not_line_up_are_inlined(monkeypatch):
     monkeypatch.setattr(run_plans, "_policy", "scan")
     ir = popxl.Ir()
