@@ -183,14 +183,20 @@ def _feeds(graph: Graph, memo: dict[int, list]) -> list[tuple[str, list[Tensor]]
         for j in _stacked_slots(run)
     ]
     feeds += [("group", [op.inputs[j] for op in group.ops]) for group, j in _group_slots(graph)]
-    known = {tuple(map(id, rows)) for _, rows in feeds}
+    known = {tuple(map(id, rows)): k for k, (_, rows) in enumerate(feeds)}
     for op, sub, offset in _called(graph):
         outer = dict(zip(sub._inputs, op.inputs[offset : offset + len(sub._inputs)]))
         for kind, rows in _feeds(sub, memo):
             mapped = [outer.get(t) for t in rows]
-            if all(t is not None for t in mapped) and tuple(map(id, mapped)) not in known:
-                known.add(tuple(map(id, mapped)))
+            if any(t is None for t in mapped):
+                continue
+            k = known.setdefault(tuple(map(id, mapped)), len(feeds))
+            if k == len(feeds):
                 feeds.append((kind, mapped))  # type: ignore[arg-type]
+            elif kind == "chain":
+                # The same rows a group here reads (the updates of the weights a called
+                # forward graph's layers scan): a chain still, so that it comes first.
+                feeds[k] = (kind, mapped)  # type: ignore[assignment]
     memo[id(graph)] = feeds
     return feeds
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -455,3 +457,72 @@ def test_weights_the_forward_reads_alone_keep_an_entry_each(monkeypatch):
     np.testing.assert_array_equal(scan_out, inline_out)
     for (t, a), b in zip(scan_vars.items(), inline_vars.values()):
         np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=t.name)
+
+
+def differentiated_layers_program():
+    """Three layers' weights created out of layer order (layer 0, 2, 1: neither their
+    order nor its reverse, as weights created by name are), a model graph calling one
+    layer graph per layer, its gradient graph from ``autodiff`` (calling the layer's
+    gradient graph in reverse layer order), and SGD updates in layer order: a captured
+    torch training step in miniature."""
+    ir = popxl.Ir()
+    rng = np.random.default_rng(5)
+    with ir.main_graph:
+        created = {
+            i: popxl.variable(rng.normal(size=(3, 3)).astype(np.float32), name=f"w{i}")
+            for i in (0, 2, 1)
+        }
+        ws = [created[i] for i in range(LAYERS)]
+        x = popxl.variable(rng.normal(size=(2, 3)).astype(np.float32), name="x")
+        layer = ir.create_graph(lambda h, w: ops.tanh(h @ w), x.spec, ws[0].spec)
+
+        def model(h: popxl.Tensor, *weights: popxl.Tensor) -> popxl.Tensor:
+            for w in weights:
+                (h,) = ops.call(layer, h, w)
+            return ops.sum(h)
+
+        fwd = ir.create_graph(model, x.spec, *(w.spec for w in ws))
+        info = popxl.transforms.autodiff(fwd, grads_required=fwd.inputs[1:])
+        site = ops.call_with_info(fwd, x, *ws)
+        seed = popxl.constant(1.0, popxl.float32, "seed")
+        grads = ops.call(info.graph, seed, inputs_dict=info.inputs_dict(site))
+        for w, g in zip(ws, grads):
+            ops.scaled_add_(w, g, b=-LR)
+    return ir, ws, x
+
+
+def test_layers_created_out_of_order_are_stored_in_layer_order(monkeypatch):
+    """The forward graph's layers read the weights in the order the updates in the main
+    graph read them, and the gradient run in reverse: the weights' stack follows the
+    forward run (a chain of layers), not the gradient run. The forward run then scans it
+    as it lies, the gradient run scans it in reverse and writes the gradients in layer
+    order, and the updates read both stacks as they lie: no reversed copy anywhere (each
+    would copy every weight every step)."""
+    results = {}
+    for policy in ("scan", "inline"):
+        monkeypatch.setattr(run_plans, "_policy", policy)
+        ir, ws, x = differentiated_layers_program()
+        with popxl.Session(ir, "ipu_model") as session:
+            before = [session.get_tensor_data(w).copy() for w in ws]
+            x0 = session.get_tensor_data(x).copy()
+            session.run()
+            results[policy] = [session.get_tensor_data(w).copy() for w in ws]
+        if policy == "scan":
+            program = build_program(ir)
+            mut, fixed = program.split(abstract_state(program))
+            stash = tuple(jax.ShapeDtypeStruct(*spec) for spec in program.scratch_specs())
+            jaxpr = program.step.trace((*mut, *stash), fixed, abstract_inputs(program)).jaxpr
+            assert _count_primitive(jaxpr.jaxpr, "scan") == 2
+            assert _count_primitive(jaxpr.jaxpr, "rev") == 0
+            assert _gathered_rows(jaxpr.jaxpr) == []
+
+    def loss(weights: list) -> Any:
+        h = jnp.asarray(x0)
+        for w in weights:
+            h = jnp.tanh(h @ w)
+        return jnp.sum(h)
+
+    grads = jax.grad(loss)([jnp.asarray(w) for w in before])
+    for w, g, got, inlined in zip(before, grads, results["scan"], results["inline"]):
+        np.testing.assert_allclose(got, w - LR * np.asarray(g), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, inlined, rtol=1e-6, atol=1e-7)
