@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import jax
 import numpy as np
 import pytest
 
@@ -72,6 +73,33 @@ def test_the_buffers_are_donated_to_each_step_and_dropped_on_detach(monkeypatch)
         assert all(a.is_deleted() for a in first)
         assert not any(a.is_deleted() for a in second)
     assert session._scratch is None
+
+
+def test_making_the_buffers_compiles_nothing(monkeypatch):
+    """The buffers are zeros put from the host: the session compiles its step when it is
+    made, and its first run compiles nothing (``jnp.zeros`` compiled a program per buffer
+    shape: 2 s of ConvNeXt-T's first training call)."""
+    monkeypatch.setattr(run_plans, "_policy", "scan")
+    ir, stream, _, _, _ = training_program(1)
+    jax.clear_caches()  # zeros of these shapes made by earlier tests would be cached
+    session = popxl.Session(ir, "ipu_model")
+    with session:
+        session._compiled()  # the step (made already unless an identical program was)
+    compiles: list[float] = []
+
+    def listener(event: str, duration: float, **kwargs: object) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        with session:
+            session.run({stream: np.ones((B, H), np.float32)})
+            assert session._scratch is not None
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert len(session._program.scratch) > 1
+    assert compiles == []
 
 
 @pytest.mark.parametrize("mapping", ["vmap", "shard_map"])
