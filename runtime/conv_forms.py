@@ -59,9 +59,39 @@ def conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
     if jax.default_backend() != "cpu":
         return _lax_conv(x, w, geo)
     f = jnp.promote_types(x.dtype, jnp.float32)
+    w, geo = _live_taps(x.shape[2:], w, geo)
     frames = w.ndim == 5 and geo.groups == 1 and _roomy(x.shape[3:], w.shape[3:], geo.dilation[1:])
     form: Any = _frames_conv if frames else _cpu_conv
     return form(x.astype(f), w.astype(f), geo).astype(x.dtype)
+
+
+def _live_taps(spatial: Sequence[int], w: jax.Array, geo: Geometry) -> tuple[jax.Array, Geometry]:
+    """The kernel without the taps that read only padding, and the geometry (pads) that
+    gives the same output with it: the same convolution, with less arithmetic.
+
+    A 3x3 kernel padded by 1 over a 1x1 map (ResNet's last stage on 32x32 images) reads
+    the map with its centre tap alone, a 3x3x3 one over a single frame (R3D-18's last
+    stage) with its middle kernel frame: the other taps multiply zeros, which the matmul
+    form's patches would hold 9 and 3 times over. On each axis the taps that read some
+    input position are a contiguous range; where all of them read only padding the axis
+    is left as it is.
+    """
+    kernel = w.shape[2:]
+    out = _out_shape((0, 0, *spatial), kernel, geo)
+    keep, pads = [], []
+    for n, k, (lo, hi), d, s, o in zip(spatial, kernel, geo.pads, geo.dilation, geo.stride, out):
+        live = [t for t in range(k) if any(0 <= i * s + t * d - lo < n for i in range(o))]
+        if not live or len(live) == k:
+            keep.append(slice(None))
+            pads.append((lo, hi))
+            continue
+        first, last = live[0], live[-1]
+        low = lo - first * d
+        keep.append(slice(first, last + 1))
+        pads.append((low, (o - 1) * s + (last - first) * d + 1 - n - low))
+    if all(k == slice(None) for k in keep):
+        return w, geo
+    return w[(slice(None), slice(None), *keep)], geo._replace(pads=tuple(pads))
 
 
 def _frames_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:

@@ -83,6 +83,24 @@ CASES = [
         Geometry((4, 1, 2), ((2, 2), (0, 1), (1, 1)), (1, 1, 1), 1),
     ),
     (
+        "2d_map_inside_the_padding",  # a 1x1 map under a 3x3 kernel: only its centre reads it
+        (2, 8, 1, 1),
+        (6, 8, 3, 3),
+        Geometry((1, 1), ((1, 1), (1, 1)), (1, 1), 1),
+    ),
+    (
+        "2d_dead_taps_stride_dilation",  # the dilated taps past the first read padding only
+        (1, 3, 3, 9),
+        (4, 3, 3, 3),
+        Geometry((2, 1), ((0, 4), (1, 1)), (3, 1), 1),
+    ),
+    (
+        "3d_single_frame",  # one frame under a 3-frame kernel: only its middle frame reads it
+        (2, 4, 1, 3, 3),
+        (5, 4, 3, 3, 3),
+        Geometry((1, 1, 1), ((1, 1),) * 3, (1, 1, 1), 1),
+    ),
+    (
         "3d_small_frames",  # 3x3 frames under a 3x3 kernel: the 3-D matmul form
         (2, 4, 5, 3, 3),
         (6, 4, 3, 3, 3),
@@ -231,6 +249,25 @@ def test_the_choice_avoids_xla_kernels_slow_cases():
     assert got == ["matmul", "matmul", "lax"]
     got = [choose((12, 5, 63, 63), (12, 5, 5, 5), valid, d) for d in directions]
     assert got == ["lax", "matmul", "lax"]
+
+
+@pytest.mark.parametrize(
+    "name,kernel",
+    [("2d_map_inside_the_padding", (1, 1)), ("2d_dead_taps_stride_dilation", (1, 3)),
+     ("3d_single_frame", (1, 3, 3)), ("2d_pad", (3, 3))],
+)  # fmt: skip
+def test_taps_that_read_only_padding_are_left_out(rng, name, kernel):
+    """The convolution multiplies by the taps that read the input, not by those that read
+    only padding: the kernel the lowered program slices out of the weight has the extent
+    given here (its full extent where every tap reads some input)."""
+    _, x_shape, w_shape, geo = CASES[IDS.index(name)]
+    x, w = _data(rng, x_shape, w_shape)
+    eqns = jax.make_jaxpr(lambda a, b: conv(a, b, geo))(x, w).jaxpr.eqns
+    sliced = [e.outvars[0].aval.shape for e in eqns if e.primitive.name == "slice"]
+    if kernel == w_shape[2:]:
+        assert not [s for s in sliced if s[:2] == w_shape[:2]]
+    else:
+        assert [s[2:] for s in sliced if s[:2] == w_shape[:2]] == [kernel]
 
 
 def test_xla_kernel_takes_channels_last_operands_also_in_a_loop_body():
