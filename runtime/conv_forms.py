@@ -91,7 +91,7 @@ def _live_taps(spatial: Sequence[int], w: jax.Array, geo: Geometry) -> tuple[jax
         pads.append((low, (o - 1) * s + (last - first) * d + 1 - n - low))
     if all(k == slice(None) for k in keep):
         return w, geo
-    return w[(slice(None), slice(None), *keep)], geo._replace(pads=tuple(pads))
+    return w[(slice(None), slice(None)) + tuple(keep)], geo._replace(pads=tuple(pads))
 
 
 def _frames_conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
