@@ -64,7 +64,14 @@ class OpDef:
             e.g. integer outputs or host IO), or the name of a structural rule in autodiff.
         nondiff_inputs: input indices that never receive a gradient (indices, seeds).
         grad_needs: ``"inputs"`` when the gradient needs the forward input values, ``"none"``
-            when it only needs their shapes (linear ops), so autodiff keeps no activations.
+            when it only needs their shapes (linear ops), so autodiff keeps no activations,
+            ``"others"`` when each input's gradient needs only the other inputs' values
+            (products), so an input is kept only where another one's gradient is wanted.
+        grad_from_output: for an op of one input and one output, its input's gradient as a
+            JAX function of the output and the output's cotangent (``(y, dy, **attrs)``):
+            relu, softmax. Autodiff then keeps the output rather than the input, as PopART's
+            ``ReluGrad`` and ``SoftmaxGrad`` do: the output is often kept anyway (the next
+            matmul's gradient reads it), and the input then need not be.
     """
 
     key: str
@@ -79,6 +86,7 @@ class OpDef:
     grad: str = "vjp"
     nondiff_inputs: tuple[int, ...] = ()
     grad_needs: str = "inputs"
+    grad_from_output: Callable[..., Any] | None = None
     doc: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:

@@ -147,7 +147,7 @@ def _check_recipe(graph: Graph, op: Op, recipe: VjpRecipe) -> None:
 
     for h in recipe.op.inputs:
         reach(h)
-    values = recipe.roots if recipe.needs_values else ()
+    values = recipe.values
     n_in = len(values) + sum(recipe.present)
     if len(op.inputs) != n_in:
         _fail(graph, f"the recipe expects {n_in} inputs, the gradient op has {len(op.inputs)}", op)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -182,9 +182,7 @@ def _remove_identity(graph: popxl.Graph, op: Op, storage: _Storage) -> bool:
 # Minimal patterns: gradient ops as forward ops ----------------------------------------------
 
 
-def _input_grad(
-    key: str, k: int, g: popxl.Tensor, values: tuple[popxl.Tensor, ...]
-) -> popxl.Tensor:
+def _input_grad(key: str, k: int, g: popxl.Tensor, values: tuple[Any, ...]) -> popxl.Tensor:
     """The gradient w.r.t. input ``k`` of forward op ``key``, from the cotangent ``g`` and
     the forward input values (before unbroadcasting)."""
     if key == "matmul":
@@ -227,7 +225,11 @@ def _grad_to_forward_ops(graph: popxl.Graph, op: Op, names: tuple[str, ...]) -> 
     if not _rewritable_grad(op, names):
         return False
     recipe = op.attrs["recipe"]
-    values, g = op.inputs[:-1], op.inputs[-1]
+    # The forward values the gradient op takes; None where the gradients asked for do not
+    # read them (a product's operand whose own gradient is all that is wanted).
+    taken = iter(op.inputs[:-1])
+    values = tuple(next(taken) if need else None for need in recipe.needed)
+    g = op.inputs[-1]
     key = recipe.op.opdef.key
     with insert_before(op):
         new = []

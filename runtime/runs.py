@@ -118,7 +118,9 @@ def _kept_apart(graph: Graph) -> bool:
     layer) of a replicated program, whose calls lowered apart let each weight gradient's
     replica sum wait for its accumulator (``replica_sums``), which a run's stacked outputs
     would compute per replica instead."""
-    return graph.ir.replication_factor > 1 and any("recipe" in op.attrs for op in graph._ops)
+    return graph.ir.replication_factor > 1 and any(
+        "recipe" in op.attrs or op.opdef.special == "vjp_output" for op in graph._ops
+    )
 
 
 def runs_of(graph: Graph) -> dict[Op, Run]:

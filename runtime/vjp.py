@@ -14,7 +14,7 @@ import numpy as np
 from popxl._op import Op
 from popxl.errors import InternalError
 from popxl.tensor import Tensor
-from popxl.transforms._grad_ops import VjpRecipe
+from popxl.transforms._grad_ops import OUTPUT_GRAD_FORWARD, VjpRecipe
 from popxl.transforms._storage import parents, roots, written_inputs
 
 from .lowering import Env, LoweringContext, _checked, lower_op, special
@@ -47,13 +47,13 @@ def _zero_cotangent(primal: jax.Array) -> jax.Array | np.ndarray:
 def _lower_vjp(ctx: LoweringContext, env: Env, op: Op) -> None:
     recipe = op.attrs["recipe"]
     forward_op = recipe.op
-    n = len(recipe.roots)
-    if recipe.needs_values:
-        values = [env.read(t) for t in op.inputs[:n]]
-        cot_inputs = list(op.inputs[n:])
-    else:
-        values = [jnp.zeros(r.shape, r.dtype._np_device) for r in recipe.roots]
-        cot_inputs = list(op.inputs)
+    # Roots whose values the gradient does not need are zeros (XLA folds them away).
+    taken = iter(op.inputs[: len(recipe.values)])
+    values = [
+        env.read(next(taken)) if need else jnp.zeros(r.shape, r.dtype._np_device)
+        for r, need in zip(recipe.roots, recipe.needed)
+    ]
+    cot_inputs = list(op.inputs[len(recipe.values) :])
     root_set = set(recipe.roots)
     results = recipe.results
     inner_ctx = LoweringContext(
@@ -92,6 +92,19 @@ def _lower_vjp(ctx: LoweringContext, env: Env, op: Op) -> None:
             env.values[out] = _checked(grads[k], out)
 
 
+@special("vjp_output")
+def _lower_vjp_from_output(ctx: LoweringContext, env: Env, op: Op) -> None:
+    """A gradient op computed from the forward op's output (``OpDef.grad_from_output``)."""
+    forward = OUTPUT_GRAD_FORWARD[op.opdef.key]
+    grad = forward.grad_from_output
+    if grad is None:
+        raise InternalError(f"{forward.type} has no gradient from its output", op)
+    y, dy = (env.read(t) for t in op.inputs)
+    dx = grad(y, dy.astype(y.dtype), **op.attrs)
+    out = op.outputs[0]
+    env.values[out] = _checked(dx.astype(out.dtype._np_device), out)
+
+
 def _deferred_weight_grad(
     ctx: LoweringContext, recipe: VjpRecipe, values: list, cotangents: tuple
 ) -> tuple[int, WeightGrad] | None:
@@ -103,8 +116,7 @@ def _deferred_weight_grad(
     lhs, rhs = forward_op.inputs
     out = forward_op.outputs[0]
     if (
-        not recipe.needs_values
-        or not recipe.present[0]
+        not recipe.present[0]
         or rhs not in recipe.roots
         or rhs in roots(lhs)  # the gradient would also flow through the left operand
         or len(rhs.shape) != 2
@@ -116,6 +128,8 @@ def _deferred_weight_grad(
     index = recipe.roots.index(rhs)
     if index not in recipe.grad_for:
         return None
+    if not all(recipe.needed[recipe.roots.index(r)] for r in roots(lhs)):
+        raise InternalError("a weight gradient without its left operand's value", forward_op)
     sub = Env()
     sub.values.update(zip(recipe.roots, values))
     _link(sub, lhs, set(recipe.roots))

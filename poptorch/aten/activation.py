@@ -23,6 +23,7 @@ from torch.ops import aten
 
 import popxl
 from popxl import ops
+from popxl.ops.nn import softmax_grad
 
 from .registry import NodeContext, lowering
 
@@ -159,7 +160,9 @@ def _lower_safe_softmax(ctx: NodeContext, x: popxl.Tensor, dim: int, dtype: Any 
     x = ctx.tensor(x, ctx.out_dtype)
     if not x.rank:
         return ops.identity(ctx.tensor(1.0))
-    return ctx.jax("_safe_softmax", _safe_softmax, x, axis=dim % x.rank)
+    return ctx.jax(
+        "_safe_softmax", _safe_softmax, x, grad_from_output=softmax_grad, axis=dim % x.rank
+    )
 
 
 @lowering(aten._log_softmax.default)

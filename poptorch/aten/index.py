@@ -255,7 +255,7 @@ def _lower_gather(
     """torch.gather: ``out[i][j] = x[index[i][j]][j]`` (dim 0); ``index`` may be smaller
     than ``x`` in the other dimensions."""
     expanded = _expanded(ctx)
-    attrs = {"expanded": expanded} if expanded is not None else {}
+    attrs: dict[str, Any] = {"expanded": expanded} if expanded is not None else {}
     return ctx.jax("gather", _gather, x, index, nondiff=(1,), axis=_dim(dim, x.rank), **attrs)
 
 
@@ -380,7 +380,7 @@ def _record_scatter(
 ) -> Any:
     src = ctx.tensor(src, x.dtype)
     expanded = _expanded(ctx)
-    attrs = {"expanded": expanded} if expanded is not None else {}
+    attrs: dict[str, Any] = {"expanded": expanded} if expanded is not None else {}
     return ctx.jax(
         "scatter",
         _scatter,
@@ -464,7 +464,7 @@ def _lower_grouped_scatter(
     """Scatter-reduces of one tensor by one index (``_capture/scatter_groups.py``): one op
     with ``group_size`` sources, then a slice per result."""
     expanded = _expanded(ctx)
-    attrs = {"expanded": expanded} if expanded is not None else {}
+    attrs: dict[str, Any] = {"expanded": expanded} if expanded is not None else {}
     stacked = ops.concat([ops.reshape(ctx.tensor(s, x.dtype), (1, *s.shape)) for s in srcs], 0)
     n = len(srcs)
     out = ctx.jax(

@@ -174,10 +174,15 @@ def _infer_from_attrs(*_specs: Any, _out: tuple, **_attrs: Any) -> list[popxl.Te
     return [popxl.TensorSpec(shape, popxl.dtypes.dtype.from_name(d)) for shape, d in _out]
 
 
-def jax_opdef(name: str, fn: Callable[..., Any], nondiff: Sequence[int] = ()) -> OpDef:
+def jax_opdef(
+    name: str,
+    fn: Callable[..., Any],
+    nondiff: Sequence[int] = (),
+    grad_from_output: Callable[..., Any] | None = None,
+) -> OpDef:
     """The op kind ``aten::<name>`` (or ``name`` itself when it has a ``::`` namespace)
     lowered by ``fn(*arrays, **attrs)``; one per name and set of non-differentiable inputs
-    (the printed type is the name either way)."""
+    (the printed type is the name either way). ``grad_from_output``: see ``OpDef``."""
     cache_key = (name, tuple(nondiff))
     if cache_key in _JAX_OPS:
         return _JAX_OPS[cache_key]
@@ -194,6 +199,7 @@ def jax_opdef(name: str, fn: Callable[..., Any], nondiff: Sequence[int] = ()) ->
         lower,
         grad="vjp",
         nondiff_inputs=tuple(nondiff),
+        grad_from_output=grad_from_output,
         doc=fn.__doc__ or "",
     )
     _JAX_OPS[cache_key] = opdef
@@ -289,9 +295,11 @@ class NodeContext:
         *inputs: popxl.Tensor,
         nondiff: Sequence[int] = (),
         outputs: Sequence[tuple[tuple[int, ...], popxl.dtype]] | None = None,
+        grad_from_output: Callable[..., Any] | None = None,
         **attrs: Any,
     ) -> Any:
-        """Record ``aten::<name>`` lowered by ``fn(*arrays, **attrs)``.
+        """Record ``aten::<name>`` lowered by ``fn(*arrays, **attrs)`` (its gradient from
+        its output by ``grad_from_output(y, dy, **attrs)`` where given).
 
         The output specs are the node's (or ``outputs``); returns one tensor, or a tuple
         when there are several outputs.
@@ -300,7 +308,7 @@ class NodeContext:
             specs = [s for s in _meta_specs(self.out_val) if s is not None]
         else:
             specs = [(tuple(shape), dtype.name) for shape, dtype in outputs]
-        opdef = jax_opdef(name, fn, nondiff)
+        opdef = jax_opdef(name, fn, nondiff, grad_from_output)
         named = {f"in{i}": t for i, t in enumerate(inputs)}
         outs = record(opdef, named, {**attrs, "_out": tuple(specs)})
         return outs[0] if len(outs) == 1 else tuple(outs)

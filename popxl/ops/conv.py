@@ -124,7 +124,7 @@ def _pow2scaled(lower: Any) -> Any:
     return lower_pow2scaled
 
 
-CONV = define("conv", "Conv", _conv_infer, _lower_conv)
+CONV = define("conv", "Conv", _conv_infer, _lower_conv, grad_needs="others")
 CONV_POW2SCALED = define(
     "conv_pow2scaled",
     "Conv",

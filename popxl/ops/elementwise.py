@@ -139,13 +139,28 @@ BINARY: dict[str, tuple[str, Any, dtypes.dtype | None, str | None]] = {
 
 OPS: dict[str, OpDef] = {}
 LINEAR = {"add", "sub", "negate", "identity"}  # gradients need no forward values
+# Gradients from the output and its cotangent (see ``OpDef.grad_from_output``).
+FROM_OUTPUT = {
+    "relu": lambda y, dy: jnp.where(y > 0, dy, jnp.zeros_like(dy)),
+    "exp": lambda y, dy: y * dy,
+    "tanh": lambda y, dy: (1 - y * y) * dy,
+    "sigmoid": lambda y, dy: y * (1 - y) * dy,
+}
 for _name, (_type, _lower, _inplace) in UNARY.items():
     _needs = "none" if _name in LINEAR else "inputs"
-    OPS[_name] = define(_name, _type, _same_as_input, _lower, grad_needs=_needs)
+    OPS[_name] = define(
+        _name,
+        _type,
+        _same_as_input,
+        _lower,
+        grad_needs=_needs,
+        grad_from_output=FROM_OUTPUT.get(_name),
+    )
     if _inplace:
         OPS[_name + "_"] = define_inplace(OPS[_name], _name + "_", _inplace)
+PRODUCTS = {"mul"}  # each operand's gradient needs only the other's value
 for _name, (_type, _lower, _out, _inplace) in BINARY.items():
-    _needs = "none" if _name in LINEAR else "inputs"
+    _needs = "none" if _name in LINEAR else "others" if _name in PRODUCTS else "inputs"
     OPS[_name] = define(_name, _type, _binary_infer(_type, _out), _lower, grad_needs=_needs)
     if _inplace:
         OPS[_name + "_"] = define_inplace(OPS[_name], _name + "_", _inplace)

@@ -63,7 +63,7 @@ def _matmul(x: Any, y: Any, *, output_type: Any, partials_type: Any) -> Any:
     return jnp.matmul(x, y, precision=dot_precision(x.dtype))
 
 
-MATMUL = define("matmul", "MatMul", _matmul_infer, _matmul)
+MATMUL = define("matmul", "MatMul", _matmul_infer, _matmul, grad_needs="others")
 
 
 def matmul(
@@ -104,7 +104,18 @@ def _axis_infer(t: Any, *, axis: int) -> list:
     return [t]
 
 
-SOFTMAX = define("softmax", "Softmax", _axis_infer, lambda x, *, axis: jax.nn.softmax(x, axis=axis))
+def softmax_grad(y: Any, dy: Any, *, axis: int, **_: Any) -> Any:
+    """Softmax's input gradient from its output ``y`` and the output's cotangent."""
+    return y * (dy - jnp.sum(y * dy, axis=axis, keepdims=True))
+
+
+SOFTMAX = define(
+    "softmax",
+    "Softmax",
+    _axis_infer,
+    lambda x, *, axis: jax.nn.softmax(x, axis=axis),
+    grad_from_output=softmax_grad,
+)
 LOG_SOFTMAX = define(
     "log_softmax", "LogSoftmax", _axis_infer, lambda x, *, axis: jax.nn.log_softmax(x, axis=axis)
 )

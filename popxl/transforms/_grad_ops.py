@@ -29,6 +29,28 @@ def grad_opdef(forward: OpDef) -> OpDef:
     return opdef
 
 
+_OUTPUT_GRAD_OPDEFS: dict[str, OpDef] = {}
+# gradient op kind key -> the forward op kind whose ``grad_from_output`` it runs
+OUTPUT_GRAD_FORWARD: dict[str, OpDef] = {}
+
+
+def output_grad_opdef(forward: OpDef) -> OpDef:
+    """The gradient op kind of ``forward`` computed from its output (``grad_from_output``):
+    inputs ``(y, dy)``, the forward op's attributes, printed as ``<Type>Grad``."""
+    opdef = _OUTPUT_GRAD_OPDEFS.get(forward.key)
+    if opdef is None:
+        opdef = OpDef(
+            f"{forward.key}__grad_from_output",
+            f"{forward.type}Grad",
+            _no_infer,
+            special="vjp_output",
+            grad="none",
+        )
+        _OUTPUT_GRAD_OPDEFS[forward.key] = opdef
+        OUTPUT_GRAD_FORWARD[opdef.key] = forward
+    return opdef
+
+
 @dataclass(frozen=True, eq=False)
 class VjpRecipe:
     """What a gradient op differentiates: a private snapshot of the forward op.
@@ -42,8 +64,9 @@ class VjpRecipe:
         op: the snapshot of the forward op (same id, kind, attributes and placement).
         roots: the snapshots of the root storages the forward op reads or writes (their
             values before it), in the gradient op's input order.
-        needs_values: whether the gradient op takes those values as inputs (else zeros of
-            the right shape stand in, for linear ops).
+        needed: for each root, whether the gradient op takes its value as an input (else
+            zeros of the right shape stand in: linear ops need no values, and the gradient
+            of one operand of a product needs only the other's).
         present: for each forward result (written roots, then new outputs), whether a
             cotangent input is connected.
         grad_for: indices into ``roots`` that the gradient op outputs gradients for.
@@ -55,7 +78,7 @@ class VjpRecipe:
 
     op: Op
     roots: tuple[Tensor, ...]
-    needs_values: bool
+    needed: tuple[bool, ...]
     present: tuple[bool, ...]
     grad_for: tuple[int, ...]
     detached: bool = False
@@ -65,7 +88,7 @@ class VjpRecipe:
         cls,
         op: Op,
         roots: tuple[Tensor, ...],
-        needs_values: bool,
+        needed: tuple[bool, ...],
         present: tuple[bool, ...],
         grad_for: tuple[int, ...],
         detached: bool = False,
@@ -74,7 +97,12 @@ class VjpRecipe:
         copies: dict[Tensor, Tensor] = {r: _detached(r, None) for r in roots}
         forward = _detached_op(op, tuple(_copy_handle(h, copies) for h in op.inputs))
         snapshot = tuple(copies[r] for r in roots)
-        return cls(forward, snapshot, needs_values, present, grad_for, detached)
+        return cls(forward, snapshot, needed, present, grad_for, detached)
+
+    @property
+    def values(self) -> tuple[Tensor, ...]:
+        """The roots whose values the gradient op takes as inputs, in its input order."""
+        return tuple(r for r, need in zip(self.roots, self.needed) if need)
 
     @property
     def results(self) -> tuple[Tensor, ...]:
@@ -102,7 +130,7 @@ class VjpRecipe:
             inputs,
             results,
             specs,
-            self.needs_values,
+            self.needed,
             self.present,
             self.grad_for,
             self.detached,

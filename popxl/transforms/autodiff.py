@@ -8,14 +8,20 @@ The walk is reverse-mode over the forward ops, as in micrograd's ``backward()``:
             accumulate(version, gradient)
 
 Each forward op becomes one gradient op in the new graph (``GeluGrad``, ``MatMulGrad``...)
-whose lowering is ``jax.vjp`` of the forward op's lowering, so no derivative formulas are
-written by hand. Structural ops have their own rules: a ``call`` becomes a call of the
-callee's gradient graph, ``print_tensor`` can print its gradient, and ops marked
-``grad="none"`` (detach, host IO, variable updates) stop gradients.
+whose lowering is ``jax.vjp`` of the forward op's lowering, so derivative formulas are not
+written by hand; the exceptions are ops whose gradient reads their output instead of their
+input (``OpDef.grad_from_output``: relu, softmax), as PopART's do. Structural ops have
+their own rules: a ``call`` becomes a call of the callee's gradient graph, ``print_tensor``
+can print its gradient, and ops marked ``grad="none"`` (detach, host IO, variable updates)
+stop gradients. Only values that depend on a required input are differentiated.
 
 Forward values the gradient ops need become ``Fwd`` inputs of the gradient graph; forward
 intermediates among them are added as outputs of the forward graph, and every existing
-call site of the forward graph gains the matching outputs.
+call site of the forward graph gains the matching outputs. Each is a copy a training step
+keeps from its forward to its backward pass (for a run of layers, a stack written per
+layer), so the gradient graph takes as few as it can: a product's operand only where
+another operand's gradient is wanted (``grad_needs="others"``), and reshapes computed
+again from their source.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from ..ops._base import add_op, spec
 from ..ops.call import call
 from ..ops.host_io import init
 from ..tensor import Constant, Tensor, constant, graph_input
-from ._grad_ops import VjpRecipe, grad_opdef
+from ._grad_ops import VjpRecipe, grad_opdef, output_grad_opdef
 from ._storage import (
     Analysis,
     Step,
@@ -129,6 +135,7 @@ class _Differentiator:
         self._snapshot_view_handles()
         analysis = analyse(self.fwd)
         self.analysis = analysis
+        self.active = self._active_versions(analysis)
         self.grad = self.ir._graph_with_id(f"{self.fwd.id}_bwd")
         with self.grad:
             seeds = self._seed_inputs(analysis)
@@ -243,6 +250,25 @@ class _Differentiator:
             )
             self.cotangents[version] = op.outputs[0]
 
+    def _active_versions(self, analysis: Analysis) -> set[Version] | None:
+        """The versions that depend on a required input: the only ones whose gradients
+        can reach the outputs (None: all, where a required tensor is not an input).
+
+        The gradient of a constant (attention's scale) or of an input left out of
+        ``grads_required`` is never computed, nor kept for: neither is a forward value
+        only such a gradient would read.
+        """
+        if any(t not in self.fwd._inputs for t in self.required):
+            return None
+        active = {analysis.handle_version[t] for t in self.required}
+        for step in analysis.steps:
+            if any(v in active for v in step.befores):
+                active.update(step.results)
+        return active
+
+    def is_active(self, version: Version) -> bool:
+        return self.active is None or version in self.active
+
     # Activations -----------------------------------------------------------------------
 
     def fwd_value(self, version: Version) -> Tensor:
@@ -268,7 +294,8 @@ class _Differentiator:
     def _recomputed(self, version: Version) -> Tensor | None:
         """``version`` computed again in the gradient graph, where it is a layout change
         (``RECOMPUTED``) of the forward graph's inputs and constants, directly or through
-        more of them: a weight's transpose is read again from the weight rather than kept.
+        more of them (a weight's transpose is read again from the weight rather than kept),
+        or a reshape of any forward value.
         Kept, it would be a new output of the forward graph, and of every call: a stack that a
         run of calls writes per call and the gradient calls read back. None otherwise."""
         step = self._producers().get(version)
@@ -280,11 +307,20 @@ class _Differentiator:
                       [version.root.name]).outputs[0]  # fmt: skip
 
     def _recomputable(self, step: Step) -> bool:
+        if not self._layout_change(step):
+            return False
+        # A reshape is free to compute again from its source, which is kept instead: one
+        # kept value where the gradients read both (a relu's output, and its reshape for
+        # the next matmul's gradient). Other layout changes only of inputs and constants.
+        return step.op.opdef.key == "reshape" or self._layout_of_inputs(step)
+
+    def _layout_change(self, step: Step) -> bool:
         op = step.op
         if op.opdef.key not in RECOMPUTED or len(op.outputs) != 1 or step.written:
             return False
-        if [v.root for v in step.befores] != list(op.inputs):  # read through a view
-            return False
+        return [v.root for v in step.befores] == list(op.inputs)  # else read through a view
+
+    def _layout_of_inputs(self, step: Step) -> bool:
         producers = self._producers()
         for v in step.befores:
             if isinstance(v.root, Constant):
@@ -292,7 +328,9 @@ class _Differentiator:
             if v.root in self.fwd._inputs and self.analysis.is_final(v):
                 continue
             inner = producers.get(v)
-            if inner is None or not self._recomputable(inner):
+            if inner is None or not self._layout_change(inner):
+                return False
+            if not self._layout_of_inputs(inner):
                 return False
         return True
 
@@ -385,24 +423,65 @@ def _vjp_rule(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Cont
     grad_for = tuple(
         k
         for k, v in enumerate(step.befores)
-        if _is_float(v.root) and (v.root in diff_roots or v.root not in nondiff_roots)
+        if _is_float(v.root)
+        and (v.root in diff_roots or v.root not in nondiff_roots)
+        and d.is_active(v)
     )
     if not grad_for:
         return []
-    needs_values = op.opdef.grad_needs != "none"
+    cot = cots[0]
+    if cot is not None and _from_output(step):
+        y = d.fwd_value(step.new_outputs[0])
+        root = step.befores[0].root
+        grad_op = add_op(d.grad, output_grad_opdef(op.opdef), (y, cot), dict(op.attrs),
+                         [root.spec], [f"Gradient___{root.name}"])  # fmt: skip
+        return [(step.befores[0], grad_op.outputs[0])]
+    needed = _values_needed(step, grad_for)
     recipe = VjpRecipe.capture(
         op,
         tuple(v.root for v in step.befores),
-        needs_values,
+        needed,
         tuple(c is not None for c in cots),
         grad_for,
     )
-    inputs = [d.fwd_value(v) for v in step.befores] if needs_values else []
+    inputs = [d.fwd_value(v) for v, need in zip(step.befores, needed) if need]
     inputs += [c for c in cots if c is not None]
     specs = [step.befores[k].root.spec for k in grad_for]
     names = [f"Gradient___{step.befores[k].root.name}" for k in grad_for]
     grad_op = add_op(d.grad, grad_opdef(op.opdef), tuple(inputs), {"recipe": recipe}, specs, names)
     return [(step.befores[k], out) for k, out in zip(grad_for, grad_op.outputs)]
+
+
+def _from_output(step: Step) -> bool:
+    """Whether the op's gradient is computed from its output (``grad_from_output``): an op
+    of one input it reads directly and one new output, writing nothing."""
+    op = step.op
+    return (
+        op.opdef.grad_from_output is not None
+        and len(op.inputs) == 1
+        and [v.root for v in step.befores] == list(op.inputs)
+        and not step.written
+        and len(step.new_outputs) == 1
+        and len(op.outputs) == 1
+    )
+
+
+def _values_needed(step: Step, grad_for: tuple[int, ...]) -> tuple[bool, ...]:
+    """For each root the op reads, whether its gradient op needs the root's value.
+
+    ``grad_needs="others"`` (products: ``mul``, ``matmul``, ``conv``): the gradient of one
+    operand needs only the values of the others, so an operand is kept only where another
+    one's gradient is wanted. A product by a constant (attention's ``q * scale``) then keeps
+    no copy of ``q`` for the gradient graph, as PopART's ``MulArg0Grad`` takes only the
+    other argument. Where an operand is a view or is read twice (``x * x``), all are kept.
+    """
+    needs = step.op.opdef.grad_needs
+    count = len(step.befores)
+    if needs == "none":
+        return (False,) * count
+    if needs == "others" and [v.root for v in step.befores] == list(step.op.inputs):
+        return tuple(any(j != k for j in grad_for) for k in range(count))
+    return (True,) * count
 
 
 def _check_no_effects(op: Op) -> None:
@@ -574,7 +653,8 @@ def _no_grad(d: _Differentiator, step: Step, cots: list[Tensor | None]) -> Contr
         return []
     present = tuple(c is not None for c in written_cots) + (False,) * len(step.new_outputs)
     roots = tuple(v.root for v in step.befores)
-    recipe = VjpRecipe.capture(op, roots, False, present, grad_for, detached=True)
+    no_values = (False,) * len(roots)
+    recipe = VjpRecipe.capture(op, roots, no_values, present, grad_for, detached=True)
     specs = [step.befores[k].root.spec for k in grad_for]
     names = [f"Gradient___{step.befores[k].root.name}" for k in grad_for]
     inputs = tuple(c for c in written_cots if c is not None)

@@ -386,13 +386,14 @@ def test_recompute_when_the_gradient_does_not_need_the_input():
 
 def test_recompute_input_order():
     class Order(addons.Module):
-        """The gradient needs b (an input) and sin(x) (an intermediate), never z_off or a."""
+        """The gradient needs b (an input: sin(b)'s gradient reads it) and sin(x) (an
+        intermediate), never z_off or a."""
 
         def build(self, x):
             z_off = self.add_variable_input("z_off", lambda: np.ones(2, np.float32))
             a = self.add_variable_input("a", lambda: np.ones(2, np.float32))
             b = self.add_variable_input("b", lambda: np.full(2, 2.0, np.float32))
-            return ops.sin(x) * b + a + z_off
+            return ops.sin(x) * ops.sin(b) + a + z_off
 
     ir = popxl.Ir()
     with ir.main_graph:
@@ -411,9 +412,11 @@ def test_recompute_input_order():
     # 1. FwdGrad inputs; 2. Fwd inputs that are forward inputs, in the plain order; 3. the
     # other forward inputs sorted by name; 4. other gradient-graph inputs sorted by name.
     first = [t for t in plain_fwd if t in fwd.graph.inputs]
-    assert info.inputs == (fwd.graph.outputs[0], *first, fwd.args.a, fwd.args.z_off)
+    assert first == [fwd.args.b]  # x's gradient is not required: sin(x)'s is not computed
+    x = fwd.graph.inputs[0]
+    assert info.inputs == (fwd.graph.outputs[0], *first, fwd.args.a, x, fwd.args.z_off)
     assert [ec.connection_type for ec in info.expected_inputs] == [FwdGrad] + [Fwd] * (
-        len(first) + 2
+        len(first) + 3
     )
     n = len(info.expected_inputs)
     assert [t.name for t in recomp.graph.inputs[n:]] == ["accum.z_off", "mean_accum_counter"]

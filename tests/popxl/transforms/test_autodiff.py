@@ -315,6 +315,81 @@ def test_layout_changes_of_intermediates_are_kept():
         assert "transpose" not in [op.opdef.key for op in info.graph._ops]
 
 
+def test_a_product_keeps_only_what_the_wanted_gradients_read():
+    """Each operand's gradient of a product reads only the other operand: a product by a
+    constant keeps nothing, and a matmul whose weight gradient is not wanted keeps only the
+    weight (PopART's MulArg0Grad / MatMulLhsGrad take the same)."""
+    xv, wv = _rand(4, 6, seed=1), _rand(6, 3, seed=2)
+
+    def build(x, w):
+        return ops.matmul(x, w) * 2.0
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        specs = (popxl.TensorSpec(xv.shape, F32), popxl.TensorSpec(wv.shape, F32))
+        g = ir.create_graph(build, *specs)
+        info = transforms.autodiff(g)
+        assert set(_fwd_expected(info)) == set(g.inputs)
+        assert len(g.outputs) == 1  # the matmul's result is not kept for the scaling's gradient
+        only_x = ir.create_graph(build, *specs)
+        info_x = transforms.autodiff(only_x, grads_required=[only_x.inputs[0]])
+        assert _fwd_expected(info_x) == [only_x.inputs[1]]
+    seed = np.ones((4, 3), np.float32)
+    expected = _jax_grads(lambda x, w: (x @ w) * 2.0, (xv, wv), [seed])
+    _, grads = _run_grads(build, [xv, wv], [seed])
+    for got, want in zip(grads, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    _, (dx,) = _run_grads(build, [xv, wv], [seed], grads_required_idx=[0])
+    np.testing.assert_allclose(dx, expected[0], rtol=1e-5, atol=1e-6)
+
+
+def test_relu_and_softmax_gradients_read_their_outputs():
+    """Relu's and softmax's gradients are computed from their outputs, which are kept in
+    place of their inputs; a reshape of a kept value is computed again from it rather than
+    kept as well, so relu's output serves both its own gradient and the next matmul's."""
+    xv, wv, vv = _rand(4, 6, seed=3), _rand(6, 8, seed=4), _rand(16, 5, seed=5)
+
+    def build(x, w, v):
+        h = ops.relu(ops.matmul(x, w))
+        return ops.softmax(ops.matmul(ops.reshape(h, (2, 16)), v), 1)
+
+    def reference(x, w, v):
+        h = jax.nn.relu(x @ w)
+        return jax.nn.softmax(h.reshape(2, 16) @ v, axis=1)
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        specs = [popxl.TensorSpec(a.shape, F32) for a in (xv, wv, vv)]
+        g = ir.create_graph(build, *specs)
+        info = transforms.autodiff(g)
+        relu_out = next(op for op in g._ops if op.opdef.key == "relu").outputs[0]
+        assert set(_fwd_expected(info)) == {*g.inputs, relu_out, g.outputs[0]}
+        assert len(g.outputs) == 2  # the softmax's output, and relu's (nothing else kept)
+        types = [op.type for op in info.graph._ops]
+        assert "ReluGrad" in types and "SoftmaxGrad" in types
+    _check(build, reference, [xv, wv, vv])
+
+
+def test_gradients_of_inputs_not_required_are_not_computed():
+    """Only values that depend on a required input get gradients: with only ``b``
+    required, ``sin(x)`` is not differentiated and ``x`` is not kept for it."""
+    xv, bv = _rand(5, seed=6), _rand(5, seed=7)
+
+    def build(x, b):
+        return ops.sin(x) * ops.sin(b)
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        g = ir.create_graph(build, popxl.TensorSpec((5,), F32), popxl.TensorSpec((5,), F32))
+        info = transforms.autodiff(g, grads_required=[g.inputs[1]])
+        sin_x = g._ops[0].outputs[0]
+        assert set(_fwd_expected(info)) == {sin_x, g.inputs[1]}
+        assert [op.type for op in info.graph._ops].count("SinGrad") == 1
+    seed = np.linspace(0.5, 1.5, 5).astype(np.float32)
+    _, (db,) = _run_grads(build, [xv, bv], [seed], grads_required_idx=[1])
+    np.testing.assert_allclose(db, seed * np.sin(xv) * np.cos(bv), rtol=1e-5, atol=1e-6)
+
+
 def test_added_forward_outputs_appear_at_existing_call_sites():
     ir = popxl.Ir()
     with ir.main_graph:
