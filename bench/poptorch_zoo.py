@@ -36,11 +36,11 @@ from bench._common import first_and_median, peak_rss_mb, run_variant  # noqa: E4
 SIDES = ("poptorch", "eager", "compile")
 
 
-def _vision(builder: Callable[[], Any]) -> Callable[[int, int], tuple]:
+def _vision(builder: Callable[[int], Any]) -> Callable[[int, int], tuple]:
     def make(batch: int, size: int) -> tuple:
         import torch  # noqa: PLC0415
 
-        model = builder()
+        model = builder(size)
         x = torch.randn(batch, 3, size, size)
         y = torch.randint(0, 10, (batch,))
         return model, (x,), y
@@ -49,7 +49,7 @@ def _vision(builder: Callable[[], Any]) -> Callable[[int, int], tuple]:
 
 
 def _torchvision(name: str) -> Callable[[int, int], tuple]:
-    def build() -> Any:
+    def build(size: int) -> Any:
         import torchvision  # noqa: PLC0415
 
         return getattr(torchvision.models, name)(num_classes=10)
@@ -57,11 +57,15 @@ def _torchvision(name: str) -> Callable[[int, int], tuple]:
     return _vision(build)
 
 
-def _timm(name: str) -> Callable[[int, int], tuple]:
-    def build() -> Any:
+def _timm(name: str, sized: bool = False) -> Callable[[int, int], tuple]:
+    """A timm model; ``sized``: built for the bench's image side (a ViT's position
+    embeddings are made for one size, and its forward refuses any other)."""
+
+    def build(size: int) -> Any:
         import timm  # noqa: PLC0415
 
-        return timm.create_model(name, pretrained=False, num_classes=10)
+        extra = {"img_size": size} if sized else {}
+        return timm.create_model(name, pretrained=False, num_classes=10, **extra)
 
     return _vision(build)
 
@@ -117,7 +121,7 @@ MODELS: dict[str, Callable[[int, int], tuple]] = {
     "mobilenet_v2": _torchvision("mobilenet_v2"),
     "efficientnet_b0": _torchvision("efficientnet_b0"),
     "r3d_18": _video("r3d_18"),
-    "vit_tiny": _timm("vit_tiny_patch16_224"),
+    "vit_tiny": _timm("vit_tiny_patch16_224", sized=True),
     "gpt2": _causal_lm("GPT2Config", "GPT2LMHeadModel", n_layer=2, n_embd=64, n_head=4),
     "llama": _causal_lm(
         "LlamaConfig",
