@@ -390,6 +390,37 @@ def test_gradients_of_inputs_not_required_are_not_computed():
     np.testing.assert_allclose(db, seed * np.sin(xv) * np.cos(bv), rtol=1e-5, atol=1e-6)
 
 
+def test_slices_that_tile_a_value_get_one_concat_as_its_gradient():
+    """The gradients of slices that cut a value into parts along one axis (a fused q/k/v
+    projection split three ways) are joined by one concat, not padded and summed; slices
+    that leave a gap keep their padded gradients. Values against ``jax.grad`` either way."""
+    xv = _rand(3, 2, 4, seed=8)
+
+    def tiled(x):
+        q, k, v = (ops.slice(x, start=[i], stop=[i + 1], axis=[0]) for i in (2, 0, 1))
+        return ops.sin(q) * ops.cos(k) + ops.exp(v)
+
+    def tiled_ref(x):
+        return jnp.sin(x[2:3]) * jnp.cos(x[0:1]) + jnp.exp(x[1:2])
+
+    def gapped(x):
+        return ops.sin(ops.slice(x, start=[0], stop=[1], axis=[0])) * ops.slice(
+            x, start=[2], stop=[3], axis=[0]
+        )
+
+    def gapped_ref(x):
+        return jnp.sin(x[0:1]) * x[2:3]
+
+    for build, reference, joined in ((tiled, tiled_ref, True), (gapped, gapped_ref, False)):
+        ir = popxl.Ir()
+        with ir.main_graph:
+            g = ir.create_graph(build, popxl.TensorSpec(xv.shape, F32))
+            types = [op.type for op in transforms.autodiff(g).graph._ops]
+        assert types.count("Concat") == int(joined)
+        assert types.count("SliceGrad") == (0 if joined else 2)
+        _check(build, reference, [xv])
+
+
 def test_added_forward_outputs_appear_at_existing_call_sites():
     ir = popxl.Ir()
     with ir.main_graph:
