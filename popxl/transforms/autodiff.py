@@ -124,7 +124,7 @@ class _Differentiator:
         self.ir = graph.ir
         self.cotangents: dict[Version, Tensor] = {}
         # Cotangents of slices of a version, held back until the version's gradient is read
-        # (``_slice_pieces``): slices that tile it are joined by one concat.
+        # (``_slice_piece``): slices that tile it are joined by one concat.
         self.pieces: dict[Version, list[tuple[Step, Tensor]]] = {}
         self.activations: dict[Version, Tensor] = {}
         self.expected_inputs: list[ExpectedConnection] = []
