@@ -437,8 +437,9 @@ def _vjp_rule(
     back, ``_slice_piece``)."""
     op = step.op
     _check_no_effects(op)
-    if hold and _slice_piece(d, step, cots):
-        d.pieces.setdefault(step.befores[0], []).append((step, cots[0]))  # type: ignore[arg-type]
+    held = cots[0] if hold and _slice_piece(d, step, cots) else None
+    if held is not None:
+        d.pieces.setdefault(step.befores[0], []).append((step, held))
         return []
     nondiff_roots = {r for i in op.opdef.nondiff_inputs for r in _roots_of(op.inputs[i])}
     diff_roots = {
