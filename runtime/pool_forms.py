@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .taps import scatter_taps, tap_slice, taps
+from .xla_workarounds import computed_once
 
 
 def _out(size: tuple, kernel: tuple, stride: tuple, dilation: tuple) -> tuple[int, ...]:
@@ -167,6 +168,11 @@ def _tiled_max_grad(xp: jax.Array, y: jax.Array, g: jax.Array, kernel: tuple) ->
         winner = jnp.where(hit, i, winner)
     order = jnp.arange(math.prod(kernel), dtype=jnp.int32).reshape(kernel)
     order = order.reshape((1, 1) + tuple(s for n in kernel for s in (1, n)))
+    # Each window's winner is read by every element of the window: computed once first (in
+    # a byte where it fits), or XLA recomputes it, and what produced the pool's input, per
+    # element (the mixed-precision tutorial's float16 CNN step: 70.5 -> 54.4 ms).
+    narrow = jnp.int8 if math.prod(kernel) <= jnp.iinfo(jnp.int8).max else jnp.int32
+    winner = computed_once(winner.astype(narrow)).astype(jnp.int32)
     grad = jnp.where(winner[expand] == order, g[expand], jnp.zeros((), g.dtype))
     return grad.reshape(xp.shape)
 

@@ -283,6 +283,14 @@ def _elementwise(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     return [_pending(o, perm) for o in outs]
 
 
+def _bitcast(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    """A bitcast between types of one width is elementwise (across widths it adds or drops
+    a trailing axis, and the value is computed)."""
+    if eqn.invars[0].aval.ndim != eqn.outvars[0].aval.ndim:
+        return None
+    return _elementwise(s, eqn, ins)
+
+
 def _reduction(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     """A reduction (variadic ``reduce`` too: its operands, then their initial values)."""
     key = "axes" if "axes" in eqn.params else "dimensions"
@@ -521,4 +529,5 @@ _RULES = {
     "squeeze": _reshape,
     "broadcast_in_dim": _reshape,
     "dot_general": _dot_general,
+    "bitcast_convert_type": _bitcast,
 }

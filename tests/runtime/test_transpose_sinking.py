@@ -14,6 +14,7 @@ from jax import lax
 
 from runtime.conv_forms import Geometry, conv
 from runtime.transpose_sinking import reshape_plan, sink_transposes
+from runtime.xla_workarounds import computed_once
 
 
 def _transposes(fn, *args, least: int = 0) -> int:
@@ -57,6 +58,7 @@ def _elementwise(x, c):
     z = jnp.clip(y * c[:, None, None] + 1.0, 0.0, 6.0)
     z = jnp.where(y > 0, jnp.exp(z), -z).astype(jnp.float16).astype(jnp.float32)
     z, _ = lax.optimization_barrier((z, c))
+    z = computed_once(z)  # bitcasts of one width, a pad and a reduction
     return _nhwc(jax.nn.relu(z) + y)
 
 
@@ -77,6 +79,7 @@ def _reductions(x, c):
 
 def _structural(x, c):
     y = _nchw(x)
+    widened = lax.bitcast_convert_type(y, jnp.int8)  # across widths: computed as it is
     padded = jnp.pad(y, ((0, 0), (0, 0), (1, 2), (2, 1)))
     cut = padded[:, 1:, 1::2, ::-1]
     joined = jnp.concatenate([cut, cut * 2.0], axis=1)
@@ -87,6 +90,7 @@ def _structural(x, c):
         y[:, None].reshape(2, 3, 30),
         _nhwc(stacked),
         y.reshape(2, 15, 6),
+        widened,
     )
 
 

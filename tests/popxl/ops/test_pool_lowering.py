@@ -94,6 +94,19 @@ def test_max_pool_gradient_has_no_select_and_scatter(shape, kernel, stride, dila
     assert "select_and_scatter" not in hlo and "reduce_window" not in hlo
 
 
+@pytest.mark.parametrize("case", [0, 6], ids=[IDS[0], IDS[6]])
+def test_tiled_max_gradient_computes_each_windows_winner_once(case):
+    # Each window's winner is read by every element of the window: it is computed into a
+    # buffer first, or XLA:CPU would evaluate it, and whatever produced the pool's input
+    # (float16 conversions, a bias), once per element.
+    shape, kernel, stride, dilation = CASES[case]
+    x = jnp.zeros(shape, jnp.float32)
+    grad = jax.grad(lambda a: jnp.sum(window_max(a, kernel, stride, dilation) ** 2))
+    eqns = jax.make_jaxpr(grad)(x).jaxpr.eqns
+    guards = [e for e in eqns if e.primitive.name == "reduce" and e.params["jaxpr"]]
+    assert len(guards) == 1  # the OR of runtime.xla_workarounds.computed_once
+
+
 @pytest.mark.parametrize(
     "shape,kernel,stride,dilation", CASES[2:5] + CASES[7:], ids=IDS[2:5] + IDS[7:]
 )
