@@ -201,6 +201,42 @@ def test_half_precision_accumulates_in_float32(rng, dtype, name):
     assert [g.dtype for g in grads] == [dtype, dtype]
 
 
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("name", ["2d_pad", "3d"])
+def test_half_precision_widens_into_buffers_with_the_plain_conversions_values(rng, dtype, name):
+    # The input and the output's cotangent are widened to float32 into buffers of their own
+    # (runtime.xla_workarounds.computed_once), not inside the layout transposes: the values
+    # and gradients are those of converting around the float32 convolution.
+    _, x_shape, w_shape, geo = CASES[IDS.index(name)]
+    x, w = _data(rng, x_shape, w_shape, dtype)
+    y_shape = _reference(x.astype(jnp.float32), w.astype(jnp.float32), geo).shape
+    t = jnp.asarray(rng.standard_normal(y_shape), dtype)
+
+    def plain(a, b):
+        return conv(a.astype(jnp.float32), b, geo).astype(a.dtype)
+
+    got_y, got_pull = jax.vjp(lambda a, b: conv(a, b, geo), x, w)
+    want_y, want_pull = jax.vjp(plain, x, w)
+    np.testing.assert_array_equal(np.asarray(got_y, np.float32), np.asarray(want_y, np.float32))
+    for got, want in zip(got_pull(t), want_pull(t)):
+        assert got.dtype == want.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+    def guards(a, b):
+        def count(jaxpr) -> int:
+            n = 0
+            for e in jaxpr.eqns:
+                n += e.primitive.name == "reduce" and bool(e.params["jaxpr"])
+                n += sum(count(sub) for sub in jax.extend.core.jaxprs_in_params(e.params))
+            return n
+
+        grad = jax.grad(lambda a, b: jnp.sum(conv(a, b, geo).astype(jnp.float32)), (0, 1))
+        return count(jax.make_jaxpr(grad)(a, b).jaxpr)
+
+    wide = (x.astype(jnp.float32), w.astype(jnp.float32))
+    assert guards(x, w) == guards(*wide) + 2  # the input, then the output's cotangent
+
+
 @pytest.mark.parametrize("name,x_shape,w_shape,geo", CASES, ids=IDS)
 def test_transposed_convolution_is_the_input_gradient(rng, name, x_shape, w_shape, geo):
     x, w = _data(rng, x_shape, w_shape)
