@@ -168,11 +168,14 @@ def _tiled_max_grad(xp: jax.Array, y: jax.Array, g: jax.Array, kernel: tuple) ->
         winner = jnp.where(hit, i, winner)
     order = jnp.arange(math.prod(kernel), dtype=jnp.int32).reshape(kernel)
     order = order.reshape((1, 1) + tuple(s for n in kernel for s in (1, n)))
-    # Each window's winner is read by every element of the window: computed once first (in
-    # a byte where it fits), or XLA recomputes it, and what produced the pool's input, per
-    # element (the mixed-precision tutorial's float16 CNN step: 70.5 -> 54.4 ms).
-    narrow = jnp.int8 if math.prod(kernel) <= jnp.iinfo(jnp.int8).max else jnp.int32
-    winner = computed_once(winner.astype(narrow)).astype(jnp.int32)
+    # Each window's winner is read by every element of the window. In half precision it is
+    # computed once first (in a byte where it fits): otherwise XLA repeats it, with the
+    # conversions that produced the pool's input, per element (the mixed-precision
+    # tutorial's float16 CNN step: 75.7 -> 60.5 ms). In float32 the repeated compares cost
+    # less than the guard's kernel (tutorial 8's CNN step: 0.5 ms of 7).
+    if jnp.dtype(xp.dtype).itemsize < 4:
+        narrow = jnp.int8 if math.prod(kernel) <= jnp.iinfo(jnp.int8).max else jnp.int32
+        winner = computed_once(winner.astype(narrow)).astype(jnp.int32)
     grad = jnp.where(winner[expand] == order, g[expand], jnp.zeros((), g.dtype))
     return grad.reshape(xp.shape)
 
