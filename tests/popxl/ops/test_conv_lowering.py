@@ -34,6 +34,18 @@ CASES = [
     ),
     ("2d_1x1_stride", (2, 6, 7, 7), (5, 6, 1, 1), Geometry((2, 2), ((0, 0), (0, 0)), (1, 1), 1)),
     ("2d_1x1", (3, 40, 6, 5), (36, 40, 1, 1), Geometry((1, 1), ((0, 0), (0, 0)), (1, 1), 1)),
+    (  # popxl's exact geometry: the last row and column, which the stride skips, trimmed
+        "2d_1x1_stride_trimmed",
+        (2, 6, 8, 8),
+        (5, 6, 1, 1),
+        Geometry((2, 2), ((0, -1), (0, -1)), (1, 1), 1),
+    ),
+    (
+        "2d_1x1_uneven_stride_trimmed",
+        (2, 5, 8, 7),
+        (4, 5, 1, 1),
+        Geometry((3, 2), ((0, -1), (0, 0)), (1, 1), 1),
+    ),
     (
         "2d_1x1_uneven_stride",
         (2, 5, 8, 7),
@@ -148,11 +160,12 @@ def _close(a, b, tol=1e-4):
 
 def _fits(form: str, w_shape: tuple, geo: Geometry) -> bool:
     """The per-tap form is for depthwise convolutions (one input channel per group), the
-    pointwise form for 1x1 kernels of one group without padding."""
+    pointwise form for 1x1 kernels of one group without padding (an end pad may trim)."""
     if form == "taps":
         return w_shape[1] == 1 and geo.groups > 1
     if form == "pointwise":
-        return geo.groups == 1 and set(w_shape[2:]) == {1} and set(geo.pads) == {(0, 0)}
+        untouched = all(lo == 0 and hi <= 0 for lo, hi in geo.pads)
+        return geo.groups == 1 and set(w_shape[2:]) == {1} and untouched
     return True
 
 
@@ -274,6 +287,10 @@ def test_the_choice_avoids_xla_kernels_slow_cases():
     assert choose((8, 144, 16, 16), (24, 144, 1, 1), pointwise, "forward") == "pointwise"
     strided = pointwise._replace(stride=(2, 2))
     assert choose((8, 64, 16, 16), (128, 64, 1, 1), strided, "forward") == "pointwise"
+    # ResNet's downsampling shortcut as popxl gives it: the skipped last row trimmed.
+    trimmed = strided._replace(pads=((0, -1), (0, -1)))
+    assert choose((8, 64, 16, 16), (128, 64, 1, 1), trimmed, "forward") == "pointwise"
+    assert choose((8, 1024, 4, 4), (2048, 1024, 1, 1), trimmed, "weight") == "pointwise"
     assert choose((8, 64, 16, 16), (128, 64, 1, 1), geo, "forward") == "lax"  # padded
     assert choose((16, 16, 8, 8), (32, 16, 3, 3), geo, "weight") == "lax"
     geo3 = Geometry((1, 1, 1), ((1, 1),) * 3, (1, 1, 1), 1)
