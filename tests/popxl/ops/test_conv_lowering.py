@@ -323,6 +323,23 @@ def test_taps_that_read_only_padding_are_left_out(rng, name, kernel):
         assert [s[2:] for s in sliced if s[:2] == w_shape[:2]] == [kernel]
 
 
+@pytest.mark.parametrize("name", ["2d_groups", "3d_stride_groups"])
+def test_patches_are_stacked_at_most_eight_taps_at_a_time(rng, name):
+    """XLA:CPU copies each operand of a concatenate of more than eight into a buffer of its
+    own before running it alone: the matmul form stacks a 3x3 (or 3x3x3) kernel's taps one
+    kernel axis at a time, and its patches equal the taps stacked flat."""
+    _, x_shape, w_shape, geo = CASES[IDS.index(name)]
+    x, w = _data(rng, x_shape, w_shape)
+    text = jax.jit(lambda a, b: FORMS["matmul"].forward(a, b, geo)).lower(x, w).as_text()
+    concats = [line.split("=", 1)[1] for line in text.splitlines() if "concatenate" in line]
+    widths = [line.split("dim")[0].count("%") for line in concats]
+    assert widths and max(widths) <= 8
+    y, pullback = jax.vjp(lambda a, b: _reference(a, b, geo), x, w)
+    gy = jnp.asarray(rng.standard_normal(y.shape), jnp.float32)
+    _close(FORMS["matmul"].forward(x, w, geo), y)
+    _close(FORMS["matmul"].weight_grad(x, geo, w.shape, gy), pullback(gy)[1])
+
+
 def test_xla_kernel_takes_channels_last_operands_also_in_a_loop_body():
     # Inside a loop body XLA:CPU keeps the layouts it is given, and its kernel is 10-30x
     # slower on NCHW operands: every direction of the "lax" form hands it channels-last ones.
