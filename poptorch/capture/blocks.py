@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +95,11 @@ _BLOCKS: dict[int, Block] = {}
 # The caches (by id) the block calls of the current export were passed.
 _SEEN_CACHES: set[int] = set()
 _GROUPS: dict[int, BlockGroup] = {}
+# Group ids and block keys are never reused in a process: a repeated block's own capture
+# finds its groups after its parent's are gone, and the translator keeps every level's
+# subgraphs by group in one table (Res2Net's bottlenecks hold repeated norms whose calls
+# looked like the parent's repeated convolutions' when both groups had id 1).
+_NEXT_ID = itertools.count(1)
 
 
 @torch.library.custom_op("poptorch_capture::block", mutates_args=())
@@ -464,12 +470,12 @@ def as_blocks(groups: list[list[tuple[str, torch.nn.Module]]]) -> Iterator[dict[
             first = members[0][1]
             differ = {p for _, m in members[1:] for p in differing_indices(first, m) or ()}
             group = BlockGroup()
-            gid = max(_GROUPS, default=0) + 1
+            gid = next(_NEXT_ID)
             _GROUPS[gid] = group
             for path, module in members:
                 names = [n for n, _ in module.named_parameters()]
                 names += [n for n, _ in module.named_buffers()]
-                key = max(_BLOCKS, default=0) + 1
+                key = next(_NEXT_ID)
                 blk = Block(module, path, gid, names, index_attrs=tuple(sorted(differ)))
                 _BLOCKS[key] = blk
                 blocks[key] = blk

@@ -127,3 +127,46 @@ def test_blocks_updating_batch_norm_statistics_are_captured_inline_with_one_expo
     got, want, calls = _infer(eval_model, x=x)
     assert sum(c.startswith("Sequential_subgraph") for c in calls) == 3
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+class _Norms(torch.nn.Module):
+    """Two identical batch norms in a ``ModuleList``: a group of its own when exported alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norms = torch.nn.ModuleList([torch.nn.BatchNorm2d(4), torch.nn.BatchNorm2d(4)])
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norms[1](self.norms[0](x)) * self.scale
+
+
+class _Nested(torch.nn.Module):
+    """Repeated convolutions, then repeated blocks that hold repeated norms of the same input
+    shape (Res2Net's bottlenecks: their convolutions and norms are ``ModuleList``s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        conv = lambda: torch.nn.Conv2d(4, 4, 3, padding=1, bias=False)  # noqa: E731
+        self.convs = torch.nn.ModuleList([conv(), conv()])
+        self.blocks = torch.nn.ModuleList([_Norms(), _Norms()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for module in [*self.convs, *self.blocks]:
+            x = module(x)
+        return x
+
+
+def test_groups_inside_a_repeated_block_are_not_taken_for_the_parents_groups():
+    """Each block's subgraph is found by its group: the norms grouped inside one block's own
+    capture are another group than the parent's convolutions, called with the same shapes."""
+    torch.manual_seed(0)
+    model = _Nested().eval()
+    for norm in model.modules():
+        if isinstance(norm, torch.nn.BatchNorm2d):  # statistics that make the norm count
+            norm.running_mean.uniform_(-1.0, 1.0)
+            norm.running_var.uniform_(0.5, 2.0)
+    got, want, calls = _infer(model, x=torch.randn(2, 4, 8, 8))
+    assert sum(c.startswith("Conv2d_subgraph") for c in calls) == 2
+    assert sum(c.startswith("_Norms_subgraph") for c in calls) == 2
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
