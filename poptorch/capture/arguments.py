@@ -250,6 +250,19 @@ class Binder:
         self._contiguous(call)
         return call
 
+    def by_name(self, call: CallArgs) -> tuple[tuple, dict[str, Any]]:
+        """``call`` as ``torch.export`` is given it: every argument bound to a parameter that
+        takes keywords passed by name, in the same order, so the tensors flatten as they do
+        from ``call`` (PopTorch binds keywords to positions; eager torch passes them as the
+        user wrote them). transformers' ``merge_with_config_defaults`` looks for ``use_cache``
+        among the keywords or by the position of the function it wraps, which for some
+        models (M2M100) is another wrapper: a positional ``use_cache`` then came twice."""
+        kinds = dict(zip(self.names, self.kinds))
+        keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        if not all(kinds.get(name) in keyword for name in call.names):
+            return tuple(call.args), dict(call.kwargs)
+        return (), {**dict(zip(call.names, call.args)), **call.kwargs}
+
     def _append(self, call: CallArgs, value: Any, name: str, check: bool) -> None:
         if check:
             self._check_dict(value)

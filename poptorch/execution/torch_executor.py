@@ -238,7 +238,7 @@ class TorchExecutor(PoplarExecutor):
             _log.logger.warning(REQUIRES_GRAD_MSG)
         with compiling(), _unwrapped(self._user_model):
             with guard_buffers(self._torch_model), self._compile_progress().stage("capture"):
-                captured = capture(self._torch_model, tuple(micro.args), dict(micro.kwargs))
+                captured = capture(self._torch_model, *self._binder.by_name(micro))
             self._check_buffer_broadcast(captured)
             self._captured = CapturedModel(
                 captured, self.training, self._options.random_seed, self._options

@@ -207,6 +207,33 @@ def test_dict_inputs_are_matched_by_key_whatever_their_order():
     assert pm({"y": torch.tensor([2.0]), "x": torch.tensor([1.0])}).item() == 0.5
 
 
+def _keywords_only_past_the_first(forward):
+    """A decorator that, like transformers' ``merge_with_config_defaults``, reads ``scale``
+    among the keywords only and passes it again by name."""
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        kwargs["scale"] = kwargs.get("scale") or 2.0
+        return forward(self, *args, **kwargs)
+
+    return wrapper
+
+
+def test_arguments_reach_the_forward_by_name_as_the_caller_passed_them():
+    """PopTorch binds a call to the forward's parameters; the model is still called with
+    them by name, in order, so decorators that look for a keyword see it (M2M100's)."""
+
+    class Scaled(torch.nn.Module):
+        @_keywords_only_past_the_first
+        def forward(self, x, y=None, scale=None, shift=0.0):
+            return x * scale + (0.0 if y is None else y) + shift
+
+    x, y = torch.arange(3.0), torch.ones(3)
+    pm = poptorch.inferenceModel(Scaled())
+    assert pm(x, y=y, shift=0.5).tolist() == [1.5, 3.5, 5.5]
+    assert pm(x, y, shift=0.5).tolist() == [1.5, 3.5, 5.5]  # the same program, positional
+
+
 def test_custom_argument_types_are_split_into_micro_batches_and_returned():
     class Pair:
         def __init__(self, a: torch.Tensor, b: torch.Tensor) -> None:
