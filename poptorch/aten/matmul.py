@@ -1,6 +1,11 @@
 """Matrix products as popxl ``MatMul``: ``matmul``, ``mm``, ``bmm`` and the scaled-add forms
 ``addmm``, ``addmv``, ``addbmm``.
 
+Grouped products (transformers' ``grouped_mm_fallback``, which its mixture-of-experts layers
+call while exported, in float32; ``torch._grouped_mm`` itself exports only in bfloat16): the
+rows of the input, sorted by expert, each multiplied by their group's matrix, the groups'
+ends given by ``offs``. JAX's ``ragged_dot`` is that product, its gradients included.
+
 ``torch.matmul`` is kept whole (popxl's ``MatMul`` has its NumPy shape rules: 1-D promotion
 and batch broadcasting), so a model's matmul is one op in the program rather than torch's
 expand/view/bmm chain. ``linear``, ``einsum``, ``baddbmm``, ``dot`` and ``outer`` reach the
@@ -12,13 +17,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from torch.ops import aten
 
 import popxl
 from popxl import ops
 
-from .registry import NodeContext, Promote, lowering
+from .registry import NodeContext, Promote, lowering, lowering_by_name
 
 
 @lowering(aten.mm.default, aten.bmm.default, promote=Promote.DEFAULT)
@@ -128,4 +135,26 @@ def _lower_trilinear(
         *(ctx.tensor(t, dtype) for t in (i1, i2, i3)),
         expand=expand,
         sumdim=tuple(sorted(int(d) for d in sumdim)),
+    )
+
+
+def _grouped_mm(x: Any, w: Any, ends: Any) -> Any:
+    sizes = jnp.diff(ends.astype(jnp.int32), prepend=0)
+    return jax.lax.ragged_dot(x, w, sizes, precision=jax.lax.Precision.HIGHEST)
+
+
+@lowering_by_name("transformers::grouped_mm_fallback")
+def _lower_transformers_grouped_mm(
+    ctx: NodeContext, x: popxl.Tensor, w: popxl.Tensor, offs: popxl.Tensor
+) -> popxl.Tensor:
+    """transformers' grouped product: rows ``offs[g-1]:offs[g]`` of ``x`` times ``w[g]``
+    (rows past the last end are zeros)."""
+    dtype = ctx.out_dtype
+    return ctx.jax(
+        "grouped_mm_fallback",
+        _grouped_mm,
+        ctx.tensor(x, dtype),
+        ctx.tensor(w, dtype),
+        offs,
+        nondiff=(2,),
     )

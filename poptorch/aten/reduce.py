@@ -358,3 +358,35 @@ def _lower_vector_norm(
     return ctx.jax(
         "vector_norm", _vector_norm, x, ord=float(ord), axis=axis, keepdims=bool(keepdim)
     )
+
+
+def _histc(x: Any, *, bins: int, lowest: float, highest: float) -> Any:
+    x = x.reshape(-1)
+    low: Any = lowest
+    high: Any = highest
+    if lowest == highest:  # the data's own range, widened by one each way if it is one value
+        low, high = jnp.min(x), jnp.max(x)
+        same = low == high
+        low, high = jnp.where(same, low - 1, low), jnp.where(same, high + 1, high)
+    inside = (x >= low) & (x <= high)
+    # torch's CPU kernel: the bin of (x - low) * bins / (high - low), the top edge in the last
+    where = ((x - low) * bins / (high - low)).astype(jnp.int32)
+    where = jnp.where(inside, jnp.minimum(where, bins - 1), bins)
+    return jnp.zeros(bins, x.dtype).at[where].add(1, mode="drop")
+
+
+@lowering(aten.histc.default)
+def _lower_histc(
+    ctx: NodeContext, x: popxl.Tensor, bins: int = 100, min: Any = 0, max: Any = 0
+) -> popxl.Tensor:
+    """``torch.histc``: counts of the elements in ``bins`` equal bins over ``[min, max]``
+    (the data's range when both are 0), elements outside not counted; not differentiable,
+    as in torch."""
+    if bins <= 0:
+        raise ValueError(f"torch.histogram(): bins must be > 0, but got {bins} for dimension 0")
+    if float(min) > float(max):
+        raise ValueError("torch.histc: max must be larger than min")
+    x = ctx.tensor(x, ctx.out_dtype)
+    return ctx.jax(
+        "histc", _histc, x, nondiff=(0,), bins=int(bins), lowest=float(min), highest=float(max)
+    )

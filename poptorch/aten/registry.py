@@ -53,6 +53,10 @@ TABLE: dict[Any, Lowering] = {}
 # lower them directly, e.g. to keep a loss or a fused op one op in the program.
 PRESERVED: set[Any] = set()
 
+# Ops of other libraries (``transformers::grouped_mm_fallback``), by qualified name: they
+# exist only once their library is imported, which ``import poptorch`` never does.
+BY_NAME: dict[str, Lowering] = {}
+
 TWICE_MSG = "ATen op {op} has two lowering records ({a} and {b}); keep one."
 
 # torch dtype -> popxl dtype, 64-bit types narrowed as PopTorch did.
@@ -116,6 +120,27 @@ def lowering(
         return fn
 
     return register
+
+
+def lowering_by_name(name: str) -> Callable[[Lowering], Lowering]:
+    """Register the decorated function as the lowering of the op ``name``
+    (``"library::op"``, every overload) of a library poptorch does not import."""
+
+    def register(fn: Lowering) -> Lowering:
+        if name in BY_NAME:
+            raise ValueError(TWICE_MSG.format(op=name, a=BY_NAME[name].__name__, b=fn.__name__))
+        BY_NAME[name] = fn
+        return fn
+
+    return register
+
+
+def lowering_of(target: Any) -> Lowering | None:
+    """The record of the op ``target`` (an ATen overload, or another library's op), or None."""
+    found = TABLE.get(target)
+    if found is None and isinstance(target, torch._ops.OpOverload):
+        found = BY_NAME.get(target._schema.name)
+    return found
 
 
 def _overloads_of(target: Any, names: Sequence[str] | None) -> list[Any]:

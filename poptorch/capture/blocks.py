@@ -251,9 +251,7 @@ def _updates_statistics(module: torch.nn.Module) -> bool:
     """Whether a call of ``module`` updates batch-norm running statistics (a training
     BatchNorm that tracks them): such a module writes its buffers, so it cannot be a block."""
     return any(
-        isinstance(m, torch.nn.modules.batchnorm._NormBase)
-        and m.training
-        and m.track_running_stats
+        isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.training and m.track_running_stats
         for m in module.modules()
     )
 

@@ -30,13 +30,12 @@ from popxl_addons import NamedTensors
 from popxl_addons.variable_factory import NamedVariableFactories, VariableFactory
 
 from .._names import tree_key
-from ..aten import TABLE
 from ..aten.fx import args_of, node_arg
 from ..aten.loss import LOSS_OPS as ATEN_LOSS_OPS
-from ..aten.registry import NodeContext, popxl_dtype
+from ..aten.registry import NodeContext, lowering_of, popxl_dtype
 from ..blocks import BLOCK_KEY, NO_ACTIVE_BLOCK, current_recorder, mark_node_block
 from ..errors import Error
-from ..ops import lowerings as poptorch_lowerings  # also registers PopTorch's ops in TABLE
+from ..ops import lowerings as poptorch_lowerings  # also registers PopTorch's ops in the table
 from . import composite as _composite
 from . import control, overlap
 from .blocks import is_block_node
@@ -240,7 +239,7 @@ class Translator:
             return self._call_block(node)
         if target is torch.ops.higher_order.with_effects:
             return (None, *_as_tuple(self._lower(_without_token(node))))
-        fn = TABLE.get(target)
+        fn = lowering_of(target)
         if fn is None and _composite.decomposable(target):
             return _composite.lower(self, node)
         if fn is None:

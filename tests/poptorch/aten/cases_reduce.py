@@ -87,4 +87,8 @@ CASES = [
     Case("norm_neg_inf", lambda x: torch.linalg.vector_norm(x, ord=float("-inf")), _randn(3, 4), [aten.linalg_vector_norm.default]),
     Case("norm_0", lambda x: torch.linalg.vector_norm(x * (x > 0), ord=0, dim=1), _randn(3, 4), [aten.linalg_vector_norm.default], grad=False),
     Case("count_nonzero", lambda x: torch.count_nonzero(x, (0, 2)), _ints(2, 3, 4), [aten.sum.dim_IntList], grad=False),
+    # Expert ids counted as MoE layers do; values below, above and on the range's edges.
+    Case("histc_ids", lambda x: torch.histc(x.float(), bins=4, min=0, max=3), _ints(3, 7, high=5), [aten.histc.default], grad=False),
+    Case("histc_edges", lambda x: torch.histc(x * 2, bins=5, min=-1.5, max=2.5), lambda: (torch.tensor([-0.75, -1.0, 1.25, 0.1, 3.0, 1.3, 0.0]),), [aten.histc.default], grad=False),
+    Case("histc_own_range", lambda x, y: (torch.histc(x, bins=7), torch.histc(y, bins=3)), lambda: (torch.randn(40), torch.ones(5)), [aten.histc.default], grad=False),
 ]

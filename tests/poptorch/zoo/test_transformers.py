@@ -9,6 +9,7 @@ runs with ``-m zoo_full`` (see ``conftest``).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -198,6 +199,20 @@ CASES: dict[str, Case] = {
             _config(tf.GemmaConfig, head_dim=32, max_position_embeddings=16, **_DECODER)
         )
     ),
+    # A mixture of experts: tokens sorted by expert, counted (``histc``) and multiplied by
+    # their expert's weights in one grouped product (transformers' ``grouped_mm_fallback``).
+    "mixtral": Case(
+        lambda: tf.MixtralForCausalLM(
+            _config(
+                tf.MixtralConfig,
+                max_position_embeddings=16,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                **_DECODER,
+            )
+        ),
+        fast=True,
+    ),
     # Encoder-decoders.
     "t5": Case(
         lambda: tf.T5ForConditionalGeneration(
@@ -216,6 +231,19 @@ CASES: dict[str, Case] = {
     "bart": Case(
         lambda: tf.BartForConditionalGeneration(
             _config(tf.BartConfig, max_position_embeddings=32, **_ENC_DEC)
+        )
+    ),
+    # Its forward's decorators find ``use_cache`` among the keywords only. LayerDrop (on by
+    # default: a random branch per layer) off, as every dropout here.
+    "m2m100": Case(
+        lambda: tf.M2M100ForConditionalGeneration(
+            _config(
+                tf.M2M100Config,
+                max_position_embeddings=32,
+                encoder_layerdrop=0.0,
+                decoder_layerdrop=0.0,
+                **_ENC_DEC,
+            )
         )
     ),
     "whisper": Case(
@@ -289,3 +317,28 @@ def test_a_training_step_matches_eager(name: str) -> None:
     case = CASES[name]
     model = MarkedLoss(case.build()) if case.marks_loss else case.build()
     assert_trains_as_eager(model, (), case.inputs())
+
+
+class _Experts(torch.nn.Module):
+    """transformers' grouped product on rows sorted by expert: an expert with no rows, and
+    rows past the last expert's end (zeros, as transformers' own product leaves them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3, 4, 5))
+
+    def forward(self, x: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+
+        y = torch.ops.transformers.grouped_mm_fallback(x, self.weight, ends)
+        return y, (y * torch.arange(5.0)).square().mean()
+
+
+def test_grouped_products_of_experts_match_transformers_own():
+    x = torch.randn(7, 4)
+    ends = torch.tensor([2, 2, 6], dtype=torch.int32)
+    model = _Experts()
+    got, _ = poptorch.inferenceModel(copy.deepcopy(model))(x, ends)
+    want, _ = model(x, ends)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got[6].abs().max() == 0
+    assert_trains_as_eager(model, (x.requires_grad_(False), ends), loss_of=lambda out: out[1])
