@@ -338,6 +338,9 @@ def _holds_keys(cache: Any) -> bool:
     (after that, ``_store`` checks each layer it fills)."""
     if id(cache) in _SEEN_CACHES:
         return False
+    others = {type(layer).__name__ for layer in getattr(cache, "layers", ())} - _RECORDABLE_LAYERS
+    if others:  # a state-space model's (Mamba's): no keys and values to record
+        raise _NotABlock(f"its cache holds {', '.join(sorted(others))}s")
     _SEEN_CACHES.add(id(cache))
     return any(cache.get_seq_length(i) > 0 for i in range(len(cache.layers)))
 

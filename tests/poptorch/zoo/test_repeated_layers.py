@@ -170,3 +170,22 @@ def test_groups_inside_a_repeated_block_are_not_taken_for_the_parents_groups():
     assert sum(c.startswith("Conv2d_subgraph") for c in calls) == 2
     assert sum(c.startswith("_Norms_subgraph") for c in calls) == 2
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _mamba() -> torch.nn.Module:
+    config = tf.MambaConfig(vocab_size=100, hidden_size=32, state_size=8, num_hidden_layers=2)
+    return tf.MambaForCausalLM(config).eval()
+
+
+def test_state_space_layers_are_captured_inline_and_fill_their_cache_as_eager():
+    """Mamba's cache holds each layer's convolution and recurrent states, not keys and
+    values a block could return: its layers are captured inline and write that cache."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 100, (2, 8))
+    got, want, calls = _infer(_mamba(), input_ids=ids)
+    assert not any(c.startswith("MambaBlock") for c in calls)
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+    for g, w in zip(got.cache.layers, want.cache.layers, strict=True):
+        for states in ("conv_states", "recurrent_states"):
+            torch.testing.assert_close(getattr(g, states), getattr(w, states), rtol=1e-4, atol=1e-5)
+    assert_trains_as_eager(_mamba(), kwargs={"input_ids": ids, "labels": ids})
