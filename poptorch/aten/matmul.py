@@ -24,6 +24,7 @@ from torch.ops import aten
 
 import popxl
 from popxl import ops
+from popxl.ops._base import dot_precision
 
 from .registry import NodeContext, Promote, lowering, lowering_by_name
 
@@ -140,7 +141,7 @@ def _lower_trilinear(
 
 def _grouped_mm(x: Any, w: Any, ends: Any) -> Any:
     sizes = jnp.diff(ends.astype(jnp.int32), prepend=0)
-    return jax.lax.ragged_dot(x, w, sizes, precision=jax.lax.Precision.HIGHEST)
+    return jax.lax.ragged_dot(x, w, sizes, precision=dot_precision(x.dtype))
 
 
 @lowering_by_name("transformers::grouped_mm_fallback")
