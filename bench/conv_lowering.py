@@ -28,6 +28,7 @@ Run: python bench/conv_lowering.py [--quick] [--only SUBSTRING] [--torch-threads
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import statistics
@@ -46,6 +47,7 @@ from jax import lax  # noqa: E402
 
 from popxl.ops.conv import _lower_conv  # noqa: E402
 from popxl.ops.pool import _lower_average_pool, _lower_max_pool  # noqa: E402
+from runtime.forms import forms_of  # noqa: E402
 from runtime.xla_options import jit  # noqa: E402  (the options programs compile with)
 
 HIGHEST = lax.Precision.HIGHEST
@@ -121,6 +123,27 @@ def new_avg_pool(x: Any, k: int, s: int, p: int) -> Any:
 
 LOWERINGS = {"old": (old_conv, old_max_pool), "new": (new_conv, new_max_pool)}
 AVG_LOWERINGS = {"old": old_avg_pool, "new": new_avg_pool}
+# Off the CPU, "new" keeps XLA's own kernels (cuDNN on a GPU); "cpu forms" measures there
+# the forms the rules choose on the CPU (traced under ``runtime.forms.forms_of("cpu")``).
+CPU_FORMS = "cpu forms"
+if jax.default_backend() != "cpu":
+    LOWERINGS[CPU_FORMS] = LOWERINGS["new"]
+    AVG_LOWERINGS[CPU_FORMS] = new_avg_pool
+
+
+def forms(variant: str) -> Any:
+    """The context the variant's functions are traced in."""
+    return forms_of("cpu") if variant == CPU_FORMS else contextlib.nullcontext()
+
+
+def traced_in(variant: str, fn: Callable) -> Callable:
+    """``fn`` (jitted), whose trace at its first call chooses the variant's forms."""
+
+    def call(*args: Any) -> Any:
+        with forms(variant):
+            return fn(*args)
+
+    return call
 
 
 def torch_conv(x: Any, w: Any, stride: int, pad: int, groups: int = 1) -> Any:
@@ -271,8 +294,9 @@ def cnn_torch(p: dict, x: Any) -> Any:
 NETWORKS = ("ResNet-18 (BN eval affine)", "tutorial 8 CNN")
 
 
-def network_cases(rng: np.random.Generator) -> dict:
+def network_cases(rng: np.random.Generator, torch_device: str = "cpu") -> dict:
     params, model = resnet18_params(rng)
+    model.to(torch_device)
     x = rng.standard_normal((8, 3, 64, 64)).astype(np.float32)
     resnet = {name: resnet18(*lower) for name, lower in LOWERINGS.items()}
     shapes = {"conv1": (16, 1, 5, 5), "b1": (16,), "conv2": (32, 16, 5, 5), "b2": (32,)}
@@ -331,32 +355,39 @@ def _loss(f: Callable, cot: Any) -> Callable:
 
 def time_xla(args: list, wrt: tuple, xla: dict, repeats: int, rounds: int) -> dict:
     args = [jax.tree.map(jnp.asarray, a) for a in args]
-    outs = {k: f(*args) for k, f in xla.items()}
-    np.testing.assert_allclose(outs["new"], outs["old"], rtol=2e-3, atol=2e-3)
+    outs = {k: traced_in(k, f)(*args) for k, f in xla.items()}
+    for out in outs.values():
+        np.testing.assert_allclose(out, outs["old"], rtol=2e-3, atol=2e-3)
     cot = jnp.asarray(np.random.default_rng(1).standard_normal(outs["old"].shape), jnp.float32)
     fns = {}
     for name, f in xla.items():
-        fwd = jit(f)
-        grad = jit(jax.grad(_loss(f, cot), wrt))
+        fwd = traced_in(name, jit(f))
+        grad = traced_in(name, jit(jax.grad(_loss(f, cot), wrt)))
         fns[name + " fwd"] = lambda fwd=fwd: fwd(*args)
         fns[name + " fwd+bwd"] = lambda grad=grad: grad(*args)
-    g_old, g_new = fns["old fwd+bwd"](), fns["new fwd+bwd"]()
-    for a, b in zip(jax.tree.leaves(g_old), jax.tree.leaves(g_new)):
-        scale = float(jnp.max(jnp.abs(a))) + 1e-6
-        np.testing.assert_allclose(np.asarray(b) / scale, np.asarray(a) / scale, atol=2e-3)
+    g_old = fns["old fwd+bwd"]()
+    for name in xla:
+        for a, b in zip(jax.tree.leaves(g_old), jax.tree.leaves(fns[name + " fwd+bwd"]())):
+            scale = float(jnp.max(jnp.abs(a))) + 1e-6
+            np.testing.assert_allclose(np.asarray(b) / scale, np.asarray(a) / scale, atol=2e-3)
     return alternate(fns, repeats, rounds)
 
 
-def compile_seconds(f: Callable, inputs: list, wrt: tuple) -> float:
+def compile_seconds(variant: str, f: Callable, inputs: list, wrt: tuple) -> float:
     args = [jax.tree.map(jnp.asarray, a) for a in inputs]
     start = time.perf_counter()
-    jit(jax.grad(lambda *a: jnp.sum(f(*a)), wrt)).lower(*args).compile()
+    with forms(variant):
+        jit(jax.grad(lambda *a: jnp.sum(f(*a)), wrt)).lower(*args).compile()
     return time.perf_counter() - start
 
 
-def time_torch(args: list, wrt: tuple, f: Callable, repeats: int, rounds: int) -> dict:
+def time_torch(
+    args: list, wrt: tuple, f: Callable, repeats: int, rounds: int, device: str = "cpu"
+) -> dict:
     def tensor(a: Any, grad: bool) -> Any:
-        return torch.tensor(a, requires_grad=grad)
+        return torch.tensor(a, requires_grad=grad, device=device)
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
 
     def fwd() -> Any:
         with torch.no_grad():
@@ -373,7 +404,9 @@ def time_torch(args: list, wrt: tuple, f: Callable, repeats: int, rounds: int) -
         else tensor(a, i in wrt)
         for i, a in enumerate(args)
     ]
-    cot = torch.tensor(np.random.default_rng(1).standard_normal(fwd().shape), dtype=torch.float32)
+    cot = torch.tensor(
+        np.random.default_rng(1).standard_normal(fwd().shape), dtype=torch.float32, device=device
+    )
     times: dict[str, list[float]] = {"torch fwd": [], "torch fwd+bwd": []}
     for fn in (fwd, fwd_bwd):
         fn()
@@ -383,6 +416,7 @@ def time_torch(args: list, wrt: tuple, f: Callable, repeats: int, rounds: int) -
             start = time.perf_counter()
             for _ in range(counts[fn]):
                 fn()
+            sync()
             times[name].append((time.perf_counter() - start) / counts[fn])
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -392,6 +426,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats and rounds")
     parser.add_argument("--only", default="", help="cases whose name contains this")
     parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
+    parser.add_argument("--torch-device", default="cpu", help="eager torch's device (cuda)")
     args = parser.parse_args()
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
@@ -400,13 +435,13 @@ def main() -> None:
     cases = {name: conv_case(spec, rng) for name, spec in CONVS.items()}
     cases |= {name: pool_case(spec, rng) for name, spec in POOLS.items()}
     cases |= {name: avg_pool_case(spec, rng) for name, spec in AVG_POOLS.items()}
-    cases |= network_cases(rng)
+    cases |= network_cases(rng, args.torch_device)
     cases = {k: v for k, v in cases.items() if args.only in k}
 
     print(f"first call of the networks' fwd+bwd (trace, lower, compile), load {load()}")
     for name, (inputs, wrt, xla, _) in cases.items():
         if name in NETWORKS:
-            seconds = {k: compile_seconds(f, inputs, wrt) for k, f in xla.items()}
+            seconds = {k: compile_seconds(k, f, inputs, wrt) for k, f in xla.items()}
             print(f"  {name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
     print(f"XLA phase, load {load()}", flush=True)
     results = {}
@@ -418,15 +453,16 @@ def main() -> None:
         )
     print(f"torch phase ({torch.get_num_threads()} threads), load {load()}", flush=True)
     for name, (inputs, wrt, _, f) in cases.items():
-        results[name] |= time_torch(inputs, wrt, f, repeats, rounds)
+        results[name] |= time_torch(inputs, wrt, f, repeats, rounds, args.torch_device)
     print(f"done, load {load()}\n")
 
-    print(
-        "| case | old fwd | new fwd | torch fwd | old f+b | new f+b | torch f+b | new/old f+b | torch/new f+b |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    variants = [*LOWERINGS, "torch"]
+    heads = [f"{v} {d}" for d in ("fwd", "f+b") for v in variants]
+    print(f"device {jax.devices()[0].device_kind}, torch on {args.torch_device}; ms per call")
+    print(f"| case | {' | '.join(heads)} | new/old f+b | torch/new f+b |")
+    print("|---|" + "---|" * (len(heads) + 2))
     for name, r in results.items():
-        ms = [r[f"{v} {d}"] * 1e3 for d in ("fwd", "fwd+bwd") for v in ("old", "new", "torch")]
+        ms = [r[f"{v} {d}"] * 1e3 for d in ("fwd", "fwd+bwd") for v in variants]
         speedup = r["old fwd+bwd"] / r["new fwd+bwd"]
         vs_torch = r["torch fwd+bwd"] / r["new fwd+bwd"]
         cells = " | ".join(f"{v:.2f}" for v in ms)

@@ -182,7 +182,11 @@ def _jax_worker(name: str, mode: str, model: Any, inputs: tuple, labels: Any, ca
     return {"first_s": first, "steady_ms": steady, "peak_mb": peak_rss_mb()}
 
 
-def worker(name: str, mode: str, side: str, batch: int, size: int, calls: int) -> dict:
+def worker(
+    name: str, mode: str, side: str, batch: int, size: int, calls: int, device: str = "cpu"
+) -> dict:
+    """One side's figures. ``device``: where eager torch and ``torch.compile`` run (poptorch
+    and the JAX twin run on JAX's default backend, fed from the host as PopTorch was)."""
     import torch  # noqa: PLC0415
 
     import poptorch  # noqa: PLC0415
@@ -192,6 +196,10 @@ def worker(name: str, mode: str, side: str, batch: int, size: int, calls: int) -
     result: dict[str, Any] = {}
     if side == "jax":
         return _jax_worker(name, mode, model, inputs, labels, calls)
+    if side != "poptorch" and device != "cpu":
+        model.to(device)
+        inputs = tuple(x.to(device) for x in inputs)
+        labels = None if labels is None else labels.to(device)
     if mode == "infer":
         model.eval()
         if side == "poptorch":
@@ -224,6 +232,14 @@ def worker(name: str, mode: str, side: str, batch: int, size: int, calls: int) -
                 optimizer.step()
                 return loss
 
+    if device.startswith("cuda") and side != "poptorch":
+        unsynced = call
+
+        def call() -> Any:
+            out = unsynced()
+            torch.cuda.synchronize()
+            return out
+
     first, steady = first_and_median(call, calls)
     result.update(first_s=first, steady_ms=steady, peak_mb=peak_rss_mb())
     if side == "poptorch":
@@ -239,14 +255,20 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=64, help="image side or sequence length")
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--torch-device", default="cpu", help="eager torch's device (cuda)")
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "MODE", "SIDE"))
     args = parser.parse_args()
     if args.worker:
         name, mode, side = args.worker
-        print(json.dumps(worker(name, mode, side, args.batch, args.size, args.calls)))
+        print(
+            json.dumps(
+                worker(name, mode, side, args.batch, args.size, args.calls, args.torch_device)
+            )
+        )
         return
     print(
-        f"load: {os.getloadavg()[0]:.2f} (1-minute average), batch {args.batch}, size {args.size}"
+        f"load: {os.getloadavg()[0]:.2f} (1-minute average), batch {args.batch}, size {args.size}, "
+        f"eager torch on {args.torch_device}"
     )
     header = "| model | mode | side | first call s | stages s | steady ms | steady ms / poptorch's | peak MiB |"
     print(header + "\n|" + "---|" * 8)
@@ -255,7 +277,8 @@ def main() -> None:
             rows = {}
             for side in args.sides.split(","):
                 common = ["--batch", str(args.batch), "--size", str(args.size)]
-                common += ["--calls", str(args.calls), "--worker", name, mode, side]
+                common += ["--calls", str(args.calls), "--torch-device", args.torch_device]
+                common += ["--worker", name, mode, side]
                 rows[side] = run_variant(__file__, *common)
             ours = rows.get("poptorch", {}).get("steady_ms")
             for side, r in rows.items():

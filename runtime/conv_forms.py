@@ -39,6 +39,7 @@ from jax import lax
 
 from popxl.ops._base import dot_precision
 
+from .forms import cpu_forms
 from .taps import scatter_taps, tap_slice, taps
 from .xla_workarounds import computed_once
 
@@ -57,8 +58,9 @@ def conv(x: jax.Array, w: jax.Array, geo: Geometry) -> jax.Array:
 
     float16 and bfloat16 operands are multiplied exactly and accumulated in float32.
     """
-    if jax.default_backend() != "cpu":
-        return _lax_conv(x, w, geo)
+    if not cpu_forms():
+        common = jnp.promote_types(x.dtype, w.dtype)
+        return _lax_conv(x.astype(common), w.astype(common), geo).astype(x.dtype)
     f = jnp.promote_types(x.dtype, jnp.float32)
     w, geo = _live_taps(x.shape[2:], w, geo)
     frames = w.ndim == 5 and geo.groups == 1 and _roomy(x.shape[3:], w.shape[3:], geo.dilation[1:])
@@ -226,8 +228,9 @@ def conv_transpose(x: jax.Array, w: jax.Array, geo: Geometry, out: tuple[int, ..
     """The transposed convolution: the input gradient of ``conv`` (``geo``) for an input of
     spatial shape ``out``, applied to ``x``; ``w`` is ``(C, M/groups, *kernel)``."""
     shape = (x.shape[0], w.shape[1] * geo.groups, *out)
-    if jax.default_backend() != "cpu":
-        return _vjp_input(_lax_conv, w, geo, shape, x)
+    if not cpu_forms():
+        common = jnp.promote_types(x.dtype, w.dtype)
+        return _xla_conv_transpose(x.astype(common), w.astype(common), geo, shape).astype(x.dtype)
     f = jnp.promote_types(x.dtype, jnp.float32)
     return _cpu_conv_transpose(x.astype(f), w.astype(f), geo, shape).astype(x.dtype)
 
@@ -676,6 +679,27 @@ def _cpu_conv_bwd(geo: Geometry, res: tuple, gy: jax.Array) -> tuple:
 
 
 _cpu_conv.defvjp(_cpu_conv_fwd, _cpu_conv_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _xla_conv_transpose(x: jax.Array, w: jax.Array, geo: Geometry, shape: tuple) -> jax.Array:
+    """XLA's own kernels (off the CPU): the input gradient of the convolution, whose own
+    gradients are the convolution of the cotangent and that convolution's weight gradient.
+    (On an H200, cuDNN refused the weight gradient JAX derives by transposing the transpose,
+    for a 3-D one with output padding: CUDNN_STATUS_BAD_PARAM.)"""
+    return _vjp_input(_lax_conv, w, geo, shape, x)
+
+
+def _xla_conv_transpose_fwd(x: jax.Array, w: jax.Array, geo: Geometry, shape: tuple) -> tuple:
+    return _xla_conv_transpose(x, w, geo, shape), (x, w)
+
+
+def _xla_conv_transpose_bwd(geo: Geometry, shape: tuple, res: tuple, gy: jax.Array) -> tuple:
+    x, w = res
+    return _lax_conv(gy, w, geo), _vjp_weight(_lax_conv, gy, geo, w.shape, x)
+
+
+_xla_conv_transpose.defvjp(_xla_conv_transpose_fwd, _xla_conv_transpose_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))

@@ -14,8 +14,10 @@ windows are VALID):
   spread back tap by tap (``_taps.scatter_taps``).
 
 A max sends each window's gradient to the first maximum in row-major order (or to a NaN),
-as torch does. These forms were measured on the CPU only; other backends keep
-``reduce_window``.
+as torch does, on every backend: XLA's ``select_and_scatter`` sends a NaN window's gradient
+elsewhere, and JAX cannot differentiate a dilated max ``reduce_window`` at all. On an H200
+these forms ran as fast as ``reduce_window`` and its gradient at the networks' pool shapes
+(bench/README, "The GPU path"). A sum keeps ``reduce_window`` off the CPU.
 
 Imported lazily by the lowering rules: this module imports JAX.
 """
@@ -28,8 +30,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from .forms import cpu_forms
 from .taps import scatter_taps, tap_slice, taps
 from .xla_workarounds import computed_once
 
@@ -68,7 +72,9 @@ def _between(kernel: tuple) -> tuple:
 
 def _reduce_window(xp: jax.Array, op: Any, kernel: tuple, stride: tuple, dilation: tuple) -> Any:
     ones = (1, 1)
-    init = jnp.asarray(0 if op is lax.add else _lowest(xp.dtype), xp.dtype)
+    # A NumPy (concrete) identity: JAX differentiates only the max and sum windows it knows
+    # by their identity, and a traced one is not known.
+    init = np.asarray(0 if op is lax.add else _lowest(xp.dtype), xp.dtype)
     return lax.reduce_window(
         xp, init, op, ones + kernel, ones + stride, "VALID", None, ones + dilation
     )
@@ -80,8 +86,6 @@ def _lowest(dtype: Any) -> Any:
 
 def window_max(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> jax.Array:
     """The maximum of every VALID window of the padded ``(N, C, *spatial)`` input ``xp``."""
-    if jax.default_backend() != "cpu":  # measured on the CPU only: keep XLA's form elsewhere
-        return _reduce_window(xp, lax.max, kernel, stride, dilation)
     xp = _cropped(xp, kernel, stride, dilation)
     if not jnp.issubdtype(xp.dtype, jnp.floating):
         return _max(xp, kernel, stride, dilation)
@@ -185,7 +189,7 @@ _differentiable_max.defvjp(_max_fwd, _max_bwd)
 
 def window_sum(xp: jax.Array, kernel: tuple, stride: tuple, dilation: tuple) -> jax.Array:
     """The sum of every VALID window of the padded ``(N, C, *spatial)`` input ``xp``."""
-    if jax.default_backend() != "cpu":
+    if not cpu_forms():
         return _reduce_window(xp, lax.add, kernel, stride, dilation)
     return _differentiable_sum(_cropped(xp, kernel, stride, dilation), kernel, stride, dilation)
 

@@ -50,6 +50,7 @@ from . import (  # noqa: F401  (register lowerings)
     vjp,
     xla_options,
 )
+from .forms import cpu_forms
 from .ipu_slots import SlotLayout
 from .lowering import Env, LoweringContext, lower_op, schedule
 from .memory import tensor_ipu
@@ -374,7 +375,7 @@ def _make_step(
         batched = _probe_batched(replica_step, candidates, shapes, inputs, nht, replicas)
     else:
         batched = (mode == "shard_map",) * n_state
-    sink = mode != "shard_map" and jax.default_backend() == "cpu" and _convolves(ir)
+    sink = mode != "shard_map" and cpu_forms() and _convolves(ir)
     step = _split_step(replica_step, batched, written, mode, replicas, local_replicas, stash, sink)
     return step, batched, written, (), stash
 

@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .forms import cpu_forms
+
 
 def fenced(values: Any) -> Any:
     """``values`` (a pytree of arrays), with no reshape of them moved into their producers."""
@@ -38,7 +40,7 @@ def fenced(values: Any) -> Any:
 def computed_once(x: jax.Array) -> jax.Array:
     """``x``, bit for bit, computed into its own buffer rather than fused into consumers
     that read its elements repeatedly (on XLA:CPU; elsewhere ``x`` itself)."""
-    if jax.default_backend() != "cpu" or x.size == 0:
+    if not cpu_forms() or x.size == 0:
         return x
     bits = jnp.dtype(f"int{8 * x.dtype.itemsize}") if x.dtype != jnp.bool_ else jnp.int8
     as_bits = lax.bitcast_convert_type(x, bits) if x.dtype != jnp.bool_ else x.astype(bits)

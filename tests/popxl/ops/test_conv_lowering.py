@@ -13,6 +13,7 @@ import pytest
 from jax import lax
 
 from runtime.conv_forms import FORMS, Geometry, choose, conv, conv_transpose
+from runtime.forms import forms_of
 
 # (name, input shape, weight shape, geometry)
 CASES = [
@@ -132,6 +133,13 @@ CASES = [
     ),
 ]
 IDS = [c[0] for c in CASES]
+
+
+@pytest.fixture(autouse=True)
+def _cpu_forms():
+    """These tests are about the CPU's forms: traced as on the CPU on any backend."""
+    with forms_of("cpu"):
+        yield
 
 
 def _reference(x, w, geo):
@@ -340,6 +348,7 @@ def test_patches_are_stacked_at_most_eight_taps_at_a_time(rng, name):
     _close(FORMS["matmul"].weight_grad(x, geo, w.shape, gy), pullback(gy)[1])
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's compiled layouts")
 def test_xla_kernel_takes_channels_last_operands_also_in_a_loop_body():
     # Inside a loop body XLA:CPU keeps the layouts it is given, and its kernel is 10-30x
     # slower on NCHW operands: every direction of the "lax" form hands it channels-last ones.
@@ -368,3 +377,35 @@ def test_xla_kernel_takes_channels_last_operands_also_in_a_loop_body():
         label.startswith("b01f_01io->b01f") or label.startswith("f01b_01io->f01b")
         for label in labels
     ), labels
+
+
+@pytest.mark.parametrize("name", ["2d_pad", "2d_depthwise", "3d"])
+def test_other_backends_keep_xla_convolution_in_every_direction(rng, name):
+    _, x_shape, w_shape, geo = CASES[IDS.index(name)]
+    x, w = _data(rng, x_shape, w_shape)
+    loss = lambda a, b: jnp.sum(jnp.tanh(conv(a, b, geo)))  # noqa: E731
+    with forms_of("gpu"):
+        traced = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(x, w)
+        got = jax.value_and_grad(loss, (0, 1))(x, w)
+    assert traced.as_text().count("stablehlo.convolution") == 3
+    want = jax.value_and_grad(lambda a, b: jnp.sum(jnp.tanh(_reference(a, b, geo))), (0, 1))(x, w)
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        _close(g, r)
+
+
+@pytest.mark.parametrize("name", ["2d_stride", "3d_stride_groups"])
+def test_other_backends_transposed_convolution_differentiates_like_the_cpu_forms(rng, name):
+    # Strides that skip the input's last rows: the transposed convolution's output padding.
+    _, x_shape, w_shape, geo = CASES[IDS.index(name)]
+    x, w = _data(rng, x_shape, w_shape)
+    t = jnp.asarray(rng.standard_normal(_reference(x, w, geo).shape), jnp.float32)
+    u = jnp.asarray(rng.standard_normal(x_shape), jnp.float32)
+
+    def loss(a, b):
+        return jnp.vdot(conv_transpose(a, b, geo, x_shape[2:]), u)
+
+    want = jax.value_and_grad(loss, (0, 1))(t, w)
+    with forms_of("gpu"):
+        got = jax.value_and_grad(loss, (0, 1))(t, w)
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        _close(g, r)

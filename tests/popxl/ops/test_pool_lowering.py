@@ -13,6 +13,7 @@ import torch
 from jax import lax
 
 from runtime import pool_forms
+from runtime.forms import forms_of
 from runtime.pool_forms import window_max, window_sum
 
 # (input shape, kernel, stride, dilation); inputs are already padded, windows VALID.
@@ -150,12 +151,35 @@ def test_overlapping_max_gradient_indexes_per_sample_past_int32(rng, monkeypatch
     np.testing.assert_array_equal(per_sample(gy)[0], flat)
 
 
-def test_other_backends_keep_reduce_window(rng, monkeypatch):
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+def test_other_backends_keep_reduce_window_for_sums_and_differentiate_it(rng):
     x = jnp.asarray(_tied(rng, (2, 3, 9, 9)))
-    hlo = jax.jit(lambda a: window_max(a, (3, 3), (2, 2), (1, 1))).lower(x).as_text()
+    with forms_of("gpu"):
+        step = jax.jit(jax.grad(lambda a: window_sum(a, (3, 3), (2, 2), (1, 1)).sum()))
+        hlo = step.lower(x).as_text()
+        summed, pullback = jax.vjp(lambda a: window_sum(a, (2, 2), (2, 2), (1, 1)), x)
     assert "reduce_window" in hlo
-    np.testing.assert_array_equal(
-        window_sum(x, (2, 2), (2, 2), (1, 1)),
-        _reduce_window(x, 0.0, lax.add, (2, 2), (2, 2), (1, 1)),
-    )
+    np.testing.assert_array_equal(summed, _reduce_window(x, 0.0, lax.add, (2, 2), (2, 2), (1, 1)))
+    covered = np.ones(x.shape, np.float32)
+    covered[..., 8, :] = covered[..., :, 8] = 0  # the 2x2 windows leave the last row and column
+    np.testing.assert_array_equal(pullback(jnp.ones_like(summed))[0], covered)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_max_takes_torchs_winner_and_nan_rule_on_every_backend(rng, backend):
+    # select_and_scatter sends a NaN window's gradient elsewhere, and JAX cannot transpose
+    # a dilated max reduce_window: the strided-slice form serves every backend.
+    x = _tied(rng, (2, 3, 9, 9))
+    x[0, 0, 0, 1] = np.nan
+    gy = rng.standard_normal((2, 3, 3, 4)).astype(np.float32)
+    with forms_of(backend):
+        y, pullback = jax.vjp(lambda a: window_max(a, (3, 2), (2, 2), (2, 1)), jnp.asarray(x))
+        (gx,) = pullback(jnp.asarray(gy))
+    np.testing.assert_array_equal(gx, _torch_max_pool_grad(x, gy, (3, 2), (2, 2), (2, 1)))
+
+
+def test_the_cpu_forms_can_be_chosen_on_any_backend(rng):
+    x = jnp.asarray(_tied(rng, (2, 3, 9, 9)))
+    with forms_of("cpu"):
+        hlo = jax.jit(jax.grad(lambda a: window_max(a, (3, 3), (2, 2), (1, 1)).sum())).lower(x)
+    assert "select-and-scatter" not in hlo.as_text(dialect="hlo")
+    assert "reduce_window" not in hlo.as_text()
