@@ -70,13 +70,34 @@ def _pool_infer(op: str) -> Any:
 def _pool(x: Any, fill: Any, form: str, attrs: dict) -> Any:
     """Reduce every window of ``x``; padding and input-dilation holes hold ``fill``."""
     windows = _pool_windows("pool", x.shape, **attrs)
-    interior = [(lo, hi, d - 1) for (lo, hi, _), d in zip(windows, attrs["in_dilations"])]
-    padded = lax.pad(x, jnp.asarray(fill, x.dtype), [(0, 0, 0)] * 2 + interior)
+    config, kernel, stride = [(0, 0, 0)] * 2, [], []
+    for i, (lo, _, out) in enumerate(windows):
+        gap, k = attrs["in_dilations"][i], attrs["kernel_size"][i]
+        s, d = attrs["stride"][i], attrs["dilation"][i]
+        first, k = _live_taps(lo, (x.shape[2 + i] - 1) * gap + 1, out, k, s, d)
+        s = s if out > 1 else k  # one window: any stride, and one that tiles is cheapest
+        last = (out - 1) * s + (k - 1) * d + 1  # the extent the windows read, from `first`
+        lo -= first * d
+        config.append((lo, last - lo - (x.shape[2 + i] - 1) * gap - 1, gap - 1))
+        kernel.append(k)
+        stride.append(s)
+    padded = lax.pad(x, jnp.asarray(fill, x.dtype), config)
     reduce = getattr(_forms, form)
-    out = reduce(padded, attrs["kernel_size"], attrs["stride"], attrs["dilation"])
+    out = reduce(padded, tuple(kernel), tuple(stride), attrs["dilation"])
     k, pads = x.ndim - 2, attrs["out_pads"]
     out_config = [(0, 0, 0)] * 2 + [(pads[i], pads[k + i], 0) for i in range(k)]
     return lax.pad(out, jnp.zeros((), x.dtype), out_config)
+
+
+def _live_taps(lo: int, n: int, out: int, k: int, s: int, d: int) -> tuple[int, int]:
+    """(first, count): the run of a window's taps that reads the input (length ``n`` after
+    ``lo`` of padding) in some window; the taps outside it read only padding, which holds
+    the reduction's identity. A pool whose kernel outsizes its input (EfficientNet's final
+    ``AvgPool2d(hidden_dim, ceil_mode=True)``: a 2560-wide window over a 2x2 map) then pads
+    and reads the input's extent, not the kernel's."""
+    first = max(0, -(-(lo - (out - 1) * s) // d))
+    last = min(k - 1, (lo + n - 1) // d)
+    return (first, last - first + 1) if last >= first else (0, k)
 
 
 def _counts(shape: tuple, attrs: dict) -> np.ndarray:

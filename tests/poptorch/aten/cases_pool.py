@@ -48,7 +48,31 @@ _POOLS = [
         _randn(1, 2, 4, 5, 6),
         [MAX3],
     ),
+    Case(  # EfficientNet's final pool: a window far wider than the map it covers
+        "max_pool2d_kernel_outsizes_input",
+        lambda x: F.max_pool2d(x, 640, ceil_mode=True),
+        _randn(1, 2, 3, 7),
+        [MAX2],
+    ),
+    Case(
+        "max_pool2d_taps_in_padding_dilated",
+        lambda x: F.max_pool2d(x, (9, 3), (4, 1), padding=(4, 1), ceil_mode=True, dilation=(1, 2)),
+        _randn(1, 2, 3, 7),
+        [MAX2],
+    ),
     Case("avg_pool1d", lambda x: F.avg_pool1d(x, 3, 2), _randn(2, 3, 9), [AVG2]),
+    Case(
+        "avg_pool2d_kernel_outsizes_input",
+        lambda x: F.avg_pool2d(x, 640, ceil_mode=True),
+        _randn(1, 2, 3, 7),
+        [AVG2],
+    ),
+    Case(
+        "avg_pool2d_taps_in_padding",
+        lambda x: F.avg_pool2d(x, (9, 3), (4, 2), padding=(4, 1), ceil_mode=True),
+        _randn(1, 2, 3, 7),
+        [AVG2],
+    ),
     Case(
         "avg_pool2d_exclude_pad_ceil",
         lambda x: F.avg_pool2d(x, 3, 2, padding=1, ceil_mode=True, count_include_pad=False),

@@ -342,3 +342,22 @@ def test_grouped_products_of_experts_match_transformers_own():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert got[6].abs().max() == 0
     assert_trains_as_eager(model, (x.requires_grad_(False), ends), loss_of=lambda out: out[1])
+
+
+@pytest.mark.zoo_full
+def test_efficientnets_pool_wider_than_its_map_trains_as_eager():
+    # EfficientNet pools its last map (1x1 here) with AvgPool2d(hidden_dim, ceil_mode=True):
+    # a 320-wide window (2560 in the default config, whose first call took over 10 minutes
+    # when the lowering padded the map to the window's size).
+    config = _config(
+        tf.EfficientNetConfig,
+        image_size=32,
+        width_coefficient=0.25,
+        depth_coefficient=0.25,
+        hidden_dim=320,
+        num_labels=4,
+        drop_connect_rate=0.0,
+    )
+    model = tf.EfficientNetForImageClassification(config)
+    assert model.efficientnet.pooler.kernel_size == 320
+    assert_trains_as_eager(model, (), _image())

@@ -183,3 +183,33 @@ def test_the_cpu_forms_can_be_chosen_on_any_backend(rng):
         hlo = jax.jit(jax.grad(lambda a: window_max(a, (3, 3), (2, 2), (1, 1)).sum())).lower(x)
     assert "select-and-scatter" not in hlo.as_text(dialect="hlo")
     assert "reduce_window" not in hlo.as_text()
+
+
+@pytest.mark.parametrize("pool", ["max", "average"])
+def test_a_window_wider_than_its_input_reads_only_the_input(rng, pool):
+    # EfficientNet's final AvgPool2d(hidden_dim, ceil_mode=True): a 2560-wide window over a
+    # 2x2 map, whose taps past the map read only padding. The lowering pads to the map's
+    # extent, not the kernel's (which took minutes and gigabytes to trace).
+    from popxl.ops.pool import _lower_average_pool, _lower_max_pool
+
+    attrs = dict(
+        kernel_size=(2560, 2560),
+        stride=(2560, 2560),
+        padding=(0,) * 4,
+        out_pads=(0,) * 4,
+        dilation=(1, 1),
+        in_dilations=(1, 1),
+        auto_pad="not_set",
+        ceil_mode=True,
+    )
+    x = rng.standard_normal((2, 3, 2, 2)).astype(np.float32)
+    lower = _lower_max_pool if pool == "max" else _lower_average_pool
+    extra = {"storage_order": "row"} if pool == "max" else {}
+    pooled = lambda a: lower(a, **extra, **attrs)  # noqa: E731
+    for f in (pooled, jax.grad(lambda a: pooled(a).sum())):
+        jaxpr = jax.make_jaxpr(f)(x)
+        assert max(v.aval.size for e in jaxpr.jaxpr.eqns for v in e.outvars) <= x.size
+    reduce = np.max if pool == "max" else np.mean
+    np.testing.assert_allclose(
+        lower(jnp.asarray(x), **extra, **attrs), reduce(x, (2, 3), keepdims=True), rtol=1e-6
+    )
