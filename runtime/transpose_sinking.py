@@ -357,11 +357,43 @@ def _shared_perm(ins: list[Any]) -> tuple[int, ...] | None:
 
 
 def _concatenate(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
-    perm = _shared_perm(ins)
-    if perm is None:
+    """Operands pending one transpose are joined as their bases. Where they pend different
+    ones, the result pends the transpose of the largest operand and only the others are
+    transposed to match it; where that operand is plain, the pending ones are computed, as
+    any op would. DenseNet joins its running features (channels-last, from the 1x1
+    convolutions' forms) with each layer's output (channels-first, from the 3x3's matmul
+    form on small maps): the running features' layout is the one the next 1x1 reads, even
+    once the layers' outputs together outweigh them, and each output is transposed once
+    (XLA computes the same transpose in every later join once)."""
+    largest = max(ins, key=_size)
+    if not isinstance(largest, Pending):
         return None
+    perm = largest.perm
+    back = inverse(perm)
+    bases = [
+        v.base
+        if isinstance(v, Pending) and v.perm == perm
+        else (
+            lax.transpose(v.base, tuple(v.perm[i] for i in back))
+            if isinstance(v, Pending)
+            else s.transposed(v, back)
+        )
+        for v in ins
+    ]
     dim = perm[eqn.params["dimension"]]
-    return [Pending(s.bind_one(eqn, [v.base for v in ins], dimension=dim), perm)]
+    return [Pending(s.bind_one(eqn, bases, dimension=dim), perm)]
+
+
+def _size(v: Any) -> int:
+    return math.prod(v.base.shape if isinstance(v, Pending) else v.shape)
+
+
+def _split(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    """A split (the gradient of a concatenation) of a pending value: of its base, each part
+    pending the same transpose."""
+    (x,) = ins
+    outs = s.bind(eqn, [x.base], axis=x.perm[eqn.params["axis"]])
+    return [Pending(o, x.perm) for o in outs]
 
 
 def _reshape(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
@@ -523,6 +555,7 @@ _RULES = {
     "slice": _slice,
     "rev": _rev,
     "concatenate": _concatenate,
+    "split": _split,
     "stack": _stack,
     "optimization_barrier": _barrier,
     "reshape": _reshape,

@@ -168,6 +168,46 @@ def test_the_transposes_between_channels_last_convolutions_cancel():
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5)
 
 
+def test_a_concatenation_transposes_only_operands_pending_another_order():
+    """DenseNet's features: most come channels-last from the convolutions' forms, one in
+    another order; the join pends the majority's transpose, which the next channels-last
+    reader cancels, and only the odd operand is transposed (where plain operands hold the
+    most, the pending ones are computed, as before)."""
+    wide = jnp.asarray(RNG.standard_normal((2, 5, 6, 8)), jnp.float32)  # NHWC
+    odd = jnp.asarray(RNG.standard_normal((3, 2, 5, 6)), jnp.float32)  # CNHW
+    plain = jnp.asarray(RNG.standard_normal((2, 9, 5, 6)), jnp.float32)  # NCHW
+
+    def joined(wide, x, odd):
+        parts = [_nchw(wide), _nchw(x) * 2.0, jnp.transpose(odd, (1, 0, 2, 3))]
+        return _nhwc(jnp.concatenate(parts, axis=1))
+
+    def mostly_plain(wide, plain):
+        return jnp.concatenate([_nchw(wide), plain], axis=1).sum(2)
+
+    assert _transposes(joined, wide, X, odd) == 4
+    assert _transposes(sink_transposes(joined), wide, X, odd) == 1
+    assert _transposes(sink_transposes(mostly_plain), wide, plain) == 1
+    _agree(joined, wide, X, odd)
+    _agree(mostly_plain, wide, plain)
+
+
+def test_a_split_of_a_pending_value_splits_its_base():
+    """The gradient of a concatenation splits the joined cotangent: each part pends the
+    transpose the whole did, so channels-last parts stay channels-last."""
+
+    def parts(x):
+        a, b, c = lax.split(_nchw(x) * 3.0, (1, 0, 2), axis=1)
+        return _nhwc(a), b, _nhwc(c) + 1.0
+
+    assert _transposes(sink_transposes(parts), X, least=2) == 0
+    _agree(parts, X)
+    step = jax.grad(
+        lambda wide, x: (_nhwc(jnp.concatenate([_nchw(wide), _nchw(x)], 1)) ** 2).sum(), (0, 1)
+    )
+    assert _transposes(sink_transposes(step), X, X) == 0
+    _agree(step, X, X)
+
+
 @pytest.mark.parametrize("base", [(2, 3, 4, 5), (6, 1, 4), (2, 1, 3, 1, 4), (12, 10)])
 def test_a_reshape_plan_reshapes_the_base_to_the_same_values(base):
     """Every permutation of ``base`` under every reshape that merges or splits neighbours
