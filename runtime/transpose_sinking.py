@@ -358,17 +358,19 @@ def _shared_perm(ins: list[Any]) -> tuple[int, ...] | None:
 
 def _concatenate(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     """Operands pending one transpose are joined as their bases. Where they pend different
-    ones, the result pends the transpose of the largest operand and only the others are
-    transposed to match it; where that operand is plain, the pending ones are computed, as
-    any op would. DenseNet joins its running features (channels-last, from the 1x1
-    convolutions' forms) with each layer's output (channels-first, from the 3x3's matmul
-    form on small maps): the running features' layout is the one the next 1x1 reads, even
-    once the layers' outputs together outweigh them, and each output is transposed once
-    (XLA computes the same transpose in every later join once)."""
-    largest = max(ins, key=_size)
-    if not isinstance(largest, Pending):
+    ones, the result pends the transpose of the largest pending operand and only the others
+    are transposed to match it; where plain operands hold at least as many elements as the
+    pending ones, the pending ones are computed instead, as any op would. DenseNet joins its
+    running features (channels-last, from the 1x1 convolutions' forms) with each layer's
+    output (channels-first, from the 3x3's matmul form on small maps): the running
+    features' layout is the one the next 1x1 reads, even once the layers' outputs together
+    outweigh them, and each output is transposed once (XLA computes the same transpose in
+    every later join once)."""
+    pending = [v for v in ins if isinstance(v, Pending)]
+    plain = sum(_size(v) for v in ins if not isinstance(v, Pending))
+    if plain >= sum(_size(v) for v in pending):
         return None
-    perm = largest.perm
+    perm = max(pending, key=_size).perm
     back = inverse(perm)
     bases = [
         v.base

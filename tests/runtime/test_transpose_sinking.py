@@ -171,8 +171,8 @@ def test_the_transposes_between_channels_last_convolutions_cancel():
 def test_a_concatenation_transposes_only_operands_pending_another_order():
     """DenseNet's features: most come channels-last from the convolutions' forms, one in
     another order; the join pends the majority's transpose, which the next channels-last
-    reader cancels, and only the odd operand is transposed (where plain operands hold the
-    most, the pending ones are computed, as before)."""
+    reader cancels, and only the odd operands are transposed (where plain operands hold as
+    many elements as the pending ones, the pending ones are computed, as before)."""
     wide = jnp.asarray(RNG.standard_normal((2, 5, 6, 8)), jnp.float32)  # NHWC
     odd = jnp.asarray(RNG.standard_normal((3, 2, 5, 6)), jnp.float32)  # CNHW
     plain = jnp.asarray(RNG.standard_normal((2, 9, 5, 6)), jnp.float32)  # NCHW
@@ -184,11 +184,16 @@ def test_a_concatenation_transposes_only_operands_pending_another_order():
     def mostly_plain(wide, plain):
         return jnp.concatenate([_nchw(wide), plain], axis=1).sum(2)
 
+    def mostly_pending(wide, plain):  # the plain operand is the largest, not the most
+        return _nhwc(jnp.concatenate([_nchw(wide), plain, _nchw(wide) + 1.0], axis=1))
+
     assert _transposes(joined, wide, X, odd) == 4
     assert _transposes(sink_transposes(joined), wide, X, odd) == 1
     assert _transposes(sink_transposes(mostly_plain), wide, plain) == 1
+    assert _transposes(sink_transposes(mostly_pending), wide, plain) == 1  # the plain one
     _agree(joined, wide, X, odd)
     _agree(mostly_plain, wide, plain)
+    _agree(mostly_pending, wide, plain)
 
 
 def test_a_split_of_a_pending_value_splits_its_base():
