@@ -10,11 +10,11 @@ again in the copies around them).
 ``sink_transposes(fn)`` traces ``fn`` and evaluates its jaxpr again with every transpose
 left pending: a value is then held as ``(base, perm)``, meaning ``lax.transpose(base,
 perm)``, and ops that commute with a transpose (elementwise ops, reductions, pads, slices,
-reshapes that only merge or split neighbouring axes, matmuls, concatenation) are applied to
-the base, their results pending the same or the mapped permutation. A pending transpose of
-a pending transpose composes, and one that composes to the identity is gone. Anything else
-reads the value transposed, once. The result is the same program, value for value: only
-where the transposes run changes.
+reshapes that only merge or split neighbouring axes, matmuls, concatenations, splits) are
+applied to the base, their results pending the same or the mapped permutation. A pending
+transpose of a pending transpose composes, and one that composes to the identity is gone.
+Anything else reads the value transposed, once. The result is the same program, value for
+value: only where the transposes run changes.
 
 Calls (``jit``, ``custom_jvp_call``, ``custom_vjp_call``) are inlined, so a convolution's
 form and the ops around it meet; loop and branch bodies are rewritten on their own, their
