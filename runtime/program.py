@@ -376,7 +376,10 @@ def _make_step(
     else:
         batched = (mode == "shard_map",) * n_state
     sink = mode != "shard_map" and cpu_forms() and _convolves(ir)
-    step = _split_step(replica_step, batched, written, mode, replicas, local_replicas, stash, sink)
+    large = not _convolves(ir) and _large_products(ir)
+    step = _split_step(
+        replica_step, batched, written, mode, replicas, local_replicas, stash, sink, large
+    )
     return step, batched, written, (), stash
 
 
@@ -384,6 +387,25 @@ def _convolves(ir: Ir) -> bool:
     """Whether the program has convolutions, whose forms run channels-last on the CPU
     (``runtime/conv_forms``): its transposes are then sunk until they cancel."""
     return any(op.opdef.key.startswith("conv") for g in reachable_graphs(ir) for op in g._ops)
+
+
+def _large_products(ir: Ir) -> bool:
+    """Whether most of the program's matmul multiply-adds are in products of at least
+    ``xla_options.LARGE_PRODUCT_ROWS`` rows (a batched product's rows are its own, a
+    product with a plain matrix on the right counts every leading row of the left)."""
+    large = total = 0
+    for g in reachable_graphs(ir):
+        for op in g._ops:
+            if op.opdef.key != "matmul":
+                continue
+            a, b, out = op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape
+            if not a:
+                continue
+            work = int(np.prod(out, dtype=np.int64)) * a[-1]
+            rows = int(np.prod(a[:-1], dtype=np.int64)) if len(b) <= 2 else a[-2]
+            total += work
+            large += work if rows >= xla_options.LARGE_PRODUCT_ROWS else 0
+    return total > 0 and 2 * large > total
 
 
 def _seed_streams(
@@ -492,11 +514,13 @@ def _split_step(
     local: int,
     stash: tuple = (),
     sink: bool = False,
+    large_products: bool = False,
 ) -> Any:
     """The jitted ``step(written_state, constant_state, inputs)``: only state the program
     writes is donated and returned; read-only state (e.g. weights of an inference program)
     is passed in and left where it is. The scratch buffers (``stash``) follow the written
-    state, donated and returned the same way."""
+    state, donated and returned the same way. ``large_products``: compiled for products of
+    many rows (``xla_options``)."""
     mutable = [i for i, w in enumerate(written) if w]
     const = [i for i, w in enumerate(written) if not w]
 
@@ -527,7 +551,7 @@ def _split_step(
         step = _shard_mapped(step, replicas, local)
     if sink:  # the transposes between channels-last convolutions cancel
         return _SunkStep(step)
-    return xla_options.jit(step, donate_argnums=(0,))
+    return xla_options.jit(step, large_products=large_products, donate_argnums=(0,))
 
 
 def compiled_step(step: Any, executable: Any) -> Any:

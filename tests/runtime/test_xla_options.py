@@ -1,6 +1,7 @@
 """The options programs compile with (``runtime/xla_options``): on a CPU with more than one
 core a program's convolutions go to XLA's multi-threaded Eigen kernel rather than YNNPACK's
-single-threaded one, its dots stay with YNNPACK, the values are the convolution's; a
+single-threaded one, its dots stay with YNNPACK unless they are mostly of many rows (then
+Eigen's too), the values are the convolution's and the products'; a
 convolution program's training step that neither loops nor branches updates its weights in
 place, without copying them first; one core (for YNNPACK), a user's own ``XLA_FLAGS``
 choice or another backend leave XLA's defaults."""
@@ -179,3 +180,44 @@ def test_a_jaxlib_without_the_option_compiles_with_its_defaults(fresh):
     fresh.setattr(xla_options, "YNN_WITHOUT_CONVOLUTIONS", "LIBRARY_FUSION_TYPE_NO_SUCH_THING")
     assert xla_options.YNN_OPTION not in xla_options.compiler_options()
     assert float(xla_options.jit(lambda a: a * 2)(np.float32(3))) == 6
+
+
+def _mlp_program(rows: int, features: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """``tanh(x @ w1) @ w2`` for ``x`` of ``rows`` x ``features``, run by a session: the
+    result, the same in float64 NumPy, and the HLO XLA compiled."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((rows, features)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((features, features)).astype(np.float32) / 8 for _ in range(2))
+    ir = popxl.Ir()
+    with ir.main_graph:
+        h = ops.tanh(ops.matmul(popxl.variable(x, name="x"), popxl.variable(w1, name="w1")))
+        y = ops.matmul(h, popxl.variable(w2, name="w2"))
+        out = popxl.d2h_stream(y.shape, y.dtype, name="y")
+        ops.host_store(out, y)
+    with popxl.Session(ir, "ipu_model") as session:
+        got = session.run()[out]
+        hlo = session._lowered().compile().as_text()
+    want = np.tanh(x.astype(np.float64) @ w1) @ w2
+    return got, want, hlo
+
+
+def test_products_of_many_rows_leave_ynnpack_and_keep_their_values(fresh):
+    fresh.setattr(xla_options, "_cores", lambda: 2)
+    if not xla_options.compiler_options(large_products=True):
+        pytest.skip("this jaxlib does not know the YNNPACK option")
+    assert xla_options.compiler_options(large_products=True) == {
+        xla_options.YNN_OPTION: xla_options.YNN_REDUCTIONS_ONLY
+    }
+    got, want, hlo = _mlp_program(xla_options.LARGE_PRODUCT_ROWS * 2, 64)
+    assert hlo.count(" dot(") == 2  # Eigen's products, outside any fusion
+    assert not any("dot" in name for name in _ynn_ops(hlo))  # Eigen's products
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_products_of_few_rows_stay_with_ynnpack(fresh):
+    fresh.setattr(xla_options, "_cores", lambda: 2)
+    if not xla_options.compiler_options():
+        pytest.skip("this jaxlib does not know the YNNPACK option")
+    got, want, hlo = _mlp_program(8, 256)
+    assert any("dot" in name for name in _ynn_ops(hlo))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
