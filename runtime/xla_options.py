@@ -32,11 +32,13 @@ weight gradient's product anyway (its left operand is column-major), which Eigen
 at up to 1.5x YNNPACK's speed on the same shapes. A linear layer's forward, input-gradient
 and weight-gradient products (us, 2026-11-28, the two libraries' programs alternated):
 512 rows x 128 features 1,451 (YNNPACK) / 914 (Eigen), 256 x 128 632 / 416, 128 x 128
-549 / 469, but 8 x 512 746 / 948 and 32 x 512 870 / 1,488. Whole steps: the 12-layer
-encoder's SGD step (512-row products) 155 -> 136 ms, 8 alternated rounds; popxl's MNIST MLP
-(batch-8 products) 1,042 -> 596 steps/s. So a program whose products are mostly (by
-multiply-adds) of ``LARGE_PRODUCT_ROWS`` rows or more, and that has no convolutions (whose
-steps measured the same either way), compiles with ``large_products=True``: dots on Eigen.
+549 / 469, but 8 x 512 746 / 948 and 32 x 512 870 / 1,488. Whole steps, medians of 8
+alternated rounds (ms, YNNPACK's products -> Eigen's): the 12-layer encoder's SGD step
+(512-row products) 155 -> 136; the zoo's BERT 20.2 -> 16.8 (Eigen ahead in 8 of 8), GPT-2
+23.5 -> 21.1 (7 of 8), BERT inference 4.8 -> 4.2. But popxl's MNIST MLP (batch-8 products)
+1,042 -> 596 steps/s, and ConvNeXt-T's step (its channel MLPs have 2,048 rows) 531 -> 576.
+So a program without convolutions whose products are mostly (by multiply-adds) of
+``LARGE_PRODUCT_ROWS`` rows or more compiles with ``large_products=True``: dots on Eigen.
 """
 
 from __future__ import annotations
