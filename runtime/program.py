@@ -376,7 +376,8 @@ def _make_step(
     else:
         batched = (mode == "shard_map",) * n_state
     sink = mode != "shard_map" and cpu_forms() and _convolves(ir)
-    large = not _convolves(ir) and _large_products(ir)
+    ops = (op for g in reachable_graphs(ir) for op in g._ops)
+    large = not _convolves(ir) and xla_options.large_products(ops)
     step = _split_step(
         replica_step, batched, written, mode, replicas, local_replicas, stash, sink, large
     )
@@ -387,25 +388,6 @@ def _convolves(ir: Ir) -> bool:
     """Whether the program has convolutions, whose forms run channels-last on the CPU
     (``runtime/conv_forms``): its transposes are then sunk until they cancel."""
     return any(op.opdef.key.startswith("conv") for g in reachable_graphs(ir) for op in g._ops)
-
-
-def _large_products(ir: Ir) -> bool:
-    """Whether most of the program's matmul multiply-adds are in products of at least
-    ``xla_options.LARGE_PRODUCT_ROWS`` rows (a batched product's rows are its own, a
-    product with a plain matrix on the right counts every leading row of the left)."""
-    large = total = 0
-    for g in reachable_graphs(ir):
-        for op in g._ops:
-            if op.opdef.key != "matmul":
-                continue
-            a, b, out = op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape
-            if not a:
-                continue
-            work = int(np.prod(out, dtype=np.int64)) * a[-1]
-            rows = int(np.prod(a[:-1], dtype=np.int64)) if len(b) <= 2 else a[-2]
-            total += work
-            large += work if rows >= xla_options.LARGE_PRODUCT_ROWS else 0
-    return total > 0 and 2 * large > total
 
 
 def _seed_streams(

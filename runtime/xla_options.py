@@ -44,8 +44,9 @@ So a program without convolutions whose products are mostly (by multiply-adds) o
 from __future__ import annotations
 
 import functools
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -75,6 +76,23 @@ def jit(fun: Callable, in_place: bool = False, large_products: bool = False, **k
 
 
 COPY_OPTION = "xla_cpu_copy_insertion_use_region_analysis"
+
+
+def large_products(ops: Iterable[Any]) -> bool:
+    """Whether most of the multiply-adds of the ``matmul`` ops among ``ops`` (a program's)
+    are in products of at least ``LARGE_PRODUCT_ROWS`` rows: a batched product's rows are
+    its own, a product with a plain matrix on the right counts every leading row of the
+    left."""
+    large = total = 0
+    for op in ops:
+        if op.opdef.key != "matmul" or not op.inputs[0].shape:
+            continue
+        a, b = op.inputs[0].shape, op.inputs[1].shape
+        work = math.prod(op.outputs[0].shape) * a[-1]
+        rows = math.prod(a[:-1]) if len(b) <= 2 else a[-2]
+        total += work
+        large += work if rows >= LARGE_PRODUCT_ROWS else 0
+    return total > 0 and 2 * large > total
 
 
 @functools.cache

@@ -221,3 +221,29 @@ def test_products_of_few_rows_stay_with_ynnpack(fresh):
     got, want, hlo = _mlp_program(8, 256)
     assert any("dot" in name for name in _ynn_ops(hlo))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _matmul_ops(*pairs: tuple[tuple[int, ...], tuple[int, ...]]) -> list:
+    """The ops of a main graph holding one ``ops.matmul`` per pair of operand shapes."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        for k, (a, b) in enumerate(pairs):
+            x = popxl.variable(np.zeros(a, np.float32), name=f"a{k}")
+            ops.matmul(x, popxl.variable(np.zeros(b, np.float32), name=f"b{k}"))
+    return list(ir.main_graph._ops)
+
+
+def test_which_products_count_as_large():
+    rows = xla_options.LARGE_PRODUCT_ROWS
+    assert xla_options.large_products(_matmul_ops(((rows, 64), (64, 64))))
+    assert not xla_options.large_products(_matmul_ops(((rows - 1, 64), (64, 64))))
+    # a plain matrix on the right: every leading row of the left counts
+    assert xla_options.large_products(_matmul_ops(((4, rows // 4, 64), (64, 64))))
+    # batched products: each has only its own rows
+    assert not xla_options.large_products(_matmul_ops(((8, 4, 64, 32), (8, 4, 32, 64))))
+    # by multiply-adds: one large product outweighs several small ones, and the other way
+    assert xla_options.large_products(_matmul_ops(((8, 64), (64, 64)), ((512, 64), (64, 64))))
+    assert not xla_options.large_products(
+        _matmul_ops(((8, 4096), (4096, 4096)), ((rows, 64), (64, 64)))
+    )
+    assert not xla_options.large_products([])
