@@ -375,9 +375,10 @@ def _make_step(
         batched = _probe_batched(replica_step, candidates, shapes, inputs, nht, replicas)
     else:
         batched = (mode == "shard_map",) * n_state
-    sink = mode != "shard_map" and cpu_forms() and _convolves(ir)
+    convolves = _convolves(ir)
+    sink = mode != "shard_map" and cpu_forms() and convolves
     ops = (op for g in reachable_graphs(ir) for op in g._ops)
-    large = not _convolves(ir) and xla_options.large_products(ops)
+    large = not convolves and xla_options.large_products(ops)
     step = _split_step(
         replica_step, batched, written, mode, replicas, local_replicas, stash, sink, large
     )

@@ -209,8 +209,8 @@ def test_products_of_many_rows_leave_ynnpack_and_keep_their_values(fresh):
         xla_options.YNN_OPTION: xla_options.YNN_REDUCTIONS_ONLY
     }
     got, want, hlo = _mlp_program(xla_options.LARGE_PRODUCT_ROWS * 2, 64)
-    assert hlo.count(" dot(") == 2  # Eigen's products, outside any fusion
-    assert not any("dot" in name for name in _ynn_ops(hlo))  # Eigen's products
+    assert hlo.count(" dot(") == 2  # Eigen's products, outside any YNNPACK fusion
+    assert not any("dot" in name for name in _ynn_ops(hlo))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -241,7 +241,8 @@ def test_which_products_count_as_large():
     assert xla_options.large_products(_matmul_ops(((4, rows // 4, 64), (64, 64))))
     # batched products: each has only its own rows
     assert not xla_options.large_products(_matmul_ops(((8, 4, 64, 32), (8, 4, 32, 64))))
-    # by multiply-adds: one large product outweighs several small ones, and the other way
+    # weighed by multiply-adds: a large product outweighs a smaller one of few rows, and
+    # a product of few rows but many multiply-adds outweighs a large one
     assert xla_options.large_products(_matmul_ops(((8, 64), (64, 64)), ((512, 64), (64, 64))))
     assert not xla_options.large_products(
         _matmul_ops(((8, 4096), (4096, 4096)), ((rows, 64), (64, 64)))
