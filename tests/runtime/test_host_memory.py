@@ -1,0 +1,92 @@
+"""The host allocator keeps freed buffers for the next step (``runtime/host_memory``)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import platform
+import resource
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import popxl
+from runtime import host_memory
+
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+THP = "/sys/kernel/mm/transparent_hugepage/enabled"
+# Where the kernel backs every large mapping with huge pages, glibc's defaults fault little.
+HUGE_PAGES_ALWAYS = os.path.exists(THP) and "[always]" in pathlib.Path(THP).read_text()
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _faults_of_second_fill(mib: int) -> int:
+    """Minor page faults while filling ``mib`` MiB that ``malloc`` gave after a block of
+    the same size was filled and freed (as XLA:CPU's buffers are; numpy's own arrays ask
+    for huge pages, which hide the faults)."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = (ctypes.c_size_t,)
+    libc.free.argtypes = (ctypes.c_void_p,)
+    size = mib << 20
+    first = libc.malloc(size)
+    ctypes.memset(first, 1, size)
+    libc.free(first)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    second = libc.malloc(size)
+    ctypes.memset(second, 1, size)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    libc.free(second)
+    return after - before
+
+
+def _run(code: str, **env: str) -> str:
+    """``code``'s standard output in a fresh interpreter (the allocator is per process)."""
+    full = {**os.environ, "PYTHONPATH": ROOT, **env}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full, check=True
+    )
+    return done.stdout.strip()
+
+
+PROBE = f"""
+import sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from test_host_memory import _faults_of_second_fill
+from runtime import host_memory
+kept = host_memory.keep_freed_memory()
+print(kept, _faults_of_second_fill(64))
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="the setting is glibc's; elsewhere nothing changes")
+def test_freed_buffers_are_reused_without_page_faults() -> None:
+    # 64 MiB is 16,384 pages: glibc's defaults map them afresh (and fault each one in) on
+    # every allocation; kept, the second block reuses the first one's pages.
+    kept, faults = _run(PROBE).split()
+    assert kept == "True"
+    assert int(faults) < 1_000
+    default, faults = _run(PROBE, POPXL_HOST_MALLOC="default").split()
+    assert default == "False"
+    if not HUGE_PAGES_ALWAYS:
+        assert int(faults) > 8_000
+
+
+def test_building_a_program_sets_it_up() -> None:
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones(2, np.float32))
+        popxl.ops.host_store(popxl.d2h_stream((2,), popxl.float32), x + 1)
+    with popxl.Session(ir, "ipu_model"):
+        pass
+    assert host_memory._done is GLIBC
+
+
+def test_a_bad_setting_is_named() -> None:
+    code = "from runtime import host_memory; host_memory.keep_freed_memory()"
+    with pytest.raises(subprocess.CalledProcessError) as raised:
+        _run(code, POPXL_HOST_MALLOC="off")
+    assert "POPXL_HOST_MALLOC must be keep or default, got 'off'" in raised.value.stderr
