@@ -1,4 +1,4 @@
-"""The host allocator, set up for steps that allocate and free the same large buffers each call.
+"""Where a step's buffers come from on the host: each call's, reused by the next.
 
 XLA:CPU allocates a step's temporary and output buffers with ``malloc`` on every call and
 frees them when the call ends. glibc serves an allocation above its mmap threshold (which
@@ -17,6 +17,21 @@ allocators built for servers (jemalloc, tcmalloc) do.
 
 ``POPXL_HOST_MALLOC=default`` leaves glibc's settings alone; elsewhere than glibc (macOS,
 musl) nothing is changed.
+
+That covers blocks the main thread allocates. Other threads' glibc arenas are heaps of at
+most 64 MiB, and a larger block there is mapped afresh whatever the thresholds:
+EfficientNet-B0's SGD step, dispatched asynchronously (JAX's default on the CPU: the step
+runs on a thread of XLA's client), still took 23,000 faults (90 MiB) and 84-94 ms of
+kernel time per call. Run inline on the calling thread (``jax_cpu_enable_async_dispatch``
+off), it took one fault and 3 ms, and the step went 141 -> 122 and 165 -> 91 ms (two
+pairs of processes, alternated). One arena for every thread (``M_ARENA_MAX``) removed the
+faults too but made the steps slower (MobileNetV2 82 -> 120 ms), the threads contending
+for it. The runtime's calls wait for their results anyway (a run returns its outputs as
+host arrays), so on the CPU, steps are dispatched inline unless ``POPXL_CPU_DISPATCH=async``
+or the user has set ``JAX_CPU_ENABLE_ASYNC_DISPATCH``. JAX takes the setting when it makes
+its CPU client, so the runtime sets it when it is imported (a process that already ran
+JAX computations keeps what it has). Computations over several devices stay
+asynchronous (JAX's rule): their devices' parts run on threads of their own.
 """
 
 from __future__ import annotations
@@ -31,12 +46,44 @@ M_MMAP_THRESHOLD = -3
 KEEP_BELOW = 1 << 30
 
 _done: bool | None = None
+_inline: bool | None = None
+
+
+def dispatch_inline() -> bool:
+    """Have JAX run CPU computations on the calling thread unless the user chose otherwise
+    (once per process); whether the runtime set it so."""
+    global _inline
+    if _inline is not None:
+        return _inline
+    choice = os.environ.get("POPXL_CPU_DISPATCH", "inline")
+    if choice not in ("inline", "async"):
+        raise ValueError(f"POPXL_CPU_DISPATCH must be inline or async, got {choice!r}.")
+    import jax  # noqa: PLC0415
+
+    _inline = (
+        choice == "inline"
+        and "JAX_CPU_ENABLE_ASYNC_DISPATCH" not in os.environ
+        and not _backends_made()
+    )
+    if _inline:
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
+    return _inline
+
+
+def _backends_made() -> bool:
+    """Whether JAX has made its clients (after which the setting no longer applies)."""
+    try:
+        from jax._src import xla_bridge  # noqa: PLC0415 (no public way to ask)
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return False
 
 
 def keep_freed_memory() -> bool:
     """Have glibc keep freed memory for reuse (once per process); whether it now does.
 
-    Called before the runtime builds its first program. ``POPXL_HOST_MALLOC`` is
+    Called when the runtime is imported. ``POPXL_HOST_MALLOC`` is
     ``keep`` (the default) or ``default`` (leave the allocator alone)."""
     global _done
     if _done is not None:

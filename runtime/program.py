@@ -41,7 +41,6 @@ from . import (  # noqa: F401  (register lowerings)
     distributed,
     hoisting,
     host_io,
-    host_memory,
     remote,
     runs,
     scratch,
@@ -710,7 +709,6 @@ def _bound_step_cache() -> None:
 
 def build_program(ir: Ir) -> Program:
     """Lower ``ir`` to a jitted step, reusing a cached step for a structurally equal IR."""
-    host_memory.keep_freed_memory()
     graphs = reachable_graphs(ir)
     variables = [v for v in ir._variables if v._remote_buffer is None]
     buffers = list(ir._remote_buffers)

@@ -10,11 +10,7 @@ import resource
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-
-import popxl
-from runtime import host_memory
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 THP = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -75,18 +71,72 @@ def test_freed_buffers_are_reused_without_page_faults() -> None:
         assert int(faults) > 8_000
 
 
-def test_building_a_program_sets_it_up() -> None:
-    ir = popxl.Ir()
-    with ir.main_graph:
-        x = popxl.variable(np.ones(2, np.float32))
-        popxl.ops.host_store(popxl.d2h_stream((2,), popxl.float32), x + 1)
-    with popxl.Session(ir, "ipu_model"):
-        pass
-    assert host_memory._done is GLIBC
+STEP = """
+import resource
+import runtime
+from runtime import host_memory
+import jax, jax.numpy as jnp
+host_memory.keep_freed_memory()
+double = jax.jit(lambda x: x * 2)
+x = jnp.ones(80 << 18, jnp.float32)  # 80 MiB: above a thread arena's 64 MiB heaps
+for _ in range(3):
+    double(x).block_until_ready()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    double(x).block_until_ready()
+after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+print(host_memory.dispatch_inline(), (after - before) // 5)
+"""
 
 
-def test_a_bad_setting_is_named() -> None:
-    code = "from runtime import host_memory; host_memory.keep_freed_memory()"
+@pytest.mark.skipif(not GLIBC, reason="the setting is glibc's; elsewhere nothing changes")
+def test_steps_run_inline_and_reuse_their_output_buffers() -> None:
+    # Dispatched asynchronously, XLA's client thread maps each 80 MiB output afresh
+    # (20,480 pages); inline, the calling thread's heap keeps it for the next call.
+    inline, faults = _run(STEP).split()
+    assert inline == "True"
+    assert int(faults) < 1_000
+    inline, faults = _run(STEP, POPXL_CPU_DISPATCH="async").split()
+    assert inline == "False"
+    if not HUGE_PAGES_ALWAYS:
+        assert int(faults) > 10_000
+
+
+def test_a_users_own_dispatch_setting_wins() -> None:
+    code = (
+        "import runtime, jax; from runtime import host_memory; "
+        "print(host_memory.dispatch_inline(), jax.config.read('jax_cpu_enable_async_dispatch'))"
+    )
+    assert _run(code) == "True False"
+    assert _run(code, JAX_CPU_ENABLE_ASYNC_DISPATCH="1") == "False True"
+    assert _run(code, POPXL_CPU_DISPATCH="async") == "False True"
+
+
+def test_a_session_sets_both_up() -> None:
+    code = """
+import numpy as np
+import popxl
+ir = popxl.Ir()
+with ir.main_graph:
+    x = popxl.variable(np.ones(2, np.float32))
+    popxl.ops.host_store(popxl.d2h_stream((2,), popxl.float32), x + 1)
+with popxl.Session(ir, "ipu_model"):
+    pass
+from runtime import host_memory
+print(host_memory.keep_freed_memory(), host_memory.dispatch_inline())
+"""
+    assert _run(code) == f"{GLIBC} True"
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("POPXL_HOST_MALLOC", "POPXL_HOST_MALLOC must be keep or default, got 'off'"),
+        ("POPXL_CPU_DISPATCH", "POPXL_CPU_DISPATCH must be inline or async, got 'off'"),
+    ],
+)
+def test_a_bad_setting_is_named(name: str, message: str) -> None:
+    code = "import runtime; from runtime import host_memory; host_memory.keep_freed_memory()"
     with pytest.raises(subprocess.CalledProcessError) as raised:
-        _run(code, POPXL_HOST_MALLOC="off")
-    assert "POPXL_HOST_MALLOC must be keep or default, got 'off'" in raised.value.stderr
+        _run(code, **{name: "off"})
+    assert message in raised.value.stderr
