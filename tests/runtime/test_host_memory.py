@@ -91,15 +91,16 @@ print(host_memory.dispatch_inline(), (after - before) // 5)
 
 @pytest.mark.skipif(not GLIBC, reason="the setting is glibc's; elsewhere nothing changes")
 def test_steps_run_inline_and_reuse_their_output_buffers() -> None:
-    # Dispatched asynchronously, XLA's client thread maps each 80 MiB output afresh
-    # (20,480 pages); inline, the calling thread's heap keeps it for the next call.
+    # Dispatched asynchronously, XLA's client threads map the 80 MiB outputs afresh
+    # (20,480 pages per call, most calls); inline, the calling thread's heap keeps each
+    # for the next call.
     inline, faults = _run(STEP).split()
     assert inline == "True"
     assert int(faults) < 1_000
     inline, faults = _run(STEP, POPXL_CPU_DISPATCH="async").split()
     assert inline == "False"
     if not HUGE_PAGES_ALWAYS:
-        assert int(faults) > 10_000
+        assert int(faults) > 4_000
 
 
 def test_a_users_own_dispatch_setting_wins() -> None:
