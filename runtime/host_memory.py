@@ -37,6 +37,7 @@ asynchronous (JAX's rule): their devices' parts run on threads of their own.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 
@@ -45,29 +46,30 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 KEEP_BELOW = 1 << 30
 
-_done: bool | None = None
-_inline: bool | None = None
+
+def _choice(name: str, options: tuple[str, str]) -> str:
+    """The environment's setting ``name``: the first of ``options`` (the default) or the
+    second."""
+    value = os.environ.get(name, options[0])
+    if value not in options:
+        raise ValueError(f"{name} must be {options[0]} or {options[1]}, got {value!r}.")
+    return value
 
 
+@functools.cache
 def dispatch_inline() -> bool:
     """Have JAX run CPU computations on the calling thread unless the user chose otherwise
     (once per process); whether the runtime set it so."""
-    global _inline
-    if _inline is not None:
-        return _inline
-    choice = os.environ.get("POPXL_CPU_DISPATCH", "inline")
-    if choice not in ("inline", "async"):
-        raise ValueError(f"POPXL_CPU_DISPATCH must be inline or async, got {choice!r}.")
     import jax  # noqa: PLC0415
 
-    _inline = (
-        choice == "inline"
+    inline = (
+        _choice("POPXL_CPU_DISPATCH", ("inline", "async")) == "inline"
         and "JAX_CPU_ENABLE_ASYNC_DISPATCH" not in os.environ
         and not _backends_made()
     )
-    if _inline:
+    if inline:
         jax.config.update("jax_cpu_enable_async_dispatch", False)
-    return _inline
+    return inline
 
 
 def _backends_made() -> bool:
@@ -80,19 +82,13 @@ def _backends_made() -> bool:
         return False
 
 
+@functools.cache
 def keep_freed_memory() -> bool:
     """Have glibc keep freed memory for reuse (once per process); whether it now does.
 
-    Called when the runtime is imported. ``POPXL_HOST_MALLOC`` is
-    ``keep`` (the default) or ``default`` (leave the allocator alone)."""
-    global _done
-    if _done is not None:
-        return _done
-    choice = os.environ.get("POPXL_HOST_MALLOC", "keep")
-    if choice not in ("keep", "default"):
-        raise ValueError(f"POPXL_HOST_MALLOC must be keep or default, got {choice!r}.")
-    _done = choice == "keep" and _glibc_keeps()
-    return _done
+    Called when the runtime is imported. ``POPXL_HOST_MALLOC`` is ``keep`` (the default)
+    or ``default`` (leave the allocator alone)."""
+    return _choice("POPXL_HOST_MALLOC", ("keep", "default")) == "keep" and _glibc_keeps()
 
 
 def _glibc_keeps() -> bool:
