@@ -87,7 +87,7 @@ def _lower_call(ctx: LoweringContext, env: Env, op: Op) -> None:
     # Runs are planned per graph; a call lowered on its own (e.g. re-run by a gradient op
     # in a scratch environment) is inlined.
     # Placed steps lower each call on its IPU's device (``runtime.placement``).
-    if policy() == "inline" or ctx.placement is not None or env.graph is not op.graph:
+    if policy(op.graph.ir) == "inline" or ctx.placement is not None or env.graph is not op.graph:
         control.call_inline(ctx, env, op)
         return
     runs, members = plan_of(op.graph)
@@ -416,7 +416,7 @@ def _lower_repeat(ctx: LoweringContext, env: Env, op: Op) -> None:
     n_out = len(graph._outputs)
     by_ref = sorted(op.modified_inputs)
     groups = []
-    if policy() != "inline" and ctx.placement is None:
+    if policy(op.graph.ir) != "inline" and ctx.placement is None:
         groups = input_stacks(env, op.inputs, range(n_out, len(op.inputs)), set(by_ref))
     if not groups:
         control.repeat_loop(ctx, env, op)
@@ -469,7 +469,7 @@ def _lower_conditional(ctx: LoweringContext, env: Env, op: Op) -> None:
     spans = [range(at, at + len(g._inputs)) for g, at in zip(graphs, offsets)]
     modified = op.modified_input_indices()
     groups = []
-    if policy() != "inline" and ctx.placement is None:
+    if policy(op.graph.ir) != "inline" and ctx.placement is None:
         groups = [input_stacks(env, op.inputs, span, modified) for span in spans]
     if not any(groups):
         control.conditional_branches(ctx, env, op)

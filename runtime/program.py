@@ -240,7 +240,7 @@ def structural_key(
     feed("synthetic data", ir.session_options.syntheticDataMode.value)
     # The user's float32 matmul precision (``popxl.ops._base.dot_precision``) is traced in.
     feed("matmul precision", chosen_precision())
-    feed("calls", runs.policy())
+    feed("calls", runs.policy(ir))
     for b in buffers:
         feed("buffer", b.remote_buffer_id, b.entries, b.tensor_shape, b.tensor_dtype.name)
     for v in variables:

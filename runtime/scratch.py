@@ -50,7 +50,7 @@ def key(index: int) -> str:
 
 def plan(ir: Ir) -> tuple[Buffer, ...]:
     """The scratch buffers of ``ir``'s step, in a fixed order."""
-    if policy() != "scan":
+    if policy(ir) != "scan":
         return ()
     buffers: list[Buffer] = []
     for graph in _always_run(ir.main_graph):

@@ -32,7 +32,7 @@ def variable_groups(
     graphs it calls, ``runs.stacked_feeds``) that are distinct variables of one shape,
     dtype and ``compatible(v)``, each variable in the first group found for it, in
     creation order."""
-    if runs.policy() == "inline":
+    if runs.policy(graph.ir) == "inline":
         return []
     index = {v: i for i, v in enumerate(variables)}
     taken: set[Variable] = set()

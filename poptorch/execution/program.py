@@ -192,6 +192,10 @@ def build(
             _build_body(built, fwd, optimizer, layout, options)
     built.anchors.check()
     ir.num_host_transfers = layout.device_iterations * layout.accumulation
+    # A model's layers as calls of one graph: inlined where XLA runs them faster than a scan
+    from runtime.runs import prefer_inline  # noqa: PLC0415 (runtime imported lazily)
+
+    prefer_inline(ir)
     return built
 
 

@@ -189,3 +189,30 @@ def test_state_space_layers_are_captured_inline_and_fill_their_cache_as_eager():
         for states in ("conv_states", "recurrent_states"):
             torch.testing.assert_close(getattr(g, states), getattr(w, states), rtol=1e-4, atol=1e-5)
     assert_trains_as_eager(_mamba(), kwargs={"input_ids": ids, "labels": ids})
+
+
+def test_layers_are_lowered_inline_on_the_cpu_unless_the_model_convolves(monkeypatch):
+    """The calls of a captured model's layers are inlined where XLA:CPU runs them faster
+    than their scan (``runtime.runs.prefer_inline``); a network with convolutions keeps
+    the scan. ``test_llama_training_with_one_layer_subgraph_updates_as_eager`` checks the
+    inlined layers' values."""
+    import jax  # noqa: PLC0415
+
+    from runtime import runs  # noqa: PLC0415
+
+    monkeypatch.setattr(runs, "_policy", None)
+    monkeypatch.delenv("POPXL_CALLS", raising=False)
+    ids = torch.randint(0, 100, (2, 8))
+    llama = _llama(3)
+    want = llama(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    pm = poptorch.inferenceModel(llama)
+    got = pm(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert runs.policy(pm.ir) == ("inline" if jax.default_backend() == "cpu" else "scan")
+
+    block = torch.nn.Sequential(torch.nn.Conv2d(2, 2, 3, padding=1), torch.nn.ReLU())
+    cnn = torch.nn.Sequential(block, copy.deepcopy(block), copy.deepcopy(block)).eval()
+    x = torch.randn(1, 2, 5, 5)
+    pm = poptorch.inferenceModel(cnn)
+    torch.testing.assert_close(pm(x), cnn(x), rtol=1e-4, atol=1e-5)
+    assert runs.policy(pm.ir) == "scan"

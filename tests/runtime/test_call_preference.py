@@ -1,0 +1,91 @@
+"""runtime.runs.prefer_inline: a program's repeated calls inlined where its builder asked
+and the program is small and free of convolutions, on the CPU; a forced or named policy wins."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import popxl
+import popxl.ops as ops
+from runtime import runs
+from runtime.program import build_program
+
+
+@pytest.fixture(autouse=True)
+def _no_policy_set(monkeypatch):
+    monkeypatch.setattr(runs, "_policy", None)
+    monkeypatch.delenv("POPXL_CALLS", raising=False)
+
+
+def chain_program(conv: bool = False):
+    """Three calls of one graph scaling a variable in turn (2 * 3 * 5), then a store; with
+    ``conv``, a 1x1 convolution of ones by the result too."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones(2, np.float32), name="x")
+        scales = [popxl.variable(np.full(2, s, np.float32), name=f"s{s}") for s in (2, 3, 5)]
+        mul = ir.create_graph(lambda t, s: t * s, x, scales[0])
+        h = x
+        for s in scales:
+            (h,) = ops.call(mul, h, s)
+        if conv:
+            image = popxl.constant(np.ones((1, 2, 1, 1), np.float32))
+            h = ops.conv(image, ops.reshape(h, (1, 2, 1, 1))).reshape((1,))
+        out = popxl.d2h_stream(h.shape, popxl.float32, "out")
+        ops.host_store(out, h)
+    return ir, out
+
+
+def run(ir, out) -> np.ndarray:
+    with popxl.Session(ir, "ipu_model") as session:
+        return session.run()[out]
+
+
+def test_a_small_program_is_inlined_when_preferred_with_the_scans_values():
+    scanned_ir, scanned_out = chain_program()
+    assert runs.policy(scanned_ir) == "scan"
+    assert any(len(e) == 3 for e in build_program(scanned_ir).entries)  # the scales stacked
+
+    ir, out = chain_program()
+    assert runs.prefer_inline(ir)
+    assert runs.policy(ir) == "inline"
+    assert all(len(e) == 1 for e in build_program(ir).entries)  # each variable its own
+    np.testing.assert_array_equal(run(ir, out), [30.0, 30.0])
+    np.testing.assert_array_equal(run(scanned_ir, scanned_out), [30.0, 30.0])
+
+
+def test_convolutions_a_large_program_or_another_backend_keep_the_scan(monkeypatch):
+    ir, out = chain_program(conv=True)
+    assert not runs.prefer_inline(ir)
+    assert runs.policy(ir) == "scan"
+    np.testing.assert_array_equal(run(ir, out), [60.0])
+
+    # The main graph's 3 calls, store and host load count 1 each, the called graph's 1 op
+    # once per call: 7 ops once inlined (the variables are not ops).
+    ir, _ = chain_program()
+    assert runs._inlined_size(ir.main_graph, {}) == len(ir.main_graph._ops) + 3
+    monkeypatch.setattr(runs, "INLINE_BUDGET", runs._inlined_size(ir.main_graph, {}) - 1)
+    assert not runs.prefer_inline(ir)
+    assert runs.policy(ir) == "scan"
+    monkeypatch.undo()
+
+    monkeypatch.setattr(runs.jax, "default_backend", lambda: "gpu")
+    assert not runs.prefer_inline(ir)
+    assert runs.policy(ir) == "scan"
+
+
+def test_a_forced_or_named_policy_wins_over_the_preference(monkeypatch):
+    ir, out = chain_program()
+    assert runs.prefer_inline(ir)
+    monkeypatch.setenv("POPXL_CALLS", "scan")
+    assert runs.policy(ir) == "scan"
+    assert any(len(e) == 3 for e in build_program(ir).entries)
+    np.testing.assert_array_equal(run(ir, out), [30.0, 30.0])
+    monkeypatch.delenv("POPXL_CALLS")
+    runs.set_policy("scan")
+    try:
+        assert runs.policy(ir) == "scan"
+    finally:
+        runs.set_policy(None)
+    assert runs.policy(ir) == "inline"
