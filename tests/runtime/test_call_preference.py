@@ -7,34 +7,16 @@ import numpy as np
 import pytest
 
 import popxl
-import popxl.ops as ops
 from runtime import runs
 from runtime.program import build_program
+
+from ._chain import chain_program
 
 
 @pytest.fixture(autouse=True)
 def _no_policy_set(monkeypatch):
     monkeypatch.setattr(runs, "_policy", None)
     monkeypatch.delenv("POPXL_CALLS", raising=False)
-
-
-def chain_program(conv: bool = False):
-    """Three calls of one graph scaling a variable in turn (2 * 3 * 5), then a store; with
-    ``conv``, a 1x1 convolution of ones by the result too."""
-    ir = popxl.Ir()
-    with ir.main_graph:
-        x = popxl.variable(np.ones(2, np.float32), name="x")
-        scales = [popxl.variable(np.full(2, s, np.float32), name=f"s{s}") for s in (2, 3, 5)]
-        mul = ir.create_graph(lambda t, s: t * s, x, scales[0])
-        h = x
-        for s in scales:
-            (h,) = ops.call(mul, h, s)
-        if conv:
-            image = popxl.constant(np.ones((1, 2, 1, 1), np.float32))
-            h = ops.conv(image, ops.reshape(h, (1, 2, 1, 1))).reshape((1,))
-        out = popxl.d2h_stream(h.shape, popxl.float32, "out")
-        ops.host_store(out, h)
-    return ir, out
 
 
 def run(ir, out) -> np.ndarray:

@@ -20,6 +20,8 @@ from runtime import calls, replica_sums
 from runtime import runs as run_plans
 from runtime.program import build_program
 
+from ._chain import chain_program
+
 H, B, LAYERS, STEPS, LR = 4, 3, 3, 3, 0.1
 
 
@@ -287,16 +289,7 @@ def test_calls_that_do_not_line_up_are_inlined(monkeypatch):
 
 def test_scanned_calls_compute_the_chain(monkeypatch):
     monkeypatch.setattr(run_plans, "_policy", "scan")
-    ir = popxl.Ir()
-    with ir.main_graph:
-        x = popxl.variable(np.ones(2, np.float32), name="x")
-        scales = [popxl.variable(np.full(2, s, np.float32), name=f"s{s}") for s in (2, 3, 5)]
-        mul = ir.create_graph(lambda t, s: t * s, x, scales[0])
-        h = x
-        for s in scales:
-            (h,) = ops.call(mul, h, s)
-        out = popxl.d2h_stream((2,), popxl.float32, "out")
-        ops.host_store(out, h)
+    ir, out = chain_program()
     program = build_program(ir)
     assert any(len(e) == 3 for e in program.entries)
     with popxl.Session(ir, "ipu_model") as session:
