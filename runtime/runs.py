@@ -56,20 +56,22 @@ def policy(ir: Ir | None = None) -> str:
     policy, else ``POPXL_CALLS``, else what was preferred for ``ir``, else ``"scan"``."""
     choice = _policy or os.environ.get("POPXL_CALLS")
     if choice is None:
-        return _preferred.get(ir, "scan") if ir is not None else "scan"
+        # The backend is asked only here, while a session lowers the program: asked when
+        # the program is built, it would start JAX before a distributed run is set up.
+        preferred = ir is not None and ir in _preferred and jax.default_backend() == "cpu"
+        return "inline" if preferred else "scan"
     if choice not in POLICIES:
         raise ValueError(f"POPXL_CALLS must be one of {', '.join(POLICIES)}, got {choice!r}.")
     return choice
 
 
 def prefer_inline(ir: Ir) -> bool:
-    """Lower ``ir``'s calls inline (unless a policy is forced or set in ``POPXL_CALLS``)
-    where that is measured faster: on the CPU, for a program without convolutions whose
-    main graph, every call inlined (loops' bodies once), has at most ``INLINE_BUDGET``
-    ops. Returns whether it did; call it once ``ir`` is built."""
-    if jax.default_backend() != "cpu" or _convolves(ir):
-        return False
-    if _inlined_size(ir.main_graph, {}) > INLINE_BUDGET:
+    """Lower ``ir``'s calls inline on the CPU (unless a policy is forced or set in
+    ``POPXL_CALLS``) where that is measured faster: for a program without convolutions
+    whose main graph, every call inlined (loops' bodies once), has at most
+    ``INLINE_BUDGET`` ops. Returns whether ``ir`` qualifies; call it once ``ir`` is built.
+    Touches no JAX backend."""
+    if _convolves(ir) or _inlined_size(ir.main_graph, {}) > INLINE_BUDGET:
         return False
     _preferred[ir] = "inline"
     return True

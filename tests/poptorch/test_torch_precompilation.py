@@ -74,7 +74,10 @@ class _Layers(torch.nn.Module):
         return poptorch.identity_loss(((x[:, :1] - target) ** 2).mean(), "none")
 
 
-def test_exported_training_step_with_a_stash_runs_when_loaded(tmp_path):
+def test_exported_training_step_with_a_stash_runs_when_loaded(tmp_path, monkeypatch):
+    # The stash is the scratch of scanned layers: scanned, though on the CPU this model's
+    # layers would be inlined (``runtime.runs.prefer_inline``).
+    monkeypatch.setenv("POPXL_CALLS", "scan")
     torch.manual_seed(0)
     model = _Layers()
     training = poptorch.trainingModel(

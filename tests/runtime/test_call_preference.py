@@ -3,6 +3,10 @@ and the program is small and free of convolutions, on the CPU; a forced or named
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -53,8 +57,25 @@ def test_convolutions_a_large_program_or_another_backend_keep_the_scan(monkeypat
     monkeypatch.undo()
 
     monkeypatch.setattr(runs.jax, "default_backend", lambda: "gpu")
-    assert not runs.prefer_inline(ir)
-    assert runs.policy(ir) == "scan"
+    assert runs.prefer_inline(ir)
+    assert runs.policy(ir) == "scan"  # inlined on the CPU only
+
+
+def test_preferring_inline_starts_no_jax_backend():
+    """PopTorch prefers while building, before a multi-instance session sets up JAX's
+    distributed run, which must come before any backend is made."""
+    code = (
+        "import runtime.runs as r\n"
+        "from runtime.host_memory import _backends_made\n"
+        "from tests.runtime._chain import chain_program\n"
+        "ir, _ = chain_program()\n"
+        "assert r.prefer_inline(ir)\n"
+        "assert not _backends_made()\n"
+        "assert r.policy(ir) == 'inline'\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_forced_or_named_policy_wins_over_the_preference(monkeypatch):
