@@ -79,6 +79,7 @@ GROUP_OPDEF = OpDef(key="op_group", type="OpGroup", infer=None, special="op_grou
 
 # The schedule ------------------------------------------------------------------------------
 
+
 def schedule(graph: Graph) -> tuple[Any, ...]:
     """``graph``'s ops in a lowering order with groups together (op groups as ``OpGroup``);
     cached while the graph is unchanged."""

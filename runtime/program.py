@@ -51,6 +51,7 @@ from . import (  # noqa: F401  (register lowerings)
     xla_options,
 )
 from .forms import cpu_forms
+from .graphs import convolves, reachable_graphs
 from .ipu_slots import SlotLayout
 from .lowering import Env, LoweringContext, lower_op, schedule
 from .memory import tensor_ipu
@@ -183,19 +184,6 @@ class Program:
         n = len(self.d2h)
         checks.raise_if_failed(self.checks, scalars[n:])
         return scalars[:n]
-
-
-def reachable_graphs(ir: Ir) -> list[Graph]:
-    """The main graph and every graph it calls, directly or not, in discovery order."""
-    seen: dict[Graph, None] = {ir.main_graph: None}
-    stack = [ir.main_graph]
-    while stack:
-        for op in stack.pop()._ops:
-            for g in op.referenced_graphs:
-                if g not in seen:
-                    seen[g] = None
-                    stack.append(g)
-    return list(seen)
 
 
 def _attr_key(value: Any, graph_index: dict[Graph, int]) -> Any:
@@ -375,20 +363,14 @@ def _make_step(
         batched = _probe_batched(replica_step, candidates, shapes, inputs, nht, replicas)
     else:
         batched = (mode == "shard_map",) * n_state
-    convolves = _convolves(ir)
-    sink = mode != "shard_map" and cpu_forms() and convolves
+    has_convolutions = convolves(ir)
+    sink = mode != "shard_map" and cpu_forms() and has_convolutions
     ops = (op for g in reachable_graphs(ir) for op in g._ops)
-    large = not convolves and xla_options.large_products(ops)
+    large = not has_convolutions and xla_options.large_products(ops)
     step = _split_step(
         replica_step, batched, written, mode, replicas, local_replicas, stash, sink, large
     )
     return step, batched, written, (), stash
-
-
-def _convolves(ir: Ir) -> bool:
-    """Whether the program has convolutions, whose forms run channels-last on the CPU
-    (``runtime/conv_forms``): its transposes are then sunk until they cancel."""
-    return any(op.opdef.key.startswith("conv") for g in reachable_graphs(ir) for op in g._ops)
 
 
 def _seed_streams(

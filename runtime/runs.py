@@ -32,6 +32,7 @@ from popxl.tensor import Tensor
 from popxl.transforms._storage import roots
 
 from . import grouping
+from .graphs import convolves
 from .lowering import (
     LoweringContext,
     scheduler,
@@ -48,7 +49,7 @@ _policy: str | None = None
 MIN_RUN = 2  # shortest run worth a scan
 INLINE_BUDGET = 4000  # ops a preferred inlining may unroll (see the module's docstring)
 
-_preferred: weakref.WeakKeyDictionary[Ir, str] = weakref.WeakKeyDictionary()
+_preferred: weakref.WeakSet[Ir] = weakref.WeakSet()  # programs preferred inline
 
 
 def policy(ir: Ir | None = None) -> str:
@@ -71,14 +72,10 @@ def prefer_inline(ir: Ir) -> bool:
     whose main graph, every call inlined (loops' bodies once), has at most
     ``INLINE_BUDGET`` ops. Returns whether ``ir`` qualifies; call it once ``ir`` is built.
     Touches no JAX backend."""
-    if _convolves(ir) or _inlined_size(ir.main_graph, {}) > INLINE_BUDGET:
+    if convolves(ir) or _inlined_size(ir.main_graph, {}) > INLINE_BUDGET:
         return False
-    _preferred[ir] = "inline"
+    _preferred.add(ir)
     return True
-
-
-def _convolves(ir: Ir) -> bool:
-    return any(op.opdef.key.startswith("conv") for g in ir._graphs.values() for op in g._ops)
 
 
 def _inlined_size(graph: Graph, memo: dict[int, int]) -> int:

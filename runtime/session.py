@@ -39,6 +39,7 @@ from popxl.utils import to_numpy
 
 from . import distributed, executable_cache, remote_state, state_layout, stream_io
 from .device import DeviceInfo, check_compatible, check_io_tiles, ipus_needed, select_device
+from .graphs import reachable_graphs
 from .placement import ipu_mesh, ipus_used
 from .program import (
     Program,
@@ -47,7 +48,6 @@ from .program import (
     build_program,
     compiled_step,
     enable_persistent_cache,
-    reachable_graphs,
     replica_mesh,
     state_sharding,
 )
