@@ -1,5 +1,6 @@
-"""runtime.runs.prefer_inline: a program's repeated calls inlined where its builder asked
-and the program is small and free of convolutions, on the CPU; a forced or named policy wins."""
+"""runtime.runs.prefer_inline: a program's repeated calls inlined where its builder asked,
+the program is small and its repeated graphs do not convolve, on the CPU; a forced or named
+policy wins."""
 
 from __future__ import annotations
 
@@ -41,11 +42,19 @@ def test_a_small_program_is_inlined_when_preferred_with_the_scans_values():
     np.testing.assert_array_equal(run(scanned_ir, scanned_out), [30.0, 30.0])
 
 
-def test_convolutions_a_large_program_or_another_backend_keep_the_scan(monkeypatch):
-    ir, out = chain_program(conv=True)
+def test_a_convolution_outside_the_repeated_graph_is_inlined_with_it():
+    ir, out = chain_program(conv="after")
+    assert runs.prefer_inline(ir)
+    assert runs.policy(ir) == "inline"
+    np.testing.assert_array_equal(run(ir, out), [60.0])
+
+
+def test_convolving_layers_a_large_program_or_another_backend_keep_the_scan(monkeypatch):
+    ir, out = chain_program(conv="layers")
     assert not runs.prefer_inline(ir)
     assert runs.policy(ir) == "scan"
-    np.testing.assert_array_equal(run(ir, out), [60.0])
+    assert any(len(e) == 3 for e in build_program(ir).entries)
+    np.testing.assert_array_equal(run(ir, out), [30.0, 30.0])
 
     # The main graph's 3 calls, store and host load count 1 each, the called graph's 1 op
     # once per call: 7 ops once inlined (the variables are not ops).

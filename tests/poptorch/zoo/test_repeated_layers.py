@@ -7,6 +7,7 @@ and values it would have stored and the parent stores them under each layer's ow
 
 from __future__ import annotations
 
+import collections
 import copy
 import re
 
@@ -191,11 +192,12 @@ def test_state_space_layers_are_captured_inline_and_fill_their_cache_as_eager():
     assert_trains_as_eager(_mamba(), kwargs={"input_ids": ids, "labels": ids})
 
 
-def test_layers_are_lowered_inline_on_the_cpu_unless_the_model_convolves(monkeypatch):
+def test_layers_are_lowered_inline_on_the_cpu_unless_they_convolve(monkeypatch):
     """The calls of a captured model's layers are inlined where XLA:CPU runs them faster
-    than their scan (``runtime.runs.prefer_inline``); a network with convolutions keeps
-    the scan. ``test_llama_training_with_one_layer_subgraph_updates_as_eager`` checks the
-    inlined layers' values."""
+    than their scan (``runtime.runs.prefer_inline``), a convolution before the layers (a
+    ViT's patch embedding) included; layers that convolve keep the scan.
+    ``test_llama_training_with_one_layer_subgraph_updates_as_eager`` checks the inlined
+    layers' values."""
     import jax  # noqa: PLC0415
 
     from runtime import runs  # noqa: PLC0415
@@ -208,11 +210,21 @@ def test_layers_are_lowered_inline_on_the_cpu_unless_the_model_convolves(monkeyp
     pm = poptorch.inferenceModel(llama)
     got = pm(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    assert runs.policy(pm.ir) == ("inline" if jax.default_backend() == "cpu" else "scan")
+
+    on_cpu = "inline" if jax.default_backend() == "cpu" else "scan"
+    assert runs.policy(pm.ir) == on_cpu
+
+    block = torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.ReLU())
+    layers = [block, copy.deepcopy(block), copy.deepcopy(block)]
+    patches = torch.nn.Sequential(torch.nn.Conv2d(2, 2, 3, padding=1), *layers).eval()
+    x = torch.randn(1, 2, 5, 5)
+    pm = poptorch.inferenceModel(patches)
+    torch.testing.assert_close(pm(x), patches(x), rtol=1e-4, atol=1e-5)
+    assert 3 in collections.Counter(_subgraph_calls(pm)).values()  # the blocks: one graph
+    assert runs.policy(pm.ir) == on_cpu
 
     block = torch.nn.Sequential(torch.nn.Conv2d(2, 2, 3, padding=1), torch.nn.ReLU())
     cnn = torch.nn.Sequential(block, copy.deepcopy(block), copy.deepcopy(block)).eval()
-    x = torch.randn(1, 2, 5, 5)
     pm = poptorch.inferenceModel(cnn)
     torch.testing.assert_close(pm(x), cnn(x), rtol=1e-4, atol=1e-5)
     assert runs.policy(pm.ir) == "scan"
