@@ -1,5 +1,6 @@
 """What a program's graphs hold, asked by several lowering stages: the graphs a program
-reaches from its main graph, and whether any of them convolves."""
+reaches from its main graph, and whether any of them, or any of its repeated ones,
+convolves."""
 
 from __future__ import annotations
 

@@ -73,8 +73,8 @@ def prefer_inline(ir: Ir) -> bool:
     """Lower ``ir``'s calls inline on the CPU (unless a policy is forced or set in
     ``POPXL_CALLS``) where that is measured faster: for a program whose repeated graphs
     (those called from two ops or more) do not convolve and whose main graph, every call
-    inlined (loops' bodies once), has at most ``INLINE_BUDGET`` ops. Returns whether ``ir`` qualifies; call it once ``ir`` is built.
-    Touches no JAX backend."""
+    inlined (loops' bodies once), has at most ``INLINE_BUDGET`` ops. Returns whether
+    ``ir`` qualifies; call it once ``ir`` is built. Touches no JAX backend."""
     if repeated_graphs_convolve(ir) or _inlined_size(ir.main_graph, {}) > INLINE_BUDGET:
         return False
     _preferred.add(ir)
