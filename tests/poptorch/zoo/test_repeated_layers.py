@@ -192,15 +192,32 @@ def test_state_space_layers_are_captured_inline_and_fill_their_cache_as_eager():
     assert_trains_as_eager(_mamba(), kwargs={"input_ids": ids, "labels": ids})
 
 
-def test_layers_are_lowered_inline_on_the_cpu_unless_they_convolve(monkeypatch):
-    """The calls of a captured model's layers are inlined where XLA:CPU runs them faster
+class _Patches(torch.nn.Module):
+    """A convolution before three alike linear blocks (a ViT's patch embedding and layers),
+    or with ``convolving`` alike convolution blocks; the mean square of the result as its
+    loss."""
+
+    def __init__(self, convolving: bool = False) -> None:
+        super().__init__()
+        self.embed = torch.nn.Conv2d(2, 2, 3, padding=1)
+        layer = torch.nn.Conv2d(2, 2, 3, padding=1) if convolving else torch.nn.Linear(5, 5)
+        block = torch.nn.Sequential(layer, torch.nn.ReLU())
+        self.blocks = torch.nn.Sequential(block, copy.deepcopy(block), copy.deepcopy(block))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.embed(x)).pow(2).mean()
+
+
+def test_trained_layers_are_lowered_inline_on_the_cpu_unless_they_convolve(monkeypatch):
+    """The calls of a trained model's layers are inlined where XLA:CPU runs them faster
     than their scan (``runtime.runs.prefer_inline``), a convolution before the layers (a
-    ViT's patch embedding) included; layers that convolve keep the scan.
-    ``test_llama_training_with_one_layer_subgraph_updates_as_eager`` checks the inlined
-    layers' values."""
+    ViT's patch embedding) included; layers that convolve keep the scan, and so does
+    inference. ``test_llama_training_with_one_layer_subgraph_updates_as_eager`` checks the
+    inlined layers' values."""
     import jax  # noqa: PLC0415
 
     from runtime import runs  # noqa: PLC0415
+    from runtime.graphs import reachable_graphs  # noqa: PLC0415
 
     monkeypatch.setattr(runs, "_policy", None)
     monkeypatch.delenv("POPXL_CALLS", raising=False)
@@ -210,21 +227,19 @@ def test_layers_are_lowered_inline_on_the_cpu_unless_they_convolve(monkeypatch):
     pm = poptorch.inferenceModel(llama)
     got = pm(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert runs.policy(pm.ir) == "scan"  # inference
 
-    on_cpu = "inline" if jax.default_backend() == "cpu" else "scan"
-    assert runs.policy(pm.ir) == on_cpu
-
-    block = torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.ReLU())
-    layers = [block, copy.deepcopy(block), copy.deepcopy(block)]
-    patches = torch.nn.Sequential(torch.nn.Conv2d(2, 2, 3, padding=1), *layers).eval()
+    built = []
+    prefer = runs.prefer_inline
+    monkeypatch.setattr(runs, "prefer_inline", lambda ir: built.append(ir) or prefer(ir))
     x = torch.randn(1, 2, 5, 5)
-    pm = poptorch.inferenceModel(patches)
-    torch.testing.assert_close(pm(x), patches(x), rtol=1e-4, atol=1e-5)
-    assert 3 in collections.Counter(_subgraph_calls(pm)).values()  # the blocks: one graph
-    assert runs.policy(pm.ir) == on_cpu
+    assert_trains_as_eager(_Patches(), (x,))
+    (ir,) = built
+    called = (g for graph in reachable_graphs(ir) for op in graph._ops for g in op.called_graphs)
+    assert 3 in collections.Counter(called).values()  # the blocks: one graph
+    assert runs.policy(ir) == ("inline" if jax.default_backend() == "cpu" else "scan")
 
-    block = torch.nn.Sequential(torch.nn.Conv2d(2, 2, 3, padding=1), torch.nn.ReLU())
-    cnn = torch.nn.Sequential(block, copy.deepcopy(block), copy.deepcopy(block)).eval()
-    pm = poptorch.inferenceModel(cnn)
-    torch.testing.assert_close(pm(x), cnn(x), rtol=1e-4, atol=1e-5)
-    assert runs.policy(pm.ir) == "scan"
+    built.clear()
+    assert_trains_as_eager(_Patches(convolving=True), (x,))
+    (ir,) = built
+    assert runs.policy(ir) == "scan"
