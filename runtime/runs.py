@@ -7,15 +7,15 @@ different tensor per call: the weights). ``POPXL_CALLS=inline`` (``set_policy("i
 turns runs off; every call is then inlined.
 
 Without either, a program is lowered with runs unless its builder preferred inlining for it
-(``prefer_inline``): PopTorch does so for a captured model whose repeated layers do not
-convolve and whose calls, inlined, stay within ``INLINE_BUDGET`` ops, on the CPU. There
+(``prefer_inline``): PopTorch does so for a captured training model whose repeated layers
+do not convolve and whose calls, inlined, stay within ``INLINE_BUDGET`` ops, on the CPU. There
 XLA:CPU runs the inlined layers faster than their scan (no stacks of weights and residuals
 copied row by row), at some compile time: the 12-layer encoder of ``bench/poptorch_models.py``
 (2,317 ops inlined), SGD step, 128.8 -> 111.0 ms (8 of 8 alternated rounds), first call
 13.2 -> 15.5 s; timm's ViT-Tiny (a convolution before its layers) 86.1 -> 71.9 ms (6 of 6);
 at 48 layers (9,229 ops) the encoder's first call went 17.2 -> 38.7 s, so long stacks keep
 their scan. Layers that convolve keep it too (ResNet-18 and MobileNetV2 were not faster
-inlined).
+inlined), and so does inference (BERT 3.3 -> 3.9 ms, Llama 5.0 -> 6.5 inlined).
 """
 
 from __future__ import annotations
