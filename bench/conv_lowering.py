@@ -47,8 +47,8 @@ from jax import lax  # noqa: E402
 
 from popxl.ops.conv import _lower_conv  # noqa: E402
 from popxl.ops.pool import _lower_average_pool, _lower_max_pool  # noqa: E402
-from runtime.forms import forms_of  # noqa: E402
-from runtime.xla_options import jit  # noqa: E402  (the options programs compile with)
+from runtime.backend.forms import forms_of  # noqa: E402
+from runtime.backend.xla_options import jit  # noqa: E402  (the options programs compile with)
 
 HIGHEST = lax.Precision.HIGHEST
 
@@ -124,7 +124,7 @@ def new_avg_pool(x: Any, k: int, s: int, p: int) -> Any:
 LOWERINGS = {"old": (old_conv, old_max_pool), "new": (new_conv, new_max_pool)}
 AVG_LOWERINGS = {"old": old_avg_pool, "new": new_avg_pool}
 # Off the CPU, "new" keeps XLA's own kernels (cuDNN on a GPU); "cpu forms" measures there
-# the forms the rules choose on the CPU (traced under ``runtime.forms.forms_of("cpu")``).
+# the forms the rules choose on the CPU (traced under ``runtime.backend.forms.forms_of("cpu")``).
 CPU_FORMS = "cpu forms"
 if jax.default_backend() != "cpu":
     LOWERINGS[CPU_FORMS] = LOWERINGS["new"]

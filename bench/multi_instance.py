@@ -131,7 +131,7 @@ def worker() -> None:
 def launch(instances: int, replicas: int, mapping: str = "auto") -> dict:
     env = child_env(POPXL_REPLICATION=mapping)
     command = [
-        *(sys.executable, "-m", "runtime.launcher"),
+        *(sys.executable, "-m", "runtime.distributed.launcher"),
         *("--num-instances", str(instances), "--num-replicas", str(replicas)),
         *("--only-output-from-instance", "0"),
         *(sys.executable, os.path.abspath(__file__), "--worker"),

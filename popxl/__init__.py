@@ -89,7 +89,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name == "Session":
-        from runtime.session import Session  # noqa: PLC0415  (lazy: keeps `import popxl` light)
+        from runtime.session.session import Session  # noqa: PLC0415  (lazy: keeps `import popxl` light)
 
         return Session
     raise AttributeError(f"module 'popxl' has no attribute {name!r}")

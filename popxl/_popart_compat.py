@@ -3,7 +3,7 @@
 PopXL exposed its C++ IR as ``ir._pb_ir``, ``graph._pb_graph`` and ``tensor._pb_tensor``, and
 published code calls a few methods on them (most often ``ir._pb_ir.getSessionOptions()``),
 and a few private ``Session`` methods (``_full_input_shape`` here; ``_validate_run_inputs``
-and ``_validate_run_outputs`` are the session's own checks, in ``runtime/session.py``).
+and ``_validate_run_outputs`` are the session's own checks, in ``runtime/session/session.py``).
 Everything here forwards to the real implementation; nothing holds state of its own.
 
 ============================================  ==============================================

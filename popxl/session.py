@@ -7,7 +7,7 @@ from typing import Any
 
 def __getattr__(name: str) -> Any:
     if name == "Session":
-        from runtime.session import Session  # noqa: PLC0415  (lazy: keeps `import popxl` light)
+        from runtime.session.session import Session  # noqa: PLC0415  (lazy: keeps `import popxl` light)
 
         return Session
     raise AttributeError(name)

@@ -161,14 +161,14 @@ class SessionOptions(_Options):
         description="Anything but Off runs without host transfers: every `host_load` "
         "reads data made on the device (zeros, or fixed normal or uniform draws, the same "
         "each run) and `host_store` sends nothing, so the host's outputs stay zero "
-        "(runtime/host_io.py).",
+        "(runtime/lowering/host_io.py).",
     )
     # Numerics ------------------------------------------------------------------------------
     enableStochasticRounding: bool = Field(
         False,
         description="Round stochastically (unbiased, deterministic) when `ops.cast` turns "
         "float32 into float16, as the IPU's hardware rounding did "
-        "(runtime/stochastic_rounding.py).",
+        "(runtime/lowering/stochastic_rounding.py).",
     )
     partialsTypeMatMuls: str = Field(
         "",

@@ -199,7 +199,7 @@ def _to_device_info(device_type: str, num_ipus: int = 1, use_popdist: bool = Fal
     Raises:
         ValueError: an unknown device type, or a ``"cpu"`` device of more than one IPU.
     """
-    from runtime.device import DeviceInfo  # noqa: PLC0415 (popxl never imports runtime eagerly)
+    from runtime.devices.device import DeviceInfo  # noqa: PLC0415 (popxl never imports runtime eagerly)
 
     del use_popdist
     if device_type == "cpu" and num_ipus > 1:

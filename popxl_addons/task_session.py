@@ -258,7 +258,7 @@ class TaskSession(popxl.Session):
             self._remember_checkpoint(target)
 
         # Under popdist every instance holds the same global state: instance 0 writes it.
-        from runtime.distributed import on_first_instance
+        from runtime.distributed.instances import on_first_instance
 
         on_first_instance(self.ir, write, f"save checkpoint {target}")
 

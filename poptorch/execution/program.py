@@ -196,7 +196,7 @@ def build(
         # A model's layers as calls of one graph: inlined where XLA runs a training step
         # faster than with a scan. Inference keeps the scan, measured faster inlined only
         # for ViT-Tiny (BERT 3.3 -> 3.9 ms, Llama 5.0 -> 6.5, the encoder 33.9 -> 36.4).
-        from runtime.runs import prefer_inline  # noqa: PLC0415 (runtime imported lazily)
+        from runtime.lowering.runs import prefer_inline  # noqa: PLC0415 (runtime imported lazily)
 
         prefer_inline(ir)
     return built

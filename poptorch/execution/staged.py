@@ -7,7 +7,7 @@ that cross IPUs go through ``ipu_copy``. Training differentiates each block's gr
 separately and calls the gradient graphs in reverse order on the same IPUs, passing
 gradients back with ``ipu_copy``; each weight's accumulator and update live on the IPU of
 the block that uses it. On a machine with as many JAX devices as IPUs each IPU's ops run on
-its own device (``runtime.placement``).
+its own device (``runtime.devices.placement``).
 
 * ``ShardedExecution``: the blocks run one after another, each micro-batch in turn.
 * ``PipelinedExecution``: the micro-batch loop is a ``popxl_addons.pipelined_execution``

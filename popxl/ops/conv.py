@@ -27,7 +27,7 @@ from .float8 import FLOAT8, _check_log2_scale
 from .nn import FLOATS, _check_choice
 
 # The lowering's forms (matmul, per-tap and XLA convolutions): imported on first lowering.
-_forms: Any = _LazyModule("runtime.conv_forms")
+_forms: Any = _LazyModule("runtime.backend.conv_forms")
 
 # Convolution -----------------------------------------------------------------------------
 
@@ -131,7 +131,7 @@ CONV_POW2SCALED = define(
     _conv_infer,
     _pow2scaled(_lower_conv),
     grad="none",
-    special="log2_scale_checked",  # runtime/checks.py: log2_scale (last input) in [-32, 32)
+    special="log2_scale_checked",  # runtime/lowering/checks.py: log2_scale (last input) in [-32, 32)
 )
 
 

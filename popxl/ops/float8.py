@@ -5,7 +5,7 @@ casting to float8 multiplies by ``2**log2_scale`` first, casting back and the ma
 their result by it. Scaling is exact (``ldexp``) and happens in float32. Scales must lie in
 ``[-32, 32)``: as in PopXL, a run whose scale leaves that range raises
 ``popxl.errors.Error`` while the session option ``throwIfLog2ScaleTensorNotInRange`` is on
-(the default; see ``runtime/checks.py``); with it off the scale is applied as is. Float8
+(the default; see ``runtime/lowering/checks.py``); with it off the scale is applied as is. Float8
 ops have no gradient (not for training). Every op here takes ``log2_scale`` as its last
 input (the run-time check relies on it).
 """

@@ -22,7 +22,7 @@ from ._spatial import (
 from .nn import _check_choice, _compute_type
 
 # The lowering's window maxima and sums (and their gradients): imported on first lowering.
-_forms: Any = _LazyModule("runtime.pool_forms")
+_forms: Any = _LazyModule("runtime.backend.pool_forms")
 
 # Pooling ---------------------------------------------------------------------------------
 

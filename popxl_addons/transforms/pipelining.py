@@ -19,9 +19,9 @@ unrolled the ramps instead).
 In one cycle stage ``s`` works on micro-batch ``cycle - s``; tensors pass between stages
 through ``ipu_copy`` (copied at the end of the cycle, consumed in the next) or through a
 stash on the same IPU (``stash_and_restore_tensor``). Placed on several devices (see
-``runtime.placement``) the stages of one cycle run concurrently.
+``runtime.devices.placement``) the stages of one cycle run concurrently.
 
-When the stages will share one device (``runtime.placement.placement_ipus`` says the
+When the stages will share one device (``runtime.devices.placement.placement_ipus`` says the
 program is not placed), overlapping them gains nothing, and the cycle graph costs compile
 time: each stage's layers are compiled once per stage. The pipeline is then one ``repeat``
 over the micro-batches of a graph that runs the stages in turn (stage order, program order
@@ -620,7 +620,7 @@ def _clone_op(op: Op, graph: popxl.Graph, inputs: tuple[popxl.Tensor, ...]) -> O
 def _shares_one_device(staged: list[Op], ir: popxl.Ir) -> bool:
     """Whether the session will run the pipeline's IPUs on one device (the runtime's
     placement rule; a session that places them anyway still computes the same results)."""
-    from runtime.placement import placement_ipus  # noqa: PLC0415 (runtime imported lazily)
+    from runtime.devices.placement import placement_ipus  # noqa: PLC0415 (runtime imported lazily)
 
     ipus = 1 + max((max(op.ipu or 0, op.attrs.get("destination") or 0) for op in staged), default=0)
     try:

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from bench import transformer_step as ts  # noqa: E402
-from runtime import runs as run_plans  # noqa: E402
+from runtime.lowering import runs as run_plans  # noqa: E402
 
 STEPS = 3
 # float16 rounds activations to 11 bits; Adam turns small gradient differences into

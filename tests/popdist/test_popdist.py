@@ -9,7 +9,7 @@ import pytest
 
 import popdist
 import popxl
-from runtime import launcher
+from runtime.distributed import launcher
 
 POPRUN_ENV = {
     "POPDIST_NUM_INSTANCES": "4",

@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(
             return out, torch.nn.functional.cross_entropy(out, y)
 
     opts = poptorch.Options().enableExecutableCaching(sys.argv[1])
-    if sys.argv[2] == "infer":  # its convolution's weight laid out once (runtime.hoisting)
+    if sys.argv[2] == "infer":  # its convolution's weight laid out once (runtime.lowering.hoisting)
         x = torch.linspace(-1, 1, 2 * 3 * 8 * 8).reshape(2, 3, 8, 8)
         out = poptorch.inferenceModel(net.eval(), opts)(x)
         torch.testing.assert_close(out, net(x).detach(), rtol=1e-5, atol=1e-6)

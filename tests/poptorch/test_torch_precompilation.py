@@ -62,7 +62,7 @@ class _Layer(torch.nn.Module):
 
 class _Layers(torch.nn.Module):
     """Three identical layers (one subgraph called per layer) and a loss: the training
-    step keeps the layers' stash in scratch buffers (runtime/scratch.py)."""
+    step keeps the layers' stash in scratch buffers (runtime/lowering/scratch.py)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -76,7 +76,7 @@ class _Layers(torch.nn.Module):
 
 def test_exported_training_step_with_a_stash_runs_when_loaded(tmp_path, monkeypatch):
     # The stash is the scratch of scanned layers: scanned, though on the CPU this model's
-    # layers would be inlined (``runtime.runs.prefer_inline``).
+    # layers would be inlined (``runtime.lowering.runs.prefer_inline``).
     monkeypatch.setenv("POPXL_CALLS", "scan")
     torch.manual_seed(0)
     model = _Layers()

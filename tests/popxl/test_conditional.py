@@ -198,7 +198,7 @@ def test_by_ref_rows_of_a_stack_inside_a_loop(policy):
     """Per-layer weights bound to one layer graph and updated in a branch inside a loop
     (a pipeline stage's shape): with the scan policy the rows enter and leave the branch as
     one stacked array; both policies give NumPy's results."""
-    from runtime import runs as run_plans
+    from runtime.lowering import runs as run_plans
 
     layers, steps = 4, 3
     w0 = [np.full((2, 2), 0.1 * (i + 1), np.float32) for i in range(layers)]

@@ -145,7 +145,7 @@ def test_replicated_and_placed(leaky):
 
 
 def test_identical_programs_share_one_compiled_step(leaky):
-    from runtime.program import structural_key
+    from runtime.session.program import structural_key
 
     def build(alpha):
         ir = popxl.Ir()

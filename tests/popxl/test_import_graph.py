@@ -44,14 +44,18 @@ def test_no_popxl_module_imports_runtime_or_jax():
 
 def test_session_is_provided_lazily_by_the_runtime():
     roots = _roots(
-        _modules_after("import popxl\nassert popxl.Session.__module__ == 'runtime.session'")
+        _modules_after("import popxl\nassert popxl.Session.__module__ == 'runtime.session.session'")
     )
     assert "runtime" in roots
 
 
-def test_import_runtime_imports_popxl():
+def test_import_runtime_is_light_and_its_session_imports_popxl():
+    # ``import runtime`` alone (as ``import popdist`` does) loads neither JAX nor popxl;
+    # its Session does.
     roots = _roots(_modules_after("import runtime"))
-    assert "popxl" in roots
+    assert not roots & {"popxl", "jax", "jaxlib"}
+    roots = _roots(_modules_after("import runtime\nruntime.Session"))
+    assert {"popxl", "jax"} <= roots
 
 
 def test_import_popxl_addons_imports_popxl():
@@ -155,3 +159,43 @@ def test_every_poptorch_stage_says_what_it_owns():
     for stage in STAGES:
         doc = ast.get_docstring(ast.parse((ROOT / "poptorch" / stage / "__init__.py").read_text()))
         assert doc and len(doc) > 40, stage
+
+
+# runtime's stages: the backend's forms know no IR; the interpreter lowers ops and graphs;
+# devices place them; distributed joins processes; the session builds and runs the step.
+RUNTIME_STAGES = ("backend", "lowering", "devices", "distributed", "session")
+RUNTIME_FORBIDDEN = {
+    "backend": {"lowering", "devices", "distributed", "session"},
+    "lowering": {"devices", "distributed", "session"},
+    "devices": {"distributed", "session"},
+    "distributed": {"backend", "lowering", "devices", "session"},
+}
+
+
+def _runtime_stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in RUNTIME_STAGES else None
+
+
+def test_runtime_stages_import_in_one_direction():
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in _graph("runtime").items()
+        for target in targets
+        if _runtime_stage(target) in RUNTIME_FORBIDDEN.get(_runtime_stage(module) or "", set())
+    )
+    assert wrong == []
+    assert {_runtime_stage(m) for m in _graph("runtime")} == set(RUNTIME_STAGES)  # none loose
+
+
+def test_every_runtime_stage_says_what_it_owns():
+    for stage in RUNTIME_STAGES:
+        doc = ast.get_docstring(ast.parse((ROOT / "runtime" / stage / "__init__.py").read_text()))
+        assert doc and len(doc) > 40, stage
+
+
+def test_runtime_never_imports_popdist():
+    # popdist is PopDist's face over runtime/distributed/environment: the arrow goes one way.
+    files = _module_files("runtime")
+    known = {**files, "popdist": ROOT / "popdist" / "__init__.py"}
+    assert not [name for name, path in files.items() if "popdist" in _imports(name, path, known)]

@@ -1,5 +1,5 @@
 """Calls of one graph and identical variable updates grouped wherever they sit in the
-schedule (runtime/grouping.py, runtime/calls.py).
+schedule (runtime/lowering/grouping.py, runtime/lowering/calls.py).
 
 Grouped lowering must compute what lowering every call and op in program order computes,
 and keep the order of what the program observes: in-place writes, host IO and random seeds
@@ -17,9 +17,9 @@ import pytest
 
 import popxl
 import popxl.ops as ops
-from runtime import calls, grouping
-from runtime import runs as run_plans
-from runtime.program import abstract_inputs, abstract_state, build_program
+from runtime.lowering import calls, grouping
+from runtime.lowering import runs as run_plans
+from runtime.session.program import abstract_inputs, abstract_state, build_program
 
 LAYERS, LR = 3, 0.5
 SHAPES = {"w": (4, 3), "b": (3,), "s": (2,)}

@@ -1,4 +1,4 @@
-"""runtime.runs.prefer_inline: a program's repeated calls inlined where its builder asked,
+"""runtime.lowering.runs.prefer_inline: a program's repeated calls inlined where its builder asked,
 the program is small and its repeated graphs do not convolve, on the CPU; a forced or named
 policy wins."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import popxl
-from runtime import runs
-from runtime.program import build_program
+from runtime.lowering import runs
+from runtime.session.program import build_program
 
 from ._chain import chain_program
 
@@ -74,8 +74,8 @@ def test_preferring_inline_starts_no_jax_backend():
     """PopTorch prefers while building, before a multi-instance session sets up JAX's
     distributed run, which must come before any backend is made."""
     code = (
-        "import runtime.runs as r\n"
-        "from runtime.host_memory import _backends_made\n"
+        "import runtime.lowering.runs as r\n"
+        "from runtime.backend.host_memory import _backends_made\n"
         "from tests.runtime._chain import chain_program\n"
         "ir, _ = chain_program()\n"
         "assert r.prefer_inline(ir)\n"

@@ -1,4 +1,4 @@
-"""Runs of calls of one graph lowered as one scan (runtime/calls.py, runtime/state_layout.py).
+"""Runs of calls of one graph lowered as one scan (runtime/lowering/calls.py, runtime/lowering/state_layout.py).
 
 The scan lowering must compute what inlining every call computes: same outputs and same
 variables after several training steps, with by-ref inputs, gradient graphs of the called
@@ -16,9 +16,9 @@ import pytest
 import popxl
 import popxl.ops as ops
 import popxl_addons as addons
-from runtime import calls, replica_sums
-from runtime import runs as run_plans
-from runtime.program import build_program
+from runtime.lowering import calls, replica_sums
+from runtime.lowering import runs as run_plans
+from runtime.session.program import build_program
 
 from ._chain import chain_program
 
@@ -115,7 +115,7 @@ def test_scanned_training_matches_inlined(replicas, monkeypatch):
     monkeypatch.setattr(replica_sums.Summed, "replica_sum", spy)
     outs_scan, vars_scan, program = train("scan", replicas, monkeypatch)
     # Under replication the gradient accumulators leave the scanned gradient calls with
-    # their replica sums, which the SGD calls' all-reduces take (runtime/replica_sums.py).
+    # their replica sums, which the SGD calls' all-reduces take (runtime/lowering/replica_sums.py).
     assert bool(sums_taken) == (replicas > 1)
     outs_inline, vars_inline, inlined = train("inline", replicas, monkeypatch)
     stacked = [e for e in program.entries if len(e) > 1]

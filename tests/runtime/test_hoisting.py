@@ -1,4 +1,4 @@
-"""Work on read-only state kept between runs (``runtime.hoisting``): an inference program's
+"""Work on read-only state kept between runs (``runtime.lowering.hoisting``): an inference program's
 weight layouts are made once per set of weights, and a new weight is used at the next run."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from jax.extend import core as jcore
 
 import popxl
 import popxl.ops as ops
-from runtime import hoisting
+from runtime.lowering import hoisting
 
 pytestmark = pytest.mark.skipif(
     jax.default_backend() != "cpu", reason="the convolution programs of the CPU"

@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from runtime import stream_io
+from runtime.session import stream_io
 
 
 def _mesh(n: int) -> Mesh:

@@ -53,7 +53,7 @@ PROBE = f"""
 import sys
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 from test_host_memory import _faults_of_second_fill
-from runtime import host_memory
+from runtime.backend import host_memory
 kept = host_memory.keep_freed_memory()
 print(kept, _faults_of_second_fill(64))
 """
@@ -74,8 +74,8 @@ def test_freed_buffers_are_reused_without_page_faults() -> None:
 
 STEP = """
 import resource
-import runtime
-from runtime import host_memory
+from runtime.backend import host_memory
+host_memory.take_host_settings()
 import jax, jax.numpy as jnp
 double = jax.jit(lambda x: x * 2)
 x = jnp.ones(80 << 18, jnp.float32)  # 80 MiB: above a thread arena's 64 MiB heaps
@@ -103,7 +103,7 @@ def test_steps_run_inline_and_reuse_their_output_buffers() -> None:
 
 def test_a_users_own_dispatch_setting_wins() -> None:
     code = (
-        "import runtime, jax; from runtime import host_memory; "
+        "import jax; from runtime.backend import host_memory; host_memory.take_host_settings(); "
         "print(host_memory.dispatch_inline(), jax.config.read('jax_cpu_enable_async_dispatch'))"
     )
     assert _run(code) == "True False"
@@ -121,10 +121,26 @@ with ir.main_graph:
     popxl.ops.host_store(popxl.d2h_stream((2,), popxl.float32), x + 1)
 with popxl.Session(ir, "ipu_model"):
     pass
-from runtime import host_memory
+from runtime.backend import host_memory
 print(host_memory.keep_freed_memory(), host_memory.dispatch_inline())
 """
     assert _run(code) == f"{GLIBC} True"
+
+
+def test_importing_changes_no_process_setting() -> None:
+    # The settings are taken by the first session, not by an import: a program that only
+    # imports popxl, runtime and popxl_addons (and builds an IR) keeps JAX's and glibc's own.
+    code = """
+import jax, numpy as np
+import popxl, popxl_addons, runtime
+from runtime.backend import host_memory
+ir = popxl.Ir()
+with ir.main_graph:
+    popxl.variable(np.ones(2, np.float32))
+taken = host_memory.keep_freed_memory.cache_info().currsize + host_memory.dispatch_inline.cache_info().currsize
+print(taken, jax.config.read("jax_cpu_enable_async_dispatch"))
+"""
+    assert _run(code) == "0 True"
 
 
 @pytest.mark.parametrize(
@@ -135,7 +151,7 @@ print(host_memory.keep_freed_memory(), host_memory.dispatch_inline())
     ],
 )
 def test_a_bad_setting_is_named(name: str, message: str) -> None:
-    code = "import runtime; from runtime import host_memory; host_memory.keep_freed_memory()"
+    code = "from runtime.backend import host_memory; host_memory.take_host_settings()"
     with pytest.raises(subprocess.CalledProcessError) as raised:
         _run(code, **{name: "off"})
     assert message in raised.value.stderr

@@ -1,4 +1,4 @@
-"""Per-IPU variable storage of placed programs (runtime.ipu_slots): each device holds only
+"""Per-IPU variable storage of placed programs (runtime.devices.ipu_slots): each device holds only
 the variables of its IPU, the memory report shows it, and weights IO keeps working."""
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 
 import popxl
 from popxl import ops
-from runtime.ipu_slots import SlotLayout
-from runtime.program import build_program
+from runtime.devices.ipu_slots import SlotLayout
+from runtime.session.program import build_program
 
 
 def test_layout_pairs_equal_sizes_across_ipus_and_pads_the_rest():

@@ -19,7 +19,7 @@ import pytest
 HERE = Path(__file__).parent
 WORKER = str(HERE / "multi_instance_worker.py")
 CHECKPOINT_WORKER = str(HERE / "checkpoint_worker.py")
-POPRUN = [sys.executable, "-m", "runtime.launcher"]
+POPRUN = [sys.executable, "-m", "runtime.distributed.launcher"]
 LIMIT_S = 240
 
 
@@ -246,7 +246,7 @@ def test_a_dead_instance_ends_the_run(tmp_path):
 
 
 def test_unreachable_coordinator_is_a_clear_error(tmp_path):
-    from runtime.launcher import free_port
+    from runtime.distributed.launcher import free_port
 
     env = {
         **os.environ,

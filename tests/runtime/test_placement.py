@@ -6,7 +6,7 @@ import pytest
 
 import popxl
 from popxl import ops
-from runtime.program import build_program
+from runtime.session.program import build_program
 
 
 def _serial_four_ipus(rng):

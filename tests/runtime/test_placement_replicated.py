@@ -13,7 +13,7 @@ import popxl_addons as addons
 from popxl import ops
 from popxl.ops import collectives
 from popxl_addons.transforms.autodiff import autodiff_with_accumulation
-from runtime.program import build_program
+from runtime.session.program import build_program
 
 LR = 0.1
 

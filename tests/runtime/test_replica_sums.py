@@ -2,7 +2,7 @@
 
 Under ``jax.vmap`` replication, the gradient of a 2-D matmul weight that is all-reduced
 (add or mean) over every replica is computed as one product of all replicas' activations and
-cotangents (``runtime.replica_sums.WeightGrad``), and an accumulator fed from such gradients
+cotangents (``runtime.lowering.replica_sums.WeightGrad``), and an accumulator fed from such gradients
 carries its replica sum along (``Accumulation``). These tests check the numbers against NumPy
 on both replica mappings, that the deferred forms are taken where they apply, and that every
 other consumer still sees each replica's own value.
@@ -18,7 +18,8 @@ import popxl
 import popxl.ops as ops
 from popxl import transforms
 from popxl.ops import collectives
-from runtime import program, replica_sums
+from runtime.lowering import replica_sums
+from runtime.session import program
 
 from ..replication_helpers import mode, run_replicated  # noqa: F401  (the `mode` fixture)
 

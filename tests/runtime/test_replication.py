@@ -194,7 +194,7 @@ def test_all_replicas_retrieval(stride, group_size):
 def test_replication_mode_choice(monkeypatch):
     import jax
 
-    from runtime.program import replication_mode
+    from runtime.session.program import replication_mode
 
     devices = len(jax.devices())
     monkeypatch.delenv("POPXL_REPLICATION", raising=False)

@@ -1,4 +1,4 @@
-"""Stash buffers kept from one step to the next (runtime/scratch.py).
+"""Stash buffers kept from one step to the next (runtime/lowering/scratch.py).
 
 The stacks a forward run of layer calls keeps for the backward run are donated step
 arguments: each step overwrites every row, so a step must compute what a step with fresh
@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import popxl
-from runtime import program, scratch
-from runtime import runs as run_plans
+from runtime.lowering import runs as run_plans
+from runtime.lowering import scratch
+from runtime.session import program
 
 from .test_calls import LAYERS, STEPS, B, H, train, train_looped, training_program
 

@@ -10,7 +10,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 import popxl
 import popxl.ops as ops
-from runtime import program
+from runtime.session import program
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # Constants unique to one test keep its programs out of the steps other tests compiled.
@@ -74,7 +74,7 @@ def test_every_device_desc_runs(device_desc):
 @pytest.mark.parametrize("device_desc", ["cpu", "ipu_model", "ipu_hw"])
 def test_every_device_desc_picks_jaxs_default_device(monkeypatch, device_desc):
     """A GPU, when JAX has one, is its default device: ``ipu_hw`` (and the others) use it."""
-    from runtime import device
+    from runtime.devices import device
 
     gpu = object()
     monkeypatch.setattr(jax, "devices", lambda *backend: [gpu])

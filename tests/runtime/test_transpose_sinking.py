@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from jax import lax
 
-from runtime.conv_forms import Geometry, conv
-from runtime.transpose_sinking import reshape_plan, sink_transposes
-from runtime.xla_workarounds import computed_once
+from runtime.backend.conv_forms import Geometry, conv
+from runtime.backend.transpose_sinking import reshape_plan, sink_transposes
+from runtime.backend.xla_workarounds import computed_once
 
 
 def _transposes(fn, *args, least: int = 0) -> int:

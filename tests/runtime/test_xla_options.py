@@ -15,7 +15,7 @@ from jax import lax
 
 import popxl
 import popxl.ops as ops
-from runtime import xla_options
+from runtime.backend import xla_options
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's options")
 

@@ -1,4 +1,4 @@
-"""``runtime.xla_workarounds``: the guards give the numbers eager JAX gives, and keep XLA
+"""``runtime.backend.xla_workarounds``: the guards give the numbers eager JAX gives, and keep XLA
 from repeating work."""
 
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from runtime.xla_workarounds import computed_once, fenced
+from runtime.backend.xla_workarounds import computed_once, fenced
 
 
 def _shift_down(x, fence):

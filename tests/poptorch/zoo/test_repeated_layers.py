@@ -210,14 +210,14 @@ class _Patches(torch.nn.Module):
 
 def test_trained_layers_are_lowered_inline_on_the_cpu_unless_they_convolve(monkeypatch):
     """The calls of a trained model's layers are inlined where XLA:CPU runs them faster
-    than their scan (``runtime.runs.prefer_inline``), a convolution before the layers (a
+    than their scan (``runtime.lowering.runs.prefer_inline``), a convolution before the layers (a
     ViT's patch embedding) included; layers that convolve keep the scan, and so does
     inference. ``test_llama_training_with_one_layer_subgraph_updates_as_eager`` checks the
     inlined layers' values."""
     import jax  # noqa: PLC0415
 
-    from runtime import runs  # noqa: PLC0415
-    from runtime.graphs import reachable_graphs  # noqa: PLC0415
+    from runtime.lowering import runs  # noqa: PLC0415
+    from runtime.lowering.graphs import reachable_graphs  # noqa: PLC0415
 
     monkeypatch.setattr(runs, "_policy", None)
     monkeypatch.delenv("POPXL_CALLS", raising=False)

@@ -121,7 +121,7 @@ def check_forward(case: OpCase) -> None:
 
 
 def recorded_ops(ir: popxl.Ir) -> list:
-    from runtime.graphs import reachable_graphs
+    from runtime.lowering.graphs import reachable_graphs
 
     return [op for g in reachable_graphs(ir) for op in g.ops]
 

@@ -7,13 +7,14 @@ and so does the transposed convolution."""
 from __future__ import annotations
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
 
-from runtime.conv_forms import FORMS, Geometry, choose, conv, conv_transpose
-from runtime.forms import forms_of
+from runtime.backend.conv_forms import FORMS, Geometry, choose, conv, conv_transpose
+from runtime.backend.forms import forms_of
 
 # (name, input shape, weight shape, geometry)
 CASES = [
@@ -226,7 +227,7 @@ def test_half_precision_accumulates_in_float32(rng, dtype, name):
 @pytest.mark.parametrize("name", ["2d_pad", "3d"])
 def test_half_precision_widens_into_buffers_with_the_plain_conversions_values(rng, dtype, name):
     # The input and the output's cotangent are widened to float32 into buffers of their own
-    # (runtime.xla_workarounds.computed_once), not inside the layout transposes: the values
+    # (runtime.backend.xla_workarounds.computed_once), not inside the layout transposes: the values
     # and gradients are those of converting around the float32 convolution.
     _, x_shape, w_shape, geo = CASES[IDS.index(name)]
     x, w = _data(rng, x_shape, w_shape, dtype)

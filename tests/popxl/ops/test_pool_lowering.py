@@ -12,9 +12,9 @@ import pytest
 import torch
 from jax import lax
 
-from runtime import pool_forms
-from runtime.forms import forms_of
-from runtime.pool_forms import window_max, window_sum
+from runtime.backend import pool_forms
+from runtime.backend.forms import forms_of
+from runtime.backend.pool_forms import window_max, window_sum
 
 # (input shape, kernel, stride, dilation); inputs are already padded, windows VALID.
 CASES = [
@@ -106,7 +106,7 @@ def test_tiled_max_gradient_computes_each_half_precision_windows_winner_once(cas
     grad = jax.grad(lambda a: jnp.sum(window_max(a, kernel, stride, dilation).astype(jnp.float32)))
     eqns = jax.make_jaxpr(grad)(x).jaxpr.eqns
     found = [e for e in eqns if e.primitive.name == "reduce" and e.params["jaxpr"]]
-    assert len(found) == guards  # the OR of runtime.xla_workarounds.computed_once
+    assert len(found) == guards  # the OR of runtime.backend.xla_workarounds.computed_once
 
 
 @pytest.mark.parametrize(

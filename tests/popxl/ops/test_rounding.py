@@ -59,7 +59,7 @@ def test_a_chosen_precision_is_a_different_compiled_step():
     """The step cache keys on the matmul precision, so a program built under
     ``jax.default_matmul_precision`` is lowered with it rather than taken from the cache."""
     import popxl
-    from runtime.program import build_program
+    from runtime.session.program import build_program
 
     def program():
         ir = popxl.Ir()

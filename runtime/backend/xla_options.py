@@ -24,7 +24,7 @@ place, as it already does for weights nothing else reads (training steps, 2 core
 interleaved rounds, ms: ResNet-18 64.9 -> 60.7, MobileNetV2 58.6 -> 54.8; 2026-11-26). That
 analysis gets loops wrong in jaxlib 0.10 (a step scanning its layers read weights its
 updates had already overwritten), so ``jit(..., in_place=True)`` asks for it only for
-steps that neither loop nor branch (``runtime.program``'s convolution programs, whose
+steps that neither loop nor branch (``runtime.session.program``'s convolution programs, whose
 traced step is looked at first).
 
 Products with many rows run faster on Eigen than on YNNPACK here, and YNNPACK refuses the

@@ -17,7 +17,7 @@ from popxl.tensor import Tensor
 from popxl.transforms._grad_ops import OUTPUT_GRAD_FORWARD, VjpRecipe
 from popxl.transforms._storage import parents, roots, written_inputs
 
-from .lowering import Env, LoweringContext, _checked, lower_op, special
+from .core import Env, LoweringContext, _checked, lower_op, special
 from .replica_sums import WeightGrad
 
 

@@ -40,14 +40,7 @@ from popxl.ops.collectives import sums_every_replica
 from popxl.tensor import Constant
 
 from . import control, grouping, remote
-from .lowering import (
-    Env,
-    LoweringContext,
-    _View,
-    lower_op,
-    schedule,
-    special,
-)
+from .core import Env, LoweringContext, _View, lower_op, schedule, special
 from .replica_sums import LINEAR_ACCUMULATES, Deferred, body_traced, value_of
 from .runs import Run, plan_of, policy
 from .stacks import (

@@ -30,7 +30,7 @@ from popxl._op import Op
 from popxl.graph import Graph
 from popxl.ir import Ir
 
-from .lowering import LoweringContext
+from .core import LoweringContext
 from .runs import policy, runs_of
 
 

@@ -27,7 +27,7 @@ from popxl.errors import Error, InternalError
 from popxl.graph import Graph
 from popxl.ir import Ir
 
-from .lowering import Env, LoweringContext, apply_results, special
+from .core import Env, LoweringContext, apply_results, special
 
 LOG2_SCALE = "log2_scale"
 LOG2_SCALE_RANGE = (-32, 32)

@@ -1,6 +1,6 @@
 """Several instances (processes) running one replicated program: JAX's distributed runtime.
 
-An instance started by ``poprun`` reads its place in the run from ``popdist``. With more than
+An instance started by ``poprun`` reads its place in the run from ``environment``. With more than
 one instance, the session connects the processes with ``jax.distributed`` (the coordinator is
 instance 0, at the address ``poprun`` chose; collectives go over gloo on CPUs), once per
 process. Every process contributes one JAX device per local replica; the replica axis is a
@@ -32,9 +32,10 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import popdist
 from popxl.errors import InternalError
 from popxl.ir import Ir
+
+from . import environment
 
 DEFAULT_TIMEOUT_S = 60
 HEARTBEAT_TIMEOUT_S = 10
@@ -74,7 +75,7 @@ _checks = 0
 
 def instances(ir: Ir) -> int:
     """How many processes run ``ir``'s replicas (1 unless it is a popdist Ir)."""
-    return popdist.getNumInstances() if ir._use_popdist else 1
+    return environment.num_instances() if ir._use_popdist else 1
 
 
 def is_multi_process(ir: Ir) -> bool:
@@ -82,20 +83,20 @@ def is_multi_process(ir: Ir) -> bool:
 
 
 def timeout_s() -> int:
-    return int(os.environ.get(popdist.TIMEOUT, DEFAULT_TIMEOUT_S))
+    return int(os.environ.get(environment.TIMEOUT, DEFAULT_TIMEOUT_S))
 
 
 def initialize() -> None:
     """Join the distributed run (once per process; a no-op with one instance)."""
     global _initialized
-    n = popdist.getNumInstances()
+    n = environment.num_instances()
     if _initialized or n == 1:
         return
-    index = popdist.getInstanceIndex()
-    address = popdist.getCoordinatorAddress()
+    index = environment.instance_index()
+    address = environment.coordinator_address()
     if not address:
         raise RuntimeError(
-            NO_COORDINATOR_MSG.format(index=index, n=n, var=popdist.COORDINATOR_ADDRESS)
+            NO_COORDINATOR_MSG.format(index=index, n=n, var=environment.COORDINATOR_ADDRESS)
         )
     from jax._src import xla_bridge
 

@@ -41,6 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from . import environment
+
 # PopRun/MPI/V-IPU options accepted without effect: name -> whether it takes a value.
 IGNORED_OPTIONS = {
     "--vipu-partition": True,
@@ -87,18 +89,18 @@ class Layout:
     def environment(self, index: int, coordinator: str, timeout: int | None) -> dict[str, str]:
         """The variables instance ``index`` starts with (added to the launcher's own)."""
         env = {
-            "POPDIST_NUM_INSTANCES": str(self.num_instances),
-            "POPDIST_INSTANCE_INDEX": str(index),
-            "POPDIST_NUM_TOTAL_REPLICAS": str(self.num_replicas),
-            "POPDIST_NUM_LOCAL_REPLICAS": str(self.local_replicas),
-            "POPDIST_REPLICA_INDEX_OFFSET": str(index * self.local_replicas),
-            "POPDIST_NUM_IPUS_PER_REPLICA": str(self.ipus_per_replica),
+            environment.NUM_INSTANCES: str(self.num_instances),
+            environment.INSTANCE_INDEX: str(index),
+            environment.NUM_TOTAL_REPLICAS: str(self.num_replicas),
+            environment.NUM_LOCAL_REPLICAS: str(self.local_replicas),
+            environment.REPLICA_INDEX_OFFSET: str(index * self.local_replicas),
+            environment.NUM_IPUS_PER_REPLICA: str(self.ipus_per_replica),
             "XLA_FLAGS": _with_device_count(os.environ.get("XLA_FLAGS", ""), self.local_replicas),
         }
         if self.num_instances > 1:
-            env["POPDIST_COORDINATOR_ADDRESS"] = coordinator
+            env[environment.COORDINATOR_ADDRESS] = coordinator
         if timeout is not None:
-            env["POPDIST_TIMEOUT"] = str(timeout)
+            env[environment.TIMEOUT] = str(timeout)
         return env
 
 

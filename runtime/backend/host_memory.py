@@ -29,8 +29,10 @@ faults too but made the steps slower (MobileNetV2 82 -> 120 ms), the threads con
 for it. The runtime's calls wait for their results anyway (a run returns its outputs as
 host arrays), so on the CPU, steps are dispatched inline unless ``POPXL_CPU_DISPATCH=async``
 or the user has set ``JAX_CPU_ENABLE_ASYNC_DISPATCH``. JAX takes the setting when it makes
-its CPU client, so the runtime sets it when it is imported (a process that already ran
-JAX computations keeps what it has). Computations over several devices stay
+its CPU client, so the runtime sets it when the first session is made, before the session
+asks JAX for its devices (a process that already ran JAX computations keeps what it has).
+Importing ``runtime``, ``popxl`` or ``poptorch`` changes neither setting: a library that
+changed its host process when imported would surprise the program around it. Computations over several devices stay
 asynchronous (JAX's rule): their devices' parts run on threads of their own.
 """
 
@@ -54,6 +56,13 @@ def _choice(name: str, options: tuple[str, str]) -> str:
     if value not in options:
         raise ValueError(f"{name} must be {options[0]} or {options[1]}, got {value!r}.")
     return value
+
+
+def take_host_settings() -> None:
+    """Take both settings for this process (once; each later call does nothing): called when
+    the first ``popxl.Session`` is made."""
+    dispatch_inline()
+    keep_freed_memory()
 
 
 @functools.cache
@@ -86,7 +95,7 @@ def _backends_made() -> bool:
 def keep_freed_memory() -> bool:
     """Have glibc keep freed memory for reuse (once per process); whether it now does.
 
-    Called when the runtime is imported. ``POPXL_HOST_MALLOC`` is ``keep`` (the default)
+    Taken when the first session is made. ``POPXL_HOST_MALLOC`` is ``keep`` (the default)
     or ``default`` (leave the allocator alone)."""
     return _choice("POPXL_HOST_MALLOC", ("keep", "default")) == "keep" and _glibc_keeps()
 

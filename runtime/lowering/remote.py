@@ -14,7 +14,7 @@ from jax import lax
 from popxl._op import Op
 from popxl.tensor import Tensor
 
-from .lowering import Env, LoweringContext, special
+from .core import Env, LoweringContext, special
 
 
 def buffer_key(buffer_id: int) -> str:

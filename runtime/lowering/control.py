@@ -18,7 +18,7 @@ from jax import lax
 from popxl._op import Op
 from popxl.tensor import Tensor
 
-from .lowering import Env, LoweringContext, lower_graph
+from .core import Env, LoweringContext, lower_graph
 from .replica_sums import body_traced
 
 Array = Any

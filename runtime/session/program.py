@@ -34,11 +34,23 @@ from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 from popxl.transforms._storage import roots, written_inputs
 
-from . import (  # noqa: F401  (register lowerings)
+from ..backend import transpose_sinking, xla_options
+from ..backend.forms import cpu_forms
+from ..backend.xla_workarounds import fenced
+from ..devices.ipu_slots import SlotLayout
+from ..devices.memory import tensor_ipu
+from ..devices.placement import (
+    ipus_used,
+    placed_sharding,
+    placed_step,
+    placement_ipus,
+    state_written,
+)
+from ..distributed import instances as distributed
+from ..lowering import (  # noqa: F401  (register lowerings)
     calls,
     checks,
     control,
-    distributed,
     hoisting,
     host_io,
     remote,
@@ -46,24 +58,11 @@ from . import (  # noqa: F401  (register lowerings)
     scratch,
     state_layout,
     stochastic_rounding,
-    transpose_sinking,
     vjp,
-    xla_options,
 )
-from .forms import cpu_forms
-from .graphs import convolves, reachable_graphs
-from .ipu_slots import SlotLayout
-from .lowering import Env, LoweringContext, lower_op, schedule
-from .memory import tensor_ipu
-from .placement import (
-    ipus_used,
-    placed_sharding,
-    placed_step,
-    placement_ipus,
-    state_written,
-)
-from .replica_sums import is_batched
-from .xla_workarounds import fenced
+from ..lowering.core import Env, LoweringContext, lower_op, schedule
+from ..lowering.graphs import convolves, reachable_graphs
+from ..lowering.replica_sums import is_batched
 
 REPLICA_AXIS = "replica"
 # Compiled steps by IR structure, least recently used first; bounded so that programs built

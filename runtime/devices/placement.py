@@ -55,9 +55,9 @@ from popxl.graph import Graph
 from popxl.ops.collectives import REPLICA_AXIS
 from popxl.tensor import Tensor
 
+from ..backend.xla_workarounds import fenced
+from ..lowering.core import Env, LoweringContext, apply_results, lower_graph, plain_lower_op
 from .ipu_slots import SlotLayout
-from .lowering import Env, LoweringContext, apply_results, lower_graph, plain_lower_op
-from .xla_workarounds import fenced
 
 IPU_AXIS = "ipu"
 Array = Any
@@ -91,7 +91,7 @@ def placement_ipus(ipus: int, replicas: int) -> int:
     few devices). A replicated program placed runs on an ``(replicas, ipus)`` mesh of
     devices (see the module docstring); unplaced, its replicas are mapped instead
     (``vmap`` on one device, or ``shard_map`` with one device per replica, see
-    ``runtime.program``) and every replica's IPUs share that replica's device.
+    ``runtime.session.program``) and every replica's IPUs share that replica's device.
     ``POPXL_REPLICATION=vmap`` asks for replicas on one device, so it is never placed.
     """
     choice = os.environ.get("POPXL_PLACEMENT", "auto")

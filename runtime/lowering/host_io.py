@@ -20,7 +20,7 @@ from jax import lax
 from popxl._op import Op
 from popxl.tensor import Tensor
 
-from .lowering import Env, LoweringContext, special
+from .core import Env, LoweringContext, special
 
 
 def synthetic_value(mode: int, t: Tensor) -> jax.Array:

@@ -35,11 +35,8 @@ from popxl.tensor import Tensor
 from popxl.transforms._storage import roots
 
 from . import grouping
+from .core import LoweringContext, scheduler
 from .graphs import repeated_graphs_convolve
-from .lowering import (
-    LoweringContext,
-    scheduler,
-)
 
 Array = Any
 

@@ -22,13 +22,7 @@ from popxl._op import Op
 from popxl.graph import Graph
 from popxl.tensor import Tensor
 
-from .lowering import (
-    Env,
-    LoweringContext,
-    _View,
-    lower_op,
-    schedule,
-)
+from .core import Env, LoweringContext, _View, lower_op, schedule
 from .replica_sums import Deferred, Summed, portable, value_of
 from .runs import Run
 

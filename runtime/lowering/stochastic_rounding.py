@@ -24,7 +24,7 @@ import numpy as np
 from popxl._op import Op
 from popxl.dtypes import float16, float32
 
-from .lowering import Env, apply_results, rounded_cast
+from .core import Env, apply_results, rounded_cast
 
 TARGETS = (float16,)
 _GOLDEN = np.uint32(0x9E3779B9)

@@ -37,10 +37,19 @@ from popxl.streams import DeviceToHostStream, HostToDeviceStream
 from popxl.tensor import Constant, Tensor, Variable
 from popxl.utils import to_numpy
 
-from . import distributed, executable_cache, remote_state, state_layout, stream_io
-from .device import DeviceInfo, check_compatible, check_io_tiles, ipus_needed, select_device
-from .graphs import reachable_graphs
-from .placement import ipu_mesh, ipus_used
+from ..backend import host_memory
+from ..devices.device import (
+    DeviceInfo,
+    check_compatible,
+    check_io_tiles,
+    ipus_needed,
+    select_device,
+)
+from ..devices.placement import ipu_mesh, ipus_used
+from ..distributed import instances as distributed
+from ..lowering import state_layout
+from ..lowering.graphs import reachable_graphs
+from . import executable_cache, remote_state, stream_io
 from .program import (
     Program,
     abstract_inputs,
@@ -119,6 +128,7 @@ class Session(SessionCompat):
             )
         if not ir.main_graph._ops:
             raise RuntimeError(NO_OPS_MSG.format(ir=ir.id))
+        host_memory.take_host_settings()  # before JAX makes its CPU client
         enable_persistent_cache()
         if distributed.is_multi_process(ir):
             distributed.initialize()
@@ -261,7 +271,7 @@ class Session(SessionCompat):
         >>> print(popxl.Session(ir, "ipu_model").memory_report()[0].variables)
         128
         """
-        from . import memory  # noqa: PLC0415
+        from ..devices import memory  # noqa: PLC0415
 
         program = self._program
         compiled = self._compiled()
