@@ -21,6 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from ..aten import PRESERVED
+from .composite_ops import composite_ops_cached, registrations
 
 if TYPE_CHECKING:
     from .control import Translator
@@ -30,18 +31,33 @@ _INHERITED = ("stack_trace", "nn_module_stack", "custom", "source_fn_stack", "fr
 
 
 def decomposition_table() -> dict[Any, Any]:
-    """torch.export's core ATen decompositions, less the ops the table keeps whole."""
-    table = torch.export.default_decompositions()
-    for op in PRESERVED:
-        table.pop(op, None)
-    return dict(table)
+    """torch.export's core ATen decompositions, less the ops the table keeps whole (a new
+    dict each call)."""
+    return dict(_core_table())
+
+
+def _core_table() -> dict[Any, Any]:
+    """The decompositions, worked out once per set of registered ops (building them took
+    0.15 s a capture); not to be changed by the caller."""
+    global _table
+    key = (registrations(), len(PRESERVED))
+    if _table is None or _table[0] != key:
+        with composite_ops_cached():
+            table = torch.export.default_decompositions()
+            for op in PRESERVED:
+                table.pop(op, None)
+            _table = (key, dict(table))
+    return _table[1]
+
+
+_table: tuple[Any, dict[Any, Any]] | None = None
 
 
 def decomposable(target: Any) -> bool:
     """Whether ``target`` is an ATen op that torch decomposes (into core ATen ops)."""
     if not isinstance(target, torch._ops.OpOverload):
         return False
-    return target in decomposition_table() or target._can_decompose()
+    return target in _core_table() or target._can_decompose()
 
 
 def decompose(node: torch.fx.Node) -> torch.fx.GraphModule:

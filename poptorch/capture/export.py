@@ -27,6 +27,7 @@ from ..errors import Error
 from .arguments import register_types
 from .blocks import Block, NotABlock, as_blocks, as_representative, find_groups
 from .composite import decomposition_table
+from .composite_ops import composite_ops_cached
 from .cpu_tensors import refuse_legacy_constructors
 from .index_expansion import log_graph, remove_index_expansions
 from .redirects import Redirects, masks_as_given
@@ -177,7 +178,7 @@ def _not_a_block(error: BaseException | None) -> bool:
 
 
 def _decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    with warnings.catch_warnings(), fx_traceback.preserve_node_meta():
+    with warnings.catch_warnings(), fx_traceback.preserve_node_meta(), composite_ops_cached():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         try:

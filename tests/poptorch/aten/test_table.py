@@ -21,6 +21,14 @@ CASE_MODULES = [
 CASES = [c for m in CASE_MODULES for c in m.CASES]
 HALF = [c for c in CASES if c.half]
 GRAD = [c for c in CASES if c.grad]
+# Cases checked together, one model a group (harness: a capture costs about half a second
+# whatever its size); a failing group is checked case by case, naming the failing case.
+# Select one case with -k NAME: a group's id joins its cases' names.
+GROUP = 8
+
+
+def _ids(group: tuple) -> str:
+    return "+".join(c.name for c in group)
 
 
 def test_every_record_has_a_case():
@@ -34,16 +42,16 @@ def test_case_names_are_unique():
     assert len(names) == len(set(names))
 
 
-@pytest.mark.parametrize("case", CASES, ids=repr)
-def test_forward_float32(case):
-    harness.check_forward(case, torch.float32)
+@pytest.mark.parametrize("cases", harness.groups(CASES, GROUP), ids=_ids)
+def test_forward_float32(cases):
+    harness.check_forward_group(cases, torch.float32)
 
 
-@pytest.mark.parametrize("case", HALF, ids=repr)
-def test_forward_float16(case):
-    harness.check_forward(case, torch.float16)
+@pytest.mark.parametrize("cases", harness.groups(HALF, GROUP), ids=_ids)
+def test_forward_float16(cases):
+    harness.check_forward_group(cases, torch.float16)
 
 
-@pytest.mark.parametrize("case", GRAD, ids=repr)
-def test_gradients(case):
-    harness.check_gradients(case)
+@pytest.mark.parametrize("cases", harness.groups(GRAD, GROUP), ids=_ids)
+def test_gradients(cases):
+    harness.check_gradients_group(cases)
