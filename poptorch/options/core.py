@@ -432,8 +432,11 @@ class Options(_Base):
         """Run without host transfers, to measure the device alone: inputs are random
         normal data made on the device (the same every run), outputs are not sent back
         (the returned tensors are zeros) and no transfers are timed (PopART's
-        ``syntheticDataMode`` ``RandomNormal``)."""
-        self.popart.set("syntheticDataMode", 2 if _bool("enableSyntheticData", enabled) else 0)
+        ``syntheticDataMode`` ``RandomNormal``). As in PopTorch, any true value turns it on:
+        applications pass ``int(popart.SyntheticDataMode.RandomNormal)``."""
+        if not isinstance(enabled, int):
+            _bool("enableSyntheticData", enabled)  # raises, naming the option and the value
+        self.popart.set("syntheticDataMode", 2 if enabled else 0)
         return self
 
     def logCycleCount(self, log_cycle_count: bool) -> Options:  # noqa: N802

@@ -8,6 +8,7 @@ import pytest
 
 import poptorch
 import popxl
+from poptorch.options.base import OptionValueError
 from poptorch.options.core import distributed_env
 
 Settings = poptorch.TensorLocationSettings
@@ -489,3 +490,20 @@ def test_new_enums():
     assert poptorch.enums.MatMulSerializationMode.Disabled.value == "none"
     assert poptorch.enums.OverlapMode("no_overlap") is poptorch.enums.OverlapMode.NoOverlap
     assert poptorch.enums.MultiConvPlanType.Serial == 1
+
+
+def test_poparts_enumerations_set_options_as_applications_pass_them():
+    # Graphcore's applications pass PopART's enums, as ints or members.
+    import popart  # noqa: PLC0415
+
+    opts = poptorch.Options().enableSyntheticData(int(popart.SyntheticDataMode.RandomNormal))
+    assert opts._Popart.options["syntheticDataMode"] == popart.SyntheticDataMode.RandomNormal
+    assert poptorch.Options().enableSyntheticData(0)._Popart.options["syntheticDataMode"] == 0
+    opts._Popart.set("autoRecomputation", popart.RecomputationType.Standard)
+    opts._Popart.set(
+        "accumulateOuterFragmentSettings.schedule",
+        int(popart.AccumulateOuterFragmentSchedule.OverlapMemoryOptimized),
+    )
+    assert opts._Popart.options["autoRecomputation"] == 1
+    with pytest.raises(OptionValueError, match="enableSyntheticData"):
+        poptorch.Options().enableSyntheticData("yes")
