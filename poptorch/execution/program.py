@@ -69,11 +69,11 @@ LOSS_MISSING_MSG = (
 )
 NO_LOSS_MSG = (
     "Couldn't find a loss in graph: {cls} marks no output with poptorch.identity_loss, and "
-    "its last output, taken as the loss, has shape {shape}. The loss must be a scalar: reduce "
+    "its last output, taken as the loss, has shape {shape}. The loss must be a scalar (or one element): reduce "
     "it with poptorch.identity_loss(x, reduction='mean') or 'sum' and return it."
 )
 LOSS_SHAPE_MSG = (
-    "The loss must be a scalar, but {cls}.build's loss has shape {shape}. Reduce it with "
+    "The loss must be a scalar (or one element), but {cls}.build's loss has shape {shape}. Reduce it with "
     "poptorch.identity_loss(x, reduction='mean') or 'sum'."
 )
 
@@ -253,11 +253,16 @@ def _loss_index(module: Any, fwd: Any, losses: list, interface: Interface) -> in
         if not outs:
             raise ValueError(LOSS_MISSING_MSG.format(cls=cls, n=0))
         index = len(outs) - 1
-        if outs[index].shape != ():
+        if not _one_element(outs[index].shape):
             raise NoLossError(NO_LOSS_MSG.format(cls=cls, shape=outs[index].shape), "poptorch")
-    if outs[index].shape != ():
+    if not _one_element(outs[index].shape):
         raise ValueError(LOSS_SHAPE_MSG.format(cls=cls, shape=outs[index].shape))
     return index
+
+
+def _one_element(shape: tuple[int, ...]) -> bool:
+    """A loss is a scalar or, as PopTorch took it, any tensor of one element (``(1,)``)."""
+    return int(np.prod(shape)) == 1
 
 
 def _build_body(

@@ -84,6 +84,7 @@ class Trainer:
         key_of = {id(arg): key for key, arg in fwd.args.to_dict().items()}
         self.keys = [key_of[id(t)] for t in required]
         self.loss_dtype = loss.dtype
+        self.loss_shape = loss.shape  # () or one element, such as (1,)
         acc = self.spec.accum_type
         where = built.locations.accumulator
         # Without gradient accumulation, a weight whose accumulator would be an ordinary
@@ -201,11 +202,13 @@ class Trainer:
         return self._copies[key]
 
     def seed(self) -> popxl.Tensor:
-        """The loss gradient: the loss scaling, in the loss's dtype."""
+        """The loss gradient: the loss scaling, in the loss's dtype and shape."""
         scale = self.loss_scale()
         if isinstance(scale, popxl.Tensor):
-            return ops.cast(scale, self.loss_dtype)
-        return popxl.constant(np.asarray(scale, self.loss_dtype.as_numpy()), self.loss_dtype)
+            seed = ops.cast(scale, self.loss_dtype)
+        else:
+            seed = popxl.constant(np.asarray(scale, self.loss_dtype.as_numpy()), self.loss_dtype)
+        return seed if self.loss_shape == () else ops.reshape(seed, self.loss_shape)
 
     def backward(self, info: Any) -> None:
         args = offload_activations(

@@ -754,3 +754,24 @@ def test_distributions_made_in_forward_are_captured_without_their_value_checks()
     assert samples.shape == (4000, 1)
     assert abs(samples.mean().item() - 3.0) < 0.2 and abs(samples.std().item() - 2.0) < 0.2
     assert torch.distributions.Distribution._validate_args == before
+
+
+class OneElementLoss(torch.nn.Module):
+    """A loss of shape ``(1,)``, as a mixup weight of shape ``(1,)`` makes it (ViT)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x, target, lam):
+        out = self.fc(x)
+        loss = lam * torch.nn.functional.cross_entropy(out, target)
+        return out, poptorch.identity_loss(loss, reduction="none")
+
+
+def test_a_one_element_loss_trains_as_torch():
+    torch.manual_seed(0)
+    model = OneElementLoss()
+    reference = copy.deepcopy(model)
+    inputs = (torch.randn(5, 4), torch.tensor([0, 2, 1, 1, 0]), torch.tensor([0.7]))
+    assert_trains_as_torch(model, reference, inputs, steps=2)
