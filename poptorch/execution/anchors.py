@@ -1,8 +1,9 @@
 """Tensors of the training step the host asks for by name (``Options.anchorTensor``).
 
 PopTorch let a program return tensors besides the model's outputs, named as PopART named
-them: ``Gradient___<weight>`` (a micro-batch's gradient of a weight, loss-scaled as the
-backward makes it), ``UpdatedVar___<weight>`` (the weight after the optimiser step) and
+them: a weight by its own name (the value the forward pass reads), ``Gradient___<weight>``
+(a micro-batch's gradient of a weight, loss-scaled as the backward makes it),
+``UpdatedVar___<weight>`` (the weight after the optimiser step) and
 ``finalLossScale`` (the loss scaling a step used, with automatic loss scaling). Each gets
 a variable of the program written where the tensor is made, in the anchor's output mode:
 
@@ -93,6 +94,11 @@ class Anchors:
 
     def gradient(self, weight: str, g: popxl.Tensor) -> None:
         self._capture(GRADIENT + weight, g, self.micro_batches)
+
+    def weight(self, name: str, value: popxl.Tensor) -> None:
+        """A weight, under its own name: the value each micro-batch's forward pass reads
+        (before the step's update, which ``UpdatedVar___<name>`` gives)."""
+        self._capture(name, value, self.micro_batches)
 
     def step(self, long_name: str, t: popxl.Tensor) -> None:
         """A tensor of the optimiser step (one per device iteration)."""

@@ -277,6 +277,9 @@ def _build_body(
     overlaps = interface.overlaps
     xs = [_host_io.load(s, i, overlaps) for i, s in enumerate(built.inputs)]
     on_chip = {k: read(v) for k, v in built.weights.items()}
+    if built.anchors is not None:
+        for name, value in on_chip.items():
+            built.anchors.weight(name, value)
     info = fwd.bind(addons.NamedTensors.from_dict(on_chip)).call_with_info(*xs)
     if trainer is not None:
         trainer.backward(info)

@@ -59,6 +59,26 @@ def test_final_gradient_and_updated_weight_match_torch():
     torch.testing.assert_close(pm.getAnchoredTensor("weight"), reference.fc.weight)
 
 
+def test_a_weight_anchored_by_its_name_is_the_value_the_step_read():
+    # Conformer's tests anchor a weight and its gradient by the weight's own name.
+    pm, reference, xs, ys = _trained(
+        {
+            "fc.weight": ("fc.weight", None, 1),
+            "Gradient___fc.weight": ("Gradient___fc.weight", None, 1),
+            "all": ("fc.bias", poptorch.OutputMode.All, 1),
+        },
+        ga=2,
+    )
+    torch.testing.assert_close(pm.getAnchoredTensor("fc.weight"), reference.fc.weight)
+    torch.testing.assert_close(
+        pm.getAnchoredTensor("all"), torch.stack([reference.fc.bias.detach()] * 2)
+    )
+    _torch_grads(reference, xs, ys)
+    torch.testing.assert_close(
+        pm.getAnchoredTensor("Gradient___fc.weight"), reference.fc.weight.grad
+    )
+
+
 @pytest.mark.parametrize(
     "mode, period, pick",
     [
@@ -107,7 +127,7 @@ def test_anchorable_names_are_among_the_tensor_names():
         poptorch.inferenceModel(model).getTensorNames()
     pm, *_ = _trained({})
     names = pm.getTensorNames()
-    for name in ("Gradient___fc.bias", "UpdatedVar___fc.weight", "finalLossScale"):
+    for name in ("Gradient___fc.bias", "UpdatedVar___fc.weight", "finalLossScale", "fc.weight"):
         assert name in names
 
 
