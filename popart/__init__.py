@@ -10,7 +10,7 @@ objects; PopART's builder, sessions and ``_internal`` bindings are not provided.
 >>> int(popart.SyntheticDataMode.RandomNormal)
 2
 
-Importing ``popart`` imports neither torch nor JAX.
+Importing ``popart`` imports popxl, but neither torch nor JAX.
 """
 
 from __future__ import annotations
@@ -73,12 +73,12 @@ def getLogger(name: str = "all") -> logging.Logger:  # noqa: N802
     shared one log; ``name`` picks nothing else here). ``getLogger().setLevel("DEBUG")``
     turns the log on, as ``POPART_LOG_LEVEL`` does."""
     del name
-    from popxl import _log  # noqa: PLC0415 (popxl imports this package's enums)
+    from popxl import _log  # noqa: PLC0415
 
     return logging.getLogger(_log.LOGGER_NAME)
 
 
-# Names that need popxl, which itself imports ``popart.enums``: looked up when first used.
+# Names looked up when first used (the runtime's DeviceInfo would import JAX).
 _LAZY = {
     "popart_exception": ("popxl.errors", "PopXLException"),
     "exception": ("popxl.errors", "PopXLException"),

@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import enum
 
+# The session options' enumerations are popxl's own (PopXL shipped inside PopART's package).
+from popxl.session_options import ExecutionPhaseIOSchedule as ExecutionPhaseIOSchedule
+from popxl.session_options import ExecutionPhaseSchedule as ExecutionPhaseSchedule
+from popxl.session_options import SyntheticDataMode as SyntheticDataMode
+from popxl.session_options import VirtualGraphMode as VirtualGraphMode
+
 
 class AccumulateOuterFragmentSchedule(enum.IntEnum):
     Scheduler = 0
@@ -90,21 +96,6 @@ class DeviceType(enum.IntEnum):
     Sim = 4
 
 
-class ExecutionPhaseIOSchedule(enum.IntEnum):
-    """When phased tensors are loaded."""
-
-    Preload = 0
-    OnDemand = 1
-
-
-class ExecutionPhaseSchedule(enum.IntEnum):
-    """How execution phases are interleaved."""
-
-    Interleaving = 0
-    Batch = 1
-    BatchClusteredIO = 2
-
-
 class GradientTensorTrackingMethod(enum.IntEnum):
     AllNonViewChangingGradientTensors = 0
     ConvAndMatmulGradients = 1
@@ -179,15 +170,6 @@ class SyncPattern(enum.IntEnum):
     ReplicaAndLadder = 2
 
 
-class SyntheticDataMode(enum.IntEnum):
-    """Where host-to-device streams take their data."""
-
-    Off = 0  # from the host
-    Zeros = 1
-    RandomNormal = 2  # ~N(0, 1)
-    RandomUniform = 3  # uniform on [-1, 1)
-
-
 class TensorStorage(enum.IntEnum):
     OnChip = 0
     OffChip = 1
@@ -202,12 +184,3 @@ class VariableRetrievalMode(enum.IntEnum):
     OnePerGroup = 0
     AllReduceReplicas = 1
     AllReplicas = 2
-
-
-class VirtualGraphMode(enum.IntEnum):
-    """How ops are assigned to (virtual) IPUs."""
-
-    Off = 0
-    Manual = 1
-    Auto = 2
-    ExecutionPhases = 3

@@ -26,16 +26,41 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from popart import enums as _enums
-
 NO_EFFECT = "Accepted without effect here: "
 
 
-# PopART's enumerations for these options: one definition, in ``popart.enums``.
-VirtualGraphMode = _enums.VirtualGraphMode
-SyntheticDataMode = _enums.SyntheticDataMode
-ExecutionPhaseIOSchedule = _enums.ExecutionPhaseIOSchedule
-ExecutionPhaseSchedule = _enums.ExecutionPhaseSchedule
+class VirtualGraphMode(enum.IntEnum):
+    """PopART's ``VirtualGraphMode``: how ops are assigned to (virtual) IPUs (``popart`` has
+    the same class; these are ``IntEnum``s, as PopART's enums convert with ``int()``)."""
+
+    Off = 0
+    Manual = 1
+    Auto = 2
+    ExecutionPhases = 3
+
+
+class SyntheticDataMode(enum.IntEnum):
+    """PopART's ``SyntheticDataMode``: where host-to-device streams take their data."""
+
+    Off = 0  # from the host
+    Zeros = 1
+    RandomNormal = 2  # ~N(0, 1)
+    RandomUniform = 3  # uniform on [-1, 1)
+
+
+class ExecutionPhaseIOSchedule(enum.IntEnum):
+    """PopART's ``ExecutionPhaseIOSchedule``: when phased tensors are loaded."""
+
+    Preload = 0
+    OnDemand = 1
+
+
+class ExecutionPhaseSchedule(enum.IntEnum):
+    """PopART's ``ExecutionPhaseSchedule``: how phases are interleaved."""
+
+    Interleaving = 0
+    Batch = 1
+    BatchClusteredIO = 2
 
 
 def _enum_by_name(cls: type[enum.Enum], value: Any) -> Any:
