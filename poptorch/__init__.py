@@ -23,6 +23,7 @@ from .blocks import Block as Block
 from .blocks import BlockFunction as BlockFunction
 from .blocks import module_repr as module_repr
 from .blocks import removeBlocks as removeBlocks
+from .capture import scope_ops as _scope_ops  # noqa: F401 (registers push/pop_name_scope)
 from .capture.arguments import ICustomArgParser as ICustomArgParser
 from .capture.arguments import registerCustomArgParser as registerCustomArgParser
 from .capture.scopes import Attribute as Attribute
