@@ -193,18 +193,20 @@ def test_every_form_matches_lax_in_every_direction(rng, form, x_shape, w_shape, 
     gy = jnp.asarray(rng.standard_normal(y.shape), jnp.float32)
     dx, dw = pullback(gy)
     f = FORMS[form]
-    _close(f.forward(x, w, geo), y)
-    _close(f.input_grad(w, geo, x.shape, gy), dx)
-    _close(f.weight_grad(x, geo, w.shape, gy), dw)
+    # Traced once under jit, as programs use the forms (op by op, every small op of the
+    # per-tap forms compiled on its own, took several times longer).
+    _close(jax.jit(f.forward, static_argnums=2)(x, w, geo), y)
+    _close(jax.jit(f.input_grad, static_argnums=(1, 2))(w, geo, x.shape, gy), dx)
+    _close(jax.jit(f.weight_grad, static_argnums=(1, 2))(x, geo, w.shape, gy), dw)
 
 
 @pytest.mark.parametrize("name,x_shape,w_shape,geo", CASES, ids=IDS)
 def test_the_chosen_forms_differentiate_like_lax(rng, name, x_shape, w_shape, geo):
     x, w = _data(rng, x_shape, w_shape)
     loss = lambda f: lambda a, b: jnp.sum(jnp.tanh(f(a, b, geo)))  # noqa: E731
-    _close(conv(x, w, geo), _reference(x, w, geo))
+    _close(jax.jit(conv, static_argnums=2)(x, w, geo), _reference(x, w, geo))
     for got, want in zip(
-        jax.grad(loss(conv), (0, 1))(x, w), jax.grad(loss(_reference), (0, 1))(x, w)
+        jax.jit(jax.grad(loss(conv), (0, 1)))(x, w), jax.grad(loss(_reference), (0, 1))(x, w)
     ):
         _close(got, want)
 
@@ -266,10 +268,10 @@ def test_transposed_convolution_is_the_input_gradient(rng, name, x_shape, w_shap
     t = jnp.asarray(rng.standard_normal(y_shape), jnp.float32)
     want_fn = lambda t, w: jax.vjp(lambda a: _reference(a, w, geo), x)[1](t)[0]  # noqa: E731
     got_fn = lambda t, w: conv_transpose(t, w, geo, x_shape[2:])  # noqa: E731
-    _close(got_fn(t, w), want_fn(t, w))
+    _close(jax.jit(got_fn)(t, w), want_fn(t, w))
     loss = lambda f: lambda a, b: jnp.sum(jnp.tanh(f(a, b)))  # noqa: E731
     for got, want in zip(
-        jax.grad(loss(got_fn), (0, 1))(t, w), jax.grad(loss(want_fn), (0, 1))(t, w)
+        jax.jit(jax.grad(loss(got_fn), (0, 1)))(t, w), jax.grad(loss(want_fn), (0, 1))(t, w)
     ):
         _close(got, want)
 
