@@ -1,4 +1,4 @@
-"""Pooling, padding, upsampling and embeddings (lookups and pooled bags).
+"""Pooling, padding, upsampling, grid sampling and embeddings (lookups and pooled bags).
 
 Max pools are popxl's ``MaxPool``; their indices (torch's flat position in each input
 plane), when read, come from one gather of every window. Average pools without counted
@@ -9,6 +9,8 @@ Adaptive pools and upsampling are separable: each spatial axis gathers a few inp
 positions (``taps``) per output position, with weights (linear, cubic, averaging) or a
 mask (max). The positions and weights depend only on the shapes, so they are computed
 here, in float32 as torch's CPU kernels do, and recorded as attributes.
+
+Grid sampling (``F.grid_sample``) is popxl's ``GridSample``.
 
 Reflection, replication and circular padding are kept whole (their decompositions are
 index arithmetic) and are ``jnp.pad``'s ``reflect``, ``edge`` and ``wrap``.
@@ -589,6 +591,26 @@ for _targets, _taps_of, _n, _name in (
     ),
 ):
     lowering(*_targets, preserve=True)(_upsample_interp(_taps_of, _n, _name))
+
+
+# Grid sampling ------------------------------------------------------------------------------
+
+# torch's enumerations of grid_sample's modes (``GridSamplerInterpolation``, ``GridSamplerPadding``)
+_GRID_MODES = ("bilinear", "nearest", "bicubic")
+_GRID_PADDING = ("zeros", "border", "reflection")
+
+
+@lowering(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)
+def _lower_grid_sampler(
+    ctx: NodeContext,
+    x: popxl.Tensor,
+    grid: popxl.Tensor,
+    interpolation_mode: int,
+    padding_mode: int,
+    align_corners: bool,
+) -> popxl.Tensor:
+    mode, padding = _GRID_MODES[interpolation_mode], _GRID_PADDING[padding_mode]
+    return ops.grid_sample(x, grid, mode, padding, bool(align_corners))
 
 
 # Embeddings ---------------------------------------------------------------------------------

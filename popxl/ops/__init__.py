@@ -118,6 +118,7 @@ from .remote import remote_load_ as remote_load_
 from .remote import remote_store as remote_store
 from .repeat import repeat as repeat
 from .repeat import repeat_with_info as repeat_with_info
+from .resize import grid_sample as grid_sample
 from .resize import interpolate as interpolate
 from .resize import roi_align as roi_align
 from .shape import cast as cast

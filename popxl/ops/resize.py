@@ -1,7 +1,9 @@
-"""Resizing ops: ``interpolate`` (ONNX ``Resize``) and ``roi_align`` (ONNX ``RoiAlign``)."""
+"""Resampling ops: ``interpolate`` (ONNX ``Resize``), ``roi_align`` (ONNX ``RoiAlign``) and
+``grid_sample`` (ONNX ``GridSample``)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any, Literal
@@ -70,17 +72,18 @@ def _source_coords(out_len: int, in_len: int, scale: float, mode: str) -> np.nda
     return (x + f(0.5)) / scale32 - f(0.5)
 
 
-def _cubic_weights(r: np.ndarray) -> np.ndarray:
-    """Keys cubic weights of the taps at offsets -1, 0, 1, 2 from ``floor(coordinate)``."""
+def _keys_cubic(r: Any) -> tuple[Any, Any, Any, Any]:
+    """Keys cubic weights of the taps at offsets -1, 0, 1, 2 from ``floor(coordinate)``,
+    ``r`` being the fraction past it (NumPy or JAX arrays)."""
     a = CUBIC_A
 
-    def near(d: np.ndarray) -> np.ndarray:  # |d| <= 1
+    def near(d: Any) -> Any:  # |d| <= 1
         return ((a + 2) * d - (a + 3)) * d * d + 1
 
-    def far(d: np.ndarray) -> np.ndarray:  # 1 < |d| < 2
+    def far(d: Any) -> Any:  # 1 < |d| < 2
         return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
 
-    return np.stack([far(r + 1), near(r), near(1 - r), far(2 - r)])
+    return far(r + 1), near(r), near(1 - r), far(2 - r)
 
 
 def _resize_taps(
@@ -96,7 +99,7 @@ def _resize_taps(
         frac = coords - base
         offsets = (0, 1) if mode == "linear" else (-1, 0, 1, 2)
         index = base[None] + np.array(offsets, np.float64)[:, None]
-        weights = np.stack([1 - frac, frac]) if mode == "linear" else _cubic_weights(frac)
+        weights = np.stack([1 - frac, frac] if mode == "linear" else _keys_cubic(frac))
     return np.clip(index, 0, in_len - 1).astype(np.int32), weights
 
 
@@ -344,3 +347,168 @@ def roi_align(
     }
     inputs = {"t": t, "rois": rois, "batch_index": batch_index}
     return record(ROI_ALIGN, inputs, attrs, ["roi_align_out"])[0]
+
+
+# GridSample ------------------------------------------------------------------------------
+
+GRID_SAMPLE_MODES = ("bilinear", "nearest", "bicubic")
+GRID_PADDING_MODES = ("zeros", "border", "reflection")
+GRID_SHAPE_MSG = (
+    "grid_sample: expected an input (N, C, *spatial) and a grid (N, *out_spatial, k) with one "
+    "coordinate per spatial axis (k = {k}, x first), got shapes {t} and {grid}."
+)
+
+
+def _grid_sample_infer(t: Any, grid: Any, **_: Any) -> list:
+    k = len(t.shape) - 2
+    if k < 1 or len(grid.shape) != k + 2 or grid.shape[-1] != k or grid.shape[0] != t.shape[0]:
+        raise core_error(GRID_SHAPE_MSG.format(k=k, t=t.shape, grid=grid.shape))
+    dt = same_dtype("GridSample", t, grid)
+    if dt not in FLOATS:
+        raise core_error(f"grid_sample: t and grid must be float16 or float32, got {dt.name}.")
+    return [spec((*t.shape[:2], *grid.shape[1:-1]), dt)]
+
+
+def _unnormalize(g: Any, size: int, align_corners: bool) -> Any:
+    """Grid coordinate in [-1, 1] -> pixel coordinate (-1, 1: the corner pixels' centres
+    with ``align_corners``, their outer edges without)."""
+    if align_corners:
+        return (g + 1) / 2 * (size - 1)
+    return ((g + 1) * size - 1) / 2
+
+
+def _clip(c: Any, size: int) -> Any:
+    # where, not clip: torch's gradient is 0 on the borders themselves, not only beyond.
+    return jnp.where(c <= 0, 0.0, jnp.where(c >= size - 1, size - 1.0, c)).astype(c.dtype)
+
+
+def _reflect(c: Any, twice_low: int, twice_high: int) -> Any:
+    """``c`` reflected off the bounds ``[twice_low / 2, twice_high / 2]`` until inside."""
+    if twice_low == twice_high:
+        return jnp.zeros_like(c)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    d = jnp.abs(c - low)
+    extra = jnp.fmod(d, span)
+    flips = jnp.floor(d / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
+
+
+def _pad_coordinate(c: Any, size: int, padding_mode: str, align_corners: bool) -> Any:
+    """Where a pixel coordinate reads under ``padding_mode`` (``zeros``: itself; out of
+    range it reads 0)."""
+    if padding_mode == "border":
+        return _clip(c, size)
+    if padding_mode == "reflection":
+        twice = (0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)
+        return _clip(_reflect(c, *twice), size)
+    return c
+
+
+def _axis_taps(g: Any, size: int, mode: str, padding_mode: str, align_corners: bool) -> list:
+    """The ``(position, weight)`` taps one axis of each output point reads."""
+    c = _unnormalize(g, size, align_corners)
+    if mode == "nearest":
+        # jnp.round rounds half to even, as torch's nearbyint
+        return [(jnp.round(_pad_coordinate(c, size, padding_mode, align_corners)), 1.0)]
+    if mode == "bilinear":
+        c = _pad_coordinate(c, size, padding_mode, align_corners)
+        low = jnp.floor(c)
+        return [(low, low + 1 - c), (low + 1, c - low)]
+    # bicubic pads each tap, not the coordinate
+    low = jnp.floor(c)
+    return [
+        (_pad_coordinate(low + (k - 1), size, padding_mode, align_corners), w)
+        for k, w in enumerate(_keys_cubic(c - low))
+    ]
+
+
+def _gather_points(x: Any, index: list) -> Any:
+    """``x`` ``(N, C, *spatial)`` at the integer points ``index`` (one ``(N, *out)`` array
+    per spatial axis): ``(N, C, *out)``."""
+    n, c, *sizes = x.shape
+    flat = index[0]
+    for i, s in zip(index[1:], sizes[1:]):
+        flat = flat * s + i
+    out = flat.shape[1:]
+    flat = jnp.broadcast_to(flat.reshape(n, 1, -1), (n, c, flat[0].size))
+    return jnp.take_along_axis(x.reshape(n, c, -1), flat, axis=2).reshape(n, c, *out)
+
+
+def _lower_grid_sample(
+    x: Any, grid: Any, *, mode: str, padding_mode: str, align_corners: bool
+) -> Any:
+    f = _compute_type(x)
+    xs, g = x.astype(f), grid.astype(f)
+    sizes = x.shape[2:]
+    k = len(sizes)
+    # grid[..., 0] is x, the last spatial axis
+    per_axis = [
+        _axis_taps(g[..., k - 1 - a], sizes[a], mode, padding_mode, align_corners) for a in range(k)
+    ]
+    out = jnp.zeros((*x.shape[:2], *grid.shape[1:-1]), f)
+    for taps in itertools.product(*per_axis):
+        inside = jnp.ones(grid.shape[:-1], bool)
+        weight: Any = 1.0
+        for (pos, w), s in zip(taps, sizes):
+            inside &= (pos >= 0) & (pos <= s - 1)
+            weight = weight * w
+        index = [jnp.clip(pos, 0, s - 1).astype(jnp.int32) for (pos, _), s in zip(taps, sizes)]
+        weight = jnp.where(inside, weight, 0.0)
+        out = out + _gather_points(xs, index) * weight[:, None]
+    return out.astype(x.dtype)
+
+
+GRID_SAMPLE = define("grid_sample", "GridSample", _grid_sample_infer, _lower_grid_sample)
+
+
+def grid_sample(
+    t: Tensor,
+    grid: Tensor,
+    mode: Literal["bilinear", "nearest", "bicubic"] = "bilinear",
+    padding_mode: Literal["zeros", "border", "reflection"] = "zeros",
+    align_corners: bool = False,
+) -> Tensor:
+    """Sample ``t`` ``(N, C, *spatial)`` at the points of ``grid`` ``(N, *out, k)``.
+
+    ``grid[n, ...]`` holds one point in normalised coordinates, x (the last spatial axis)
+    first: -1 and 1 are the centres of the corner pixels with ``align_corners``, their
+    outer edges without. The output ``(N, C, *out)`` is ``t[n]`` at each point:
+
+    * ``bilinear``: a blend of the 2^k neighbouring pixels (trilinear for 3-D inputs);
+    * ``nearest``: the nearest pixel (halves round to even);
+    * ``bicubic``: Keys' cubic convolution (``a = -0.75``) over 4^k neighbours.
+
+    Points outside the input read 0 (``zeros``), the nearest edge pixel (``border``), or
+    the input reflected off its edges (``reflection``: off the corner pixels' centres with
+    ``align_corners``, their edges without). Gradients flow to ``t`` and ``grid`` (none to
+    ``grid`` from ``nearest``, nor across a border); float16 data is blended in float32.
+
+    Args:
+        t: the input, float16 or float32, with at least one spatial axis.
+        grid: the sample points, of ``t``'s dtype.
+        mode: ``bilinear``, ``nearest`` or ``bicubic``.
+        padding_mode: ``zeros``, ``border`` or ``reflection``.
+        align_corners: whether -1 and 1 are the corner pixels' centres.
+
+    Returns:
+        ``(N, C, *out)``, named ``grid_sample_out``.
+
+    Raises:
+        ValueError: an unknown ``mode`` or ``padding_mode``.
+        PopXLException: shapes that do not match, or non-float dtypes.
+
+    See also ``torch.nn.functional.grid_sample``.
+    """
+    check_in_graph(context.get_current_graph(), t=t, grid=grid)
+    mode = _check_choice(
+        mode,
+        GRID_SAMPLE_MODES,
+        "grid_sample mode {!r} is not valid, must be bilinear, nearest or bicubic.",
+    )
+    padding_mode = _check_choice(
+        padding_mode,
+        GRID_PADDING_MODES,
+        "grid_sample padding mode {!r} is not valid, must be zeros, border or reflection.",
+    )
+    attrs = {"mode": mode, "padding_mode": padding_mode, "align_corners": bool(align_corners)}
+    return record(GRID_SAMPLE, {"t": t, "grid": grid}, attrs, ["grid_sample_out"])[0]

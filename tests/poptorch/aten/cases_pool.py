@@ -327,6 +327,39 @@ _UPSAMPLE = [
     ),
 ]
 
+GRID2 = aten.grid_sampler_2d.default
+GRID3 = aten.grid_sampler_3d.default
+
+
+def _grid_inputs(*x_shape: int, out: tuple[int, ...]):
+    """An input and a grid of points inside and up to 1.5 widths outside [-1, 1], so every
+    padding mode matters."""
+    k = len(x_shape) - 2
+    return lambda: (torch.randn(*x_shape), torch.rand(x_shape[0], *out, k) * 3.2 - 1.6)
+
+
+def _grid(mode: str, padding: str, align: bool, k: int = 2) -> Case:
+    corners = "_align_corners" if align else ""
+    shape, out = ((2, 3, 5, 6), (4, 3)) if k == 2 else ((1, 2, 3, 4, 5), (2, 3, 2))
+    return Case(
+        f"grid_sample_{k}d_{mode}_{padding}{corners}",
+        lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding, align_corners=align),
+        _grid_inputs(*shape, out=out),
+        [GRID2 if k == 2 else GRID3],
+        # torch's float16 kernel unnormalises in float16: the nearest pixel may differ.
+        half=mode == "bilinear",
+        atol=1e-4 if mode == "bicubic" else 1e-5,
+    )
+
+
+_GRID_SAMPLE = [
+    _grid(mode, padding, align, k)
+    for k, modes in ((2, ("bilinear", "nearest", "bicubic")), (3, ("bilinear", "nearest")))
+    for mode in modes
+    for padding in ("zeros", "border", "reflection")
+    for align in (False, True)
+]
+
 _EMBEDDINGS = [
     Case(
         "embedding",
@@ -375,4 +408,4 @@ _EMBEDDINGS = [
     ),
 ]
 
-CASES = _POOLS + _PADS + _UPSAMPLE + _EMBEDDINGS
+CASES = _POOLS + _PADS + _UPSAMPLE + _GRID_SAMPLE + _EMBEDDINGS
