@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 from jax import lax
 from jax.extend import core as jcore
 
@@ -124,6 +125,19 @@ def _pending(base: Any, perm: tuple[int, ...]) -> Any:
     return base if _identity(perm) else Pending(base, perm)
 
 
+def _shape(v: Any) -> tuple[int, ...]:
+    """The shape of a value the evaluation holds: a pending transpose, an array (or tracer),
+    or a literal's value, which JAX gives as a Python scalar where the literal is weakly
+    typed (``TypedInt``, ``TypedFloat``: no ``shape``, no ``ndim``)."""
+    if isinstance(v, Pending):
+        return tuple(v.base.shape[p] for p in v.perm)
+    return tuple(np.shape(v))
+
+
+def _ndim(v: Any) -> int:
+    return len(_shape(v))
+
+
 class _Sinker:
     """One evaluation of a jaxpr with pending transposes (per loop body, a fresh one)."""
 
@@ -159,7 +173,7 @@ class _Sinker:
         order = sorted(range(len(mapped)), key=mapped.__getitem__)
         if order != list(range(len(order))):
             operand = lax.transpose(operand, tuple(order))
-        shape = tuple(x.shape[p] for p in perm)
+        shape = tuple(_shape(x)[p] for p in perm)
         return lax.broadcast_in_dim(operand, shape, tuple(sorted(mapped)))
 
     # The evaluation ------------------------------------------------------------------------
@@ -217,18 +231,11 @@ class _Sinker:
         params = dict(eqn.primitive.get_bind_params(eqn.params))  # (may be eqn.params itself)
         params.update(changed)
         for key, val in params.items():
-            if isinstance(val, jcore.ClosedJaxpr):
-                params[key] = _rewritten(val)
-            elif (
-                isinstance(val, tuple)
-                and val
-                and all(isinstance(v, jcore.ClosedJaxpr) for v in val)
-            ):
-                params[key] = tuple(_rewritten(v) for v in val)
+            params[key] = _bodies_rewritten(val)
         out = eqn.primitive.bind(*ins, **params)
         if eqn.primitive.multiple_results:
             return list(out)
-        if eqn.primitive.name == "broadcast_in_dim" and ins[0].ndim < out.ndim:
+        if eqn.primitive.name == "broadcast_in_dim" and _ndim(ins[0]) < _ndim(out):
             self._broadcasts[id(out)] = (ins[0], tuple(params["broadcast_dimensions"]))
             self._keep.append(out)
         return [out]
@@ -237,6 +244,18 @@ class _Sinker:
         params = dict(eqn.params)
         params.update(changed)
         return eqn.primitive.bind(*ins, **params)
+
+
+def _bodies_rewritten(param: Any) -> Any:
+    """An equation's parameter with the loop and branch bodies it holds rewritten: a closed
+    jaxpr, or one in a tuple (``cond``'s branches, ``custom_linear_solve``'s named tuple,
+    whose absent members are None). Anything else is returned as it is."""
+    if isinstance(param, jcore.ClosedJaxpr):
+        return _rewritten(param)
+    if not isinstance(param, tuple) or not any(isinstance(v, jcore.ClosedJaxpr) for v in param):
+        return param
+    members = [_bodies_rewritten(v) for v in param]
+    return type(param)(*members) if hasattr(param, "_fields") else tuple(members)
 
 
 def _rewritten(closed: Any) -> Any:
@@ -269,14 +288,14 @@ def _elementwise(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     if len(perms) != 1:
         return None
     (perm,) = perms
-    full = [v for v in ins if not isinstance(v, Pending) and getattr(v, "ndim", 0) == rank]
+    full = [v for v in ins if not isinstance(v, Pending) and _ndim(v) == rank]
     if len(full) - sum(id(v) in s._broadcasts for v in full) > len(pending):
         return None  # more arrays to transpose than pending ones to compute
     back = inverse(perm)
     args = [
         v.base
         if isinstance(v, Pending)
-        else (s.transposed(v, back) if getattr(v, "ndim", 0) == rank else v)
+        else (s.transposed(v, back) if _ndim(v) == rank else v)
         for v in ins
     ]
     outs = s.bind(eqn, args)
@@ -387,7 +406,7 @@ def _concatenate(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
 
 
 def _size(v: Any) -> int:
-    return math.prod(v.base.shape if isinstance(v, Pending) else v.shape)
+    return math.prod(_shape(v))
 
 
 def _split(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
@@ -508,7 +527,7 @@ def _dot_general(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     for v, f in zip(ins, folded):
         x = v.base if f else s.value(v)
         bases.append(x)
-        perms.append(v.perm if f else tuple(range(x.ndim)))
+        perms.append(v.perm if f else tuple(range(_ndim(x))))
     lperm, rperm = perms
     numbers = (
         (tuple(lperm[d] for d in lc), tuple(rperm[d] for d in rc)),
