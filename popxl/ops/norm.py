@@ -43,7 +43,7 @@ def _lower_batch_norm(
     # the scale's gradient is then the sum of ``dy * centred``, times the per-channel
     # ``rsqrt``, rather than a sum over a full-size broadcast of it (which XLA:CPU built in
     # memory for every batch norm of a training step: 1 ms for MobileNetV2's 96-channel
-    # 32x32 ones).
+    # 32x32 ones; MobileNetV2's SGD step 59.7 -> 54.7 ms, EfficientNet-B0's 84.4 -> 78.2).
     centred = x.astype(_compute_type(x)) - _per_channel(mean, x)
     factor = lax.rsqrt(_per_channel(var, x) + epsilon) * _per_channel(scale, x)
     return (centred * factor + _per_channel(bias, x)).astype(x.dtype)
@@ -93,7 +93,9 @@ def _group_norm_infer(t: Any, weight: Any, bias: Any, *, num_groups: int, eps: f
 
 def _lower_group_norm(x: Any, weight: Any, bias: Any, *, num_groups: int, eps: float) -> Any:
     # One group over 2-D rows (a layer norm): no unit group axis, which would keep XLA from
-    # reusing the input's producer (a residual sum) across the statistics' fusions.
+    # reusing the input's producer (a residual sum) across the statistics' fusions, and made
+    # it copy the scan carry once per layer (12-layer encoder: 1,799 -> 1,787 kernels per SGD
+    # step, inference 412 -> 400).
     lead = (x.shape[0],) if num_groups == 1 and x.ndim == 2 else (x.shape[0], num_groups)
     groups = x.astype(_compute_type(x)).reshape(*lead, -1)
     mean = groups.mean(axis=-1, keepdims=True)

@@ -3,7 +3,9 @@
 Off the CPU, convolutions stay ``lax.conv_general_dilated`` (cuDNN on a GPU). On XLA:CPU that
 kernel is slow or catastrophic at shapes deep networks reach (a 3x3 kernel over a 2x2 map is
 50x slower than the same arithmetic as a matmul, a depthwise convolution 10-100x, and the
-input gradient of a VALID convolution falls off the fast path), so every convolution there
+input gradient of a VALID convolution falls off the fast path: ResNet-18's 512-channel 2x2
+stage took 436 ms forward against 5.2 as a matmul, the whole network's forward and backward
+3,049 against 372 ms; 2026-11-24), so every convolution there
 is a ``custom_vjp`` whose forward, input gradient and weight gradient each take one of:
 
 * ``matmul``: the kernel taps of the padded input stacked into patches and one matmul per
@@ -18,7 +20,8 @@ is a ``custom_vjp`` whose forward, input gradient and weight gradient each take 
   operands (the input gradient one dilated convolution of the cotangent, the weight
   gradient one convolution over the batch).
 
-``choose`` holds the rule, measured on a 2-core AVX2 CPU (``bench/conv_lowering.py``). The
+``choose`` holds the rule, measured on the project's 2-core CPU (AVX2 until 2026-11-25,
+AVX-512 since; ``bench/conv_lowering.py`` and ``bench/poptorch_zoo.py``). The
 transposed convolution is the input gradient of a convolution, so it reuses the same forms.
 The forms take and return ``NC*`` arrays; the matmul form transposes its input and output
 (channels first), never the patches.
@@ -247,7 +250,7 @@ def choose(x_shape: tuple, w_shape: tuple, geo: Geometry, direction: str) -> str
     (ResNet's last stages) it is 2-100x slower than the matmul. Its weight gradient, in a
     program whose transposes are sunk (``runtime/transpose_sinking``), beats building the
     patches on roomy maps (ResNet-18's SGD step 147 -> 127 ms on one core of an AVX-512
-    CPU, 2025-11-25; unsunk, on an AVX2 one, the patches had won by 1.3-3x), except for a
+    CPU, 2026-11-25; unsunk, on an AVX2 one, the patches had won by 1.3-3x), except for a
     1x1 kernel, whose one tap is the input itself (MobileNetV2 105 against 117 ms). With at
     most 16 channels on either side
     (a network's first convolution, tutorial 8's and the mixed-precision tutorial's CNNs) its

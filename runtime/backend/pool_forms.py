@@ -17,7 +17,8 @@ A max sends each window's gradient to the first maximum in row-major order (or t
 as torch does, on every backend: XLA's ``select_and_scatter`` sends a NaN window's gradient
 elsewhere, and JAX cannot differentiate a dilated max ``reduce_window`` at all. On an H200
 these forms ran as fast as ``reduce_window`` and its gradient at the networks' pool shapes
-(bench/README, "The GPU path"). A sum keeps ``reduce_window`` off the CPU.
+(ResNet-18's stem pool at batch 8, 32x32: 0.05 ms forward, 0.07 ms with its gradient, either
+way; 2026-11-27). A sum keeps ``reduce_window`` off the CPU.
 
 Imported lazily by the lowering rules: this module imports JAX.
 """

@@ -18,7 +18,9 @@ tutorial's CNN the second convolution's input gradient (25 shifted sums) and the
 the float32 step's 60 ms. XLA fuses a reduction into a consumer that reuses its elements
 only when it is cheap, and it counts every reduction as costly; an OR over a pair made of
 the value's bits and zeros is an exact identity that neither XLA's simplifier nor YNNPACK
-(which takes additions and maxima from XLA:CPU) removes or takes over.
+(which takes additions and maxima from XLA:CPU) removes or takes over. Guarding col2im's
+result and the pool's winners took that CNN's step from 59.3 to 46.0 ms in float32 and from
+67.1 to 54.4 ms in float16 (2026-11-27).
 """
 
 from __future__ import annotations

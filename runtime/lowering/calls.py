@@ -5,8 +5,13 @@ A model built the popxl-addons way creates a layer graph once and calls it once 
 ``x = layer.bind(weights_i).call(x)`` for ``i`` in ``range(n)``, then the gradient graph
 the same way in reverse, then often one optimizer graph per layer. Inlining every call
 (``control.call_inline``) gives XLA ``n`` copies of the layer, and on the CPU backend
-compile time grows with the number of kernels, so with depth. Here a *run* (consecutive
-``call`` ops of the same graph whose inputs line up) becomes one scan over the calls:
+compile time grows with the number of kernels, so with depth. Measured first (a 4-matmul
+layer of width 128, ``value_and_grad`` + SGD, compile seconds at 12 -> 48 layers): a Python
+loop 1.6 -> 3.1, the layer as a nested ``jax.jit`` the same (XLA inlines called
+computations before optimising), ``lax.scan`` over weights stacked inside the step
+4.4 -> 11.1, ``lax.scan`` over weights *stored* stacked 1.9 -> 1.7. Here a *run*
+(consecutive ``call`` ops of the same graph whose inputs line up) becomes one scan over the
+calls:
 
 * an input that is the previous call's output ``m`` (``x`` above) is a scan **carry**;
 * an input that is the same tensor in every call is passed **unchanged** into the body,
@@ -340,7 +345,8 @@ def _group_remote_load(ctx: LoweringContext, env: Env, ops: Sequence[Op]) -> boo
     """Loads of constant slots of one buffer, the results stacks. Runs of slots that step
     evenly (a phase loading every layer in order, the next phase in reverse) are each the
     buffer itself or a slice of it, which the layers' loop reads without a copy; other
-    slots are one gather."""
+    slots are one gather. (Lowered as one gather of every slot, the phased GPT step of
+    ``bench/transformer_step.py`` accessed 127 MB per step, its reference 88; as slices, 106.)"""
     offsets = _constant_offsets(ops)
     if offsets is None:
         return False

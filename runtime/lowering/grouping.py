@@ -19,6 +19,13 @@ A group of calls may chain (a call reads the previous one's outputs: the layers)
 of ops never does (its members are independent). Ops are grouped only when they read a
 main-graph variable or only feed ops that do (the updates of a program's state): grouping
 the activations' ops inside a layer would only add copies.
+
+Lowered one row at a time, per-variable Adam updates of stacked weights each copied the
+whole stack (XLA's simplifier reads other rows of the original after a
+``dynamic-update-slice``): 1,081 kernels per step against the hand-written reference's 731
+and 125 copies against 48 (``bench/transformer_step.py``, 4 layers x 256, 2026-11-23);
+grouped, 682. The same program's compiled step went from 2,635 kernels at 12 layers and
+10,339 at 48 (185 s in ``popxl.Session``) to 353 at both (``bench/build_compile.py``).
 """
 
 from __future__ import annotations

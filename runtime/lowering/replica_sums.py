@@ -15,6 +15,11 @@ R-times batch. The lowering instead keeps two kinds of value *deferred*:
 A full-replica add/mean all-reduce (or reduce-scatter) takes the replica sum; any other
 consumer reads ``value()``, exactly the per-replica result. Whatever is not used is traced
 but never computed: XLA drops it.
+
+``bench/replication.py`` (2026-11-21): R replicas on one device against one replica with
+an R-times batch went from 1.2-1.3x (R = 2) and 1.4-1.5x (R = 4) its time to 1.0 and
+1.0-1.05 with ``WeightGrad``; tutorial 3's accumulating step from 1.74x and 2.2x to
+1.04-1.25x with ``Accumulation``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,10 @@ Here the stacks of runs the step always runs (runs of the main graph, of the gra
 once, and of the bodies of its ``repeat`` loops) are *scratch* state instead: the step takes them as donated
 arguments, the run writes every row of its stack in place (the previous step's contents
 are never read), and the step returns them for the next one. The IPU worked the same way:
-a stash is memory allocated once, when the program is loaded.
+a stash is memory allocated once, when the program is loaded. On the 12-layer encoder of
+``bench/poptorch_models.py`` (2026-11-24) this took XLA's temporaries from 88 MB to 6.6 MB and
+the SGD step from 62 to 44 ms; a toy scan with 80 MB of outputs ran in 23 ms with fresh
+outputs and 5 ms with donated ones.
 
 ``plan(ir)`` lists the buffers (shape, dtype) from the IR alone, without tracing; the
 lowering (``runtime.calls.lower_run``) finds them in the effect state ``ctx.fx`` under

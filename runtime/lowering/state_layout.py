@@ -7,6 +7,11 @@ directly and every per-variable update (the optimizer's) is one kernel over the 
 neither copies nor the number of XLA kernels grow with the number of calls. Other
 variables are entries of their own.
 
+A stack's rows follow the run that reads them, not the variables' creation order: PopTorch
+creates variables in ``state_dict`` name order (``layers.10`` before ``layers.2``), and a
+stack in that order was gathered into layer order every step (12 gathers, 7 of the 12-layer
+encoder's 140 ms; bytes accessed per step 298 -> 250 MB, hand-written JAX 253; 2026-11-24).
+
 A replicated (batched) entry keeps the replica axis first: ``(replicas, calls, *shape)``.
 """
 

