@@ -33,7 +33,10 @@ their buffers and counters as the cycles leave them. It computes exactly
 what the cycles compute, given that no stage touches storage, a stream or another effect
 that a different stage writes or uses (the stashes excepted: their ring buffers give each
 micro-batch its own slot in either order) and no stage reads a later stage's values; a
-pipeline that breaks one of these keeps the cycles.
+pipeline that breaks one of these keeps the cycles. The GPT program of
+``bench/build_compile.py`` on one device (2026-11-23/24): 1,471 kernels with the ramps
+unrolled, 711 as one cycle loop, 398 with the stages in turn (the unpipelined JAX
+reference: 363); its step went from 0.89 to 1.15 of the reference's speed.
 """
 
 from __future__ import annotations
