@@ -433,21 +433,24 @@ def _staged_micro_batch(
     vals, infos = _staged.Values(), {}
     for b, block in enumerate(blocks):
         plan = block.plan
+        stage = stager.forward_stage(plan)
         with stager.forward(plan):
             for i, t in enumerate(data):
                 if not vals.has(t) and (t in block.inputs or b == 0 and t not in consumers):
                     loaded = _host_io.load(built.inputs[i], i, interface.overlaps)
-                    vals.set(t, loaded, plan.ipu)
-                    _copy_ahead(vals, t, consumers)
+                    vals.set(t, loaded, plan.ipu, stage)
+                    _copy_ahead(vals, t, consumers, pipeline)
             args = [
-                read(built.weights[weights_of[t]]) if t in weights_of else vals.on(t, plan.ipu)
+                read(built.weights[weights_of[t]])
+                if t in weights_of
+                else vals.at(t, plan.ipu, stage, pipeline)
                 for t in block.inputs
             ]
             info = ops.call_with_info(block.graph, *args)
             infos[b] = info
             for t, out in zip(block.outputs, info.outputs):
-                vals.set(t, out, plan.ipu)
-                _copy_ahead(vals, t, consumers)
+                vals.set(t, out, plan.ipu, stage)
+                _copy_ahead(vals, t, consumers, pipeline)
                 if t in out_index:
                     _handle_output(built, out_index[t], out, keep, layout.mode)
                 if t in state_of:
@@ -457,8 +460,13 @@ def _staged_micro_batch(
         _staged_backward(built, blocks, trainer, stager, infos, vals, weights_of)
 
 
-def _copy_ahead(vals: Any, t: popxl.Tensor, consumers: dict[popxl.Tensor, set[int]]) -> None:
-    """Copy ``t`` to the other IPUs that read it, in its producer's stage."""
+def _copy_ahead(
+    vals: Any, t: popxl.Tensor, consumers: dict[popxl.Tensor, set[int]], pipeline: Any
+) -> None:
+    """Copy ``t`` to the other IPUs that read it, in its producer's IPU context (in a
+    pipeline, ``Values.at`` makes each copy in the stage that must send it)."""
+    if pipeline is not None:
+        return
     for ipu in sorted(consumers.get(t, ())):
         vals.on(t, ipu)
 
@@ -479,13 +487,14 @@ def _staged_backward(
         if block.grad is None:
             continue
         plan = block.plan
+        stage = stager.backward_stage(plan)
         with stager.backward(plan):
             provided = []
             for t in block.provided:
                 if t is loss:
                     provided.append(trainer.seed())
                 elif grads.has(t):
-                    provided.append(grads.on(t, plan.ipu))
+                    provided.append(grads.at(t, plan.ipu, stage, stager.pipeline))
                 else:
                     provided.append(_staged.zeros_like(t))
             if stager.pipeline is not None:
@@ -499,9 +508,10 @@ def _staged_backward(
                     trainer.accumulate(weights_of[t], g)
                     continue
                 if grads.has(t):
-                    g = grads.on(t, plan.ipu) + g
-                grads.set(t, g, plan.ipu)
-                grads.on(t, vals.homes[t])  # back to the producer's IPU, in this stage
+                    g = grads.at(t, plan.ipu, stage, stager.pipeline) + g
+                grads.set(t, g, plan.ipu, stage)
+                if stager.pipeline is None:
+                    grads.on(t, vals.homes[t])  # back to the producer's IPU, copied early
 
 
 def _repeat(graph: popxl.Graph, count: int) -> None:

@@ -57,10 +57,9 @@ ORDER_MSG = (
     "{prev}). Stages and phases must follow the order in which the model's blocks run."
 )
 PIPELINE_EDGE_MSG = (
-    "PipelinedExecution passes values only from one stage to the next on another IPU, but "
-    "block {block!r} (stage {stage}, IPU {ipu}) reads {what} from stage {src} on IPU {src_ipu}. "
-    "Place consecutive stages on different IPUs and read values only from the stage before "
-    "(or put both blocks in one Stage), or use ShardedExecution."
+    "PipelinedExecution runs a micro-batch's stages in order, but block {block!r} (stage "
+    "{stage}, IPU {ipu}) reads {what} made in the later stage {src} on IPU {src_ipu}. Give "
+    "blocks stages in the order they run."
 )
 PIPELINE_TRAINING_STEPS_MSG = (
     "poptorch.Options().Training.gradientAccumulation must be greater than or equal to the "
@@ -329,22 +328,36 @@ class Stager:
         with self._stage(2 * (self.stages - 1) - plan.stage), popxl.ipu(plan.ipu):
             yield
 
+    def forward_stage(self, plan: BlockPlan) -> int | None:
+        """The pipeline stage of ``plan``'s forward pass (``None`` without a pipeline)."""
+        return plan.stage if self.pipeline is not None else None
+
+    def backward_stage(self, plan: BlockPlan) -> int | None:
+        """The pipeline stage of ``plan``'s backward pass: the stages run back down."""
+        return 2 * (self.stages - 1) - plan.stage if self.pipeline is not None else None
+
     def _stage(self, stage: int) -> Any:
         return self.pipeline.stage(stage) if self.pipeline is not None else contextlib.nullcontext()
 
 
 class Values:
-    """Main-graph values of forward-graph tensors, copied between IPUs where needed."""
+    """Main-graph values of forward-graph tensors, copied between IPUs where needed, and in
+    a pipeline carried from the stage that makes them to the stages that read them."""
 
     def __init__(self) -> None:
         self.values: dict[popxl.Tensor, popxl.Tensor] = {}
         self.homes: dict[popxl.Tensor, int] = {}
-        self.copies: dict[tuple[popxl.Tensor, int], popxl.Tensor] = {}
+        self.stages: dict[popxl.Tensor, int | None] = {}
+        self.copies: dict[tuple, popxl.Tensor] = {}
 
-    def set(self, fwd: popxl.Tensor, value: popxl.Tensor, ipu: int) -> None:
-        """``fwd``'s (new) value, on ``ipu``; copies of an older value are forgotten."""
+    def set(
+        self, fwd: popxl.Tensor, value: popxl.Tensor, ipu: int, stage: int | None = None
+    ) -> None:
+        """``fwd``'s (new) value, on ``ipu``, made in pipeline stage ``stage``; copies of an
+        older value are forgotten."""
         self.values[fwd] = value
         self.homes[fwd] = ipu
+        self.stages[fwd] = stage
         for key in [k for k in self.copies if k[0] is fwd]:
             del self.copies[key]
 
@@ -362,11 +375,38 @@ class Values:
                 self.copies[key] = ops.ipu_copy(self.values[fwd], ipu, home)
         return self.copies[key]
 
+    def at(self, fwd: popxl.Tensor, ipu: int, stage: int | None, pipeline: Any) -> popxl.Tensor:
+        """The value for pipeline stage ``stage`` on ``ipu``, of that stage's micro-batch.
+
+        A pipeline passes a value to the next stage by an ``ipu_copy`` made in the producing
+        stage (delivered at the end of its cycle); a stage further on, or a later stage on
+        the same IPU, would read a later micro-batch's value there. Such a value is stashed
+        on its producer's IPU (one slot per micro-batch in flight) and restored in the stage
+        that reads it, or, read on another IPU, in the stage before that one, whose copy then
+        delivers it (as PopTorch forwarded values through the stages in between)."""
+        src = self.stages[fwd]
+        if src is None or stage is None or stage == src:
+            return self.on(fwd, ipu)
+        key = (fwd, ipu, stage)
+        if key not in self.copies:
+            self.copies[key] = self._carried(fwd, ipu, stage, pipeline)
+        return self.copies[key]
+
+    def _carried(self, fwd: popxl.Tensor, ipu: int, stage: int, pipeline: Any) -> popxl.Tensor:
+        src, home, value = self.stages[fwd], self.homes[fwd], self.values[fwd]
+        assert src is not None and stage > src
+        if home == ipu:
+            with popxl.ipu(home):
+                return pipeline.stash_and_restore_tensor(value, from_stage=src)
+        with pipeline.stage(stage - 1), popxl.ipu(home):
+            if stage - 1 > src:
+                value = pipeline.stash_and_restore_tensor(value, from_stage=src)
+            return ops.ipu_copy(value, ipu, home)
+
 
 def check_pipeline_edges(blocks: list[BlockGraph], data: list[popxl.Tensor]) -> None:
-    """Raise unless every value a block reads from another stage comes from the stage just
-    before it, on another IPU (what a pipeline's ``ipu_copy`` between cycles carries; the
-    gradients flow back along the same edges)."""
+    """Raise where a block reads a value that a later stage makes (a pipeline runs the stages
+    of one micro-batch in order; any earlier stage's value is carried to a later one)."""
     where: dict[popxl.Tensor, BlockPlan] = {}
     for block in blocks:
         plan = block.plan
@@ -374,9 +414,7 @@ def check_pipeline_edges(blocks: list[BlockGraph], data: list[popxl.Tensor]) -> 
             if t in data and t not in where:
                 where[t] = plan  # a host load in the first stage that reads it
             src = where.get(t)
-            if src is None or src.stage == plan.stage:
-                continue
-            if src.stage != plan.stage - 1 or src.ipu == plan.ipu:
+            if src is not None and src.stage > plan.stage:
                 raise ValueError(
                     PIPELINE_EDGE_MSG.format(
                         block=plan.name,

@@ -339,9 +339,38 @@ def test_skip_connections_sum_their_gradients_across_ipus():
     _same_weights(model, ref)
 
 
-def test_pipelines_pass_values_to_the_next_stage_only():
-    with pytest.raises(ValueError, match="block 'three' \\(stage 2, IPU 2\\) reads a value"):
-        _train(Skip("with"), poptorch.PipelinedExecution(), ga=10)
+Skip.IPUS = (("one", 0), ("two", 1), ("three", 2))
+
+
+class SkipBack(MLP):
+    """Block three, back on IPU 0, reads block one's output (made on IPU 0 two stages
+    before) and the input ``t`` that only it reads; block two runs on IPU 1."""
+
+    IPUS = (("one", 0), ("two", 1), ("three", 0))
+
+    def build(self, x, t):
+        with poptorch.Block("one", ipu_id=0) if self.style == "with" else _nothing():
+            h1 = ops.gelu(self.l1(x))
+        with poptorch.Block("two", ipu_id=1) if self.style == "with" else _nothing():
+            h = ops.gelu(self.l2(h1))
+        with poptorch.Block("three", ipu_id=0) if self.style == "with" else _nothing():
+            y = self.l3(h + h1)
+            d = y - t
+        return y, poptorch.identity_loss(d * d, "mean")
+
+
+@pytest.mark.parametrize("model", [Skip, SkipBack], ids=["other_ipu", "same_ipu"])
+def test_pipelines_carry_values_to_any_later_stage(model):
+    """A value read two stages after the one that makes it (as BERT's attention mask is
+    read by every encoder stage) reaches the later stage with its own micro-batch's value,
+    forward and backward: the pipelined model trains as the unsplit one."""
+    # One stage a block, in the order they run, on the blocks' own IPUs.
+    stages = [poptorch.Stage(name).ipu(ipu) for name, ipu in model.IPUS]
+    pipelined, out = _train(model("with"), poptorch.PipelinedExecution(*stages), ga=10)
+    plain, want = _train(model("none"), ga=10)
+    _same_weights(pipelined, plain)
+    for got, expected in zip(out, want):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["All", "Sum", "Final"])
