@@ -235,10 +235,23 @@ class _Sinker:
         out = eqn.primitive.bind(*ins, **params)
         if eqn.primitive.multiple_results:
             return list(out)
-        if eqn.primitive.name == "broadcast_in_dim" and _ndim(ins[0]) < _ndim(out):
-            self._broadcasts[id(out)] = (ins[0], tuple(params["broadcast_dimensions"]))
-            self._keep.append(out)
+        self._note_broadcast(eqn, ins[0] if ins else None, out, params)
         return [out]
+
+    def _note_broadcast(self, eqn: Any, x: Any, out: Any, params: dict) -> None:
+        """Remembers ``out`` as a broadcast (``transposed`` broadcasts it again): made by
+        ``broadcast_in_dim``, or converted from one (a weakly typed literal's broadcast,
+        ``jnp.full(shape, 1.0)``, is converted to the program's dtype)."""
+        name = eqn.primitive.name
+        if name == "broadcast_in_dim" and _ndim(x) < _ndim(out):
+            made = (x, tuple(params["broadcast_dimensions"]))
+        elif name == "convert_element_type" and id(x) in self._broadcasts:
+            operand, dims = self._broadcasts[id(x)]
+            made = (eqn.primitive.bind(operand, **params), dims)
+        else:
+            return
+        self._broadcasts[id(out)] = made
+        self._keep.append(out)
 
     def bind_one(self, eqn: Any, ins: list[Any], **changed: Any) -> Any:
         params = dict(eqn.params)
@@ -293,9 +306,7 @@ def _elementwise(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
         return None  # more arrays to transpose than pending ones to compute
     back = inverse(perm)
     args = [
-        v.base
-        if isinstance(v, Pending)
-        else (s.transposed(v, back) if _ndim(v) == rank else v)
+        v.base if isinstance(v, Pending) else (s.transposed(v, back) if _ndim(v) == rank else v)
         for v in ins
     ]
     outs = s.bind(eqn, args)

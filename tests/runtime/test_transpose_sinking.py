@@ -122,6 +122,60 @@ def test_every_rule_gives_the_program_s_values(fn):
     _agree(fn, X, C)
 
 
+def _literals(x, c):
+    """Weakly typed literals (JAX reads them as Python scalars: no ``shape``, no ``ndim``)
+    broadcast, and beside pending transposes, in scan, branch and custom-rule bodies."""
+
+    def rows(carry, row):
+        t = carry.T * 0.5 + lax.broadcast_in_dim(3.0, carry.T.shape, ())
+        return t.T + lax.broadcast_in_dim(1.0, carry.shape, ()), (row.T * 2).T.sum() + 1
+
+    @jax.custom_vjp
+    def scaled(v):
+        return v * lax.broadcast_in_dim(2.0, v.shape, ())
+
+    scaled.defvjp(
+        lambda v: (scaled(v), None), lambda _, g: (g * lax.broadcast_in_dim(2.0, g.shape, ()),)
+    )
+    y = scaled(_nchw(x)) + lax.broadcast_in_dim(1.0, (2, 3, 5, 6), ())
+    branch = lax.cond(
+        c[0] > 0,
+        lambda v: _nhwc(v) + lax.broadcast_in_dim(2.0, X.shape, ()),
+        lambda v: _nhwc(v * lax.broadcast_in_dim(0.5, v.shape, ())),
+        y,
+    )
+    solved = lax.custom_linear_solve(  # all four bodies: a named tuple without gaps
+        lambda v: v * 2.0, y.sum((0, 2, 3)), lambda _, v: v / 2.0, lambda _, v: v / 2.0
+    )
+    return branch, lax.scan(rows, x[0], x), solved
+
+
+def _looped(x):
+    def body(state):
+        i, w = state
+        y = _nchw(w)
+        return i + 1, _nhwc(y * 2.0 + lax.broadcast_in_dim(1.0, y.shape, ()))
+
+    return lax.while_loop(lambda s: s[0] < 2, body, (0, x))
+
+
+def test_literals_in_nested_bodies_give_the_program_s_values():
+    """Regression: ``broadcast_in_dim`` of a weakly typed literal inside a scan (CTC loss's
+    recursion after a Conv1d) stopped the pass with ``'TypedInt' object has no attribute
+    'ndim'``; a ``custom_linear_solve`` with all four bodies lost its named tuple. The
+    loop body's transposes still cancel: the literal's broadcast (converted to the
+    program's dtype) is broadcast again in the body's layout."""
+    _agree(_literals, X, C)
+    _agree(_looped, X)
+    assert _transposes(_looped, X) == 2
+    assert _transposes(sink_transposes(_looped), X) == 0
+
+    def loss(x, c):
+        return sum(v.sum() for v in jax.tree_util.tree_leaves(_literals(x, c)))
+
+    _agree(jax.value_and_grad(loss, argnums=(0, 1)), X, C)
+
+
 def test_a_transpose_and_its_inverse_around_per_channel_ops_cancel():
     big = X.size  # not the per-channel operands' own small transposes
     assert _transposes(_elementwise, X, C, least=big) == 2
