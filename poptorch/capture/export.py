@@ -137,7 +137,8 @@ def _distributions_unvalidated() -> Iterator[None]:
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
     # preserve_node_meta: annotations made while tracing (torch.fx.traceback.annotate, which
-    # poptorch.Block and BeginBlock use) stay on the nodes, through decomposition too.
+    # poptorch.Block, BeginBlock and NameScope use) stay on the nodes; run_decompositions
+    # then carries them to the nodes each op decomposes into.
     with (
         _tracing(),
         _distributions_unvalidated(),
@@ -178,7 +179,11 @@ def _not_a_block(error: BaseException | None) -> bool:
 
 
 def _decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    with warnings.catch_warnings(), fx_traceback.preserve_node_meta(), composite_ops_cached():
+    # Not under preserve_node_meta: run_decompositions keeps the nodes' annotations itself,
+    # and with it active the re-traced placeholders take annotations too, which torch then
+    # refuses ("Mismatch in custom metadata") for a plain tensor attribute named as an op
+    # of the graph (an input normaliser's ``self.mul``: torch matches the two by name).
+    with warnings.catch_warnings(), composite_ops_cached():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
