@@ -245,7 +245,11 @@ class _Sinker:
         name = eqn.primitive.name
         if name == "broadcast_in_dim" and _ndim(x) < _ndim(out):
             made = (x, tuple(params["broadcast_dimensions"]))
-        elif name == "convert_element_type" and id(x) in self._broadcasts:
+        elif (
+            name == "convert_element_type"
+            and id(x) in self._broadcasts
+            and params.get("sharding") is None  # (one for the result, not its operand)
+        ):
             operand, dims = self._broadcasts[id(x)]
             made = (eqn.primitive.bind(operand, **params), dims)
         else:
