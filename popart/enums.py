@@ -15,6 +15,7 @@ import enum
 # The session options' enumerations are popxl's own (PopXL shipped inside PopART's package).
 from popxl.session_options import ExecutionPhaseIOSchedule as ExecutionPhaseIOSchedule
 from popxl.session_options import ExecutionPhaseSchedule as ExecutionPhaseSchedule
+from popxl.session_options import RecomputationType as RecomputationType
 from popxl.session_options import SyntheticDataMode as SyntheticDataMode
 from popxl.session_options import VirtualGraphMode as VirtualGraphMode
 
@@ -129,16 +130,6 @@ class PatternsLevel(enum.IntEnum):
     Minimal = 1
     Default = 2
     All = 3
-
-
-class RecomputationType(enum.IntEnum):
-    """Which forward ops the backward pass recomputes (``autoRecomputation``)."""
-
-    NoRecompute = 0  # C++ None
-    Standard = 1
-    NormOnly = 2
-    Pipeline = 3
-    RecomputeAll = 4
 
 
 class RecomputeType(enum.IntEnum):

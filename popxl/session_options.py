@@ -48,6 +48,17 @@ class SyntheticDataMode(enum.IntEnum):
     RandomUniform = 3  # uniform on [-1, 1)
 
 
+class RecomputationType(enum.IntEnum):
+    """PopART's ``RecomputationType``: which forward values the backward pass recomputes
+    instead of keeping (``autoRecomputation``; C++'s ``None`` is ``NoRecompute``)."""
+
+    NoRecompute = 0
+    Standard = 1
+    NormOnly = 2
+    Pipeline = 3
+    RecomputeAll = 4
+
+
 class ExecutionPhaseIOSchedule(enum.IntEnum):
     """PopART's ``ExecutionPhaseIOSchedule``: when phased tensors are loaded."""
 
@@ -212,6 +223,12 @@ class SessionOptions(_Options):
     explicitRecomputation: bool = Field(
         True, description=NO_EFFECT + "recomputation is always explicit IR in PopXL."
     )
+    autoRecomputation: RecomputationType = Field(
+        RecomputationType.NoRecompute,
+        description="Recorded; PopXL programs recompute explicitly "
+        "(`popxl_addons.transforms.recompute_graph`), and PopTorch models record PopTorch's "
+        "`autoRecomputation` here. Recomputation changes memory use, never values.",
+    )
     enableExplicitMainLoops: bool = Field(
         True, description=NO_EFFECT + "main loops are always explicit IR in PopXL."
     )
@@ -287,6 +304,11 @@ class SessionOptions(_Options):
     @classmethod
     def _virtual_graph_mode(cls, value: Any) -> Any:
         return _enum_by_name(VirtualGraphMode, value)
+
+    @field_validator("autoRecomputation", mode="before")
+    @classmethod
+    def _auto_recomputation(cls, value: Any) -> Any:
+        return _enum_by_name(RecomputationType, value)
 
     @field_validator("syntheticDataMode", mode="before")
     @classmethod
@@ -364,6 +386,8 @@ __all__ = [
     "ExecutionPhaseIOSchedule",
     "ExecutionPhaseSchedule",
     "ExecutionPhaseSettings",
+    "RecomputationType",
     "SessionOptions",
+    "SyntheticDataMode",
     "VirtualGraphMode",
 ]
