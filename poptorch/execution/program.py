@@ -387,7 +387,7 @@ def _build_staged_body(
     weights_of = {t: key for key, t in fwd.args.to_dict().items()}
     if trainer is not None:
         loss = fwd.graph.outputs[built.loss_index]
-        _staged.differentiate(blocks, loss, set(weights_of))
+        _staged.differentiate(blocks, loss, set(weights_of), pipelined and options.recomputes)
         for block in blocks:
             for t in block.inputs:
                 if t in weights_of:

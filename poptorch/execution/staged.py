@@ -35,6 +35,8 @@ import numpy as np
 import popxl
 from popxl import ops
 from popxl.transforms import autodiff
+from popxl_addons.graph import GraphWithNamedArgs
+from popxl_addons.transforms.recomputation import recompute_graph
 
 from ..blocks import Mark
 from ..enums import AutoStage, Liveness
@@ -289,9 +291,13 @@ def _move(op: Any, source: popxl.Graph, target: popxl.Graph, mapping: dict) -> N
     target._ops.append(op)
 
 
-def differentiate(blocks: list[BlockGraph], loss: popxl.Tensor, weights: set) -> None:
+def differentiate(
+    blocks: list[BlockGraph], loss: popxl.Tensor, weights: set, recompute: bool = False
+) -> None:
     """Each block's gradient graph: gradients of its float outputs that the loss depends
-    on, to its float inputs that are weights or earlier blocks' outputs."""
+    on, to its float inputs that are weights or earlier blocks' outputs. With ``recompute``
+    (PopART's ``autoRecomputation``), the gradient graph runs the block's forward again
+    instead of taking its activations, so a pipeline stashes only the block's inputs."""
     made: set[popxl.Tensor] = set()
     for block in blocks:
         block.required = [
@@ -305,6 +311,9 @@ def differentiate(blocks: list[BlockGraph], loss: popxl.Tensor, weights: set) ->
             grads_provided = [block.graph.outputs[block.outputs.index(t)] for t in block.provided]
             grads_required = [block.graph.inputs[block.inputs.index(t)] for t in block.required]
             block.grad = autodiff(block.graph, grads_provided, grads_required)
+            if recompute:
+                whole = GraphWithNamedArgs.from_grad_graph(block.grad)
+                block.grad = recompute_graph(whole).grad_graph_info
             needed.update(block.required)
 
 

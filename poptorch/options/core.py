@@ -246,6 +246,13 @@ class Options(_Base):
         return str(o.get("cachePath", "")) if o.get("enableEngineCaching") else ""
 
     @property
+    def recomputes(self) -> bool:
+        """PopART's ``autoRecomputation`` is set (``popart.RecomputationType`` other than
+        ``NoRecompute``): a pipelined model's backward stages recompute each block's forward
+        rather than stash its activations (the same numbers, smaller stashes)."""
+        return bool(self.popart.options.get("autoRecomputation", 0))
+
+    @property
     def synthetic_data(self) -> bool:
         """``enableSyntheticData``: the program makes its input data on the device and
         sends no output to the host (PopART's ``syntheticDataMode``)."""
@@ -615,6 +622,7 @@ class Options(_Base):
         so.logDir = self.log_dir
         so.numIOTiles = self.tensor_locations.num_io_tiles
         so.syntheticDataMode = int(self.popart.options.get("syntheticDataMode", 0))
+        so.autoRecomputation = int(self.popart.options.get("autoRecomputation", 0))
 
 
 def _strategy_dict(strategy: Any) -> dict[str, Any]:

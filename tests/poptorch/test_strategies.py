@@ -390,3 +390,28 @@ def test_inference_strategies_return_the_unsplit_results(kind, mode):
     x, t = _data(6 * B)
     for got, want in zip(model(x, t), plain(x, t)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_pipelines_recompute_where_popart_options_ask():
+    """``_Popart.set("autoRecomputation", ...)``, as the applications set it: the backward
+    stages run each block's forward again (recomputing gradient graphs) and train as the
+    unsplit model."""
+    import popart  # noqa: PLC0415
+
+    model = Skip("with")
+    opts = poptorch.Options().deviceIterations(2)
+    opts.Training.gradientAccumulation(10)
+    opts.setExecutionStrategy(
+        poptorch.PipelinedExecution(*[poptorch.Stage(n).ipu(i) for n, i in Skip.IPUS])
+    )
+    opts._Popart.set("autoRecomputation", int(popart.RecomputationType.Pipeline))
+    executor = poptorch.trainingModel(model, opts, optim.SGD(lr=0.05, momentum=0.9))
+    x, t = _data(2 * 10 * B)
+    executor(x, t)
+    executor(x[::-1].copy(), t[::-1].copy())
+    plain, _ = _train(Skip("none"), ga=10)
+    _same_weights(executor, plain)
+    names = (
+        [g.name for g in executor._built.ir._graphs.values()] if hasattr(executor, "_built") else []
+    )
+    assert any("recomp" in n for n in names), names
