@@ -157,10 +157,23 @@ class _PopartOptions(_Base):
 
     ``set("autoRecomputation", 3)`` stores a value; names and types are checked when the
     model is built (or by ``poptorch.poptorch_core._validateOptions(opts.toDict())``), as
-    PopTorch did. PopART enums are given as integers. PopART options are accepted without
-    effect here, except those the typed setters own: ``enableStochasticRounding``,
-    ``partialsTypeMatMuls``, ``enableEngineCaching`` / ``cachePath`` and
-    ``automaticLossScalingSettings.enabled``.
+    PopTorch did: an unknown name is stored here and refused there. PopART's enumerations
+    are given as integers or as ``popart``'s members (``IntEnum``s), e.g.
+    ``set("syntheticDataMode", int(popart.SyntheticDataMode.RandomNormal))``.
+
+    Most PopART options are checked and recorded without effect here. These act:
+
+    * ``syntheticDataMode`` (also ``Options.enableSyntheticData``): anything but ``Off``
+      runs without host transfers; the model reads data made on the device (zeros, random
+      normal or random uniform draws, by the mode) instead of the host's, and returns zeros.
+    * The options the typed setters own: ``enableStochasticRounding``,
+      ``partialsTypeMatMuls``, ``enableEngineCaching`` / ``cachePath`` and
+      ``automaticLossScalingSettings.enabled``.
+
+    ``autoRecomputation`` (``popart.RecomputationType``) is recorded, also on the IR's
+    session options (``ir.session_options.autoRecomputation``). Recomputation changes memory
+    use, never values: the runtime differentiates through JAX, and which forward values a
+    step keeps or recomputes is its choice (XLA's compiler's, within one program).
     """
 
     options: dict[str, Any] = Field(

@@ -5,25 +5,30 @@ C++ backend knew (``device_iterations``, ``replication_factor``, PopART session 
 names such as ``enableOutlining`` or ``batchSerializationSettings.factor``).
 ``validate_popart_options`` reads such a dictionary the way that backend did: the Python
 type of each value picks a kind (bool, unsigned integer, float, string, set/list, map),
-the name must be one the backend knew for that kind, enumerated values must be in range,
-and every accepted value is logged at DEBUG on ``poptorch::python``
-("poptorch.Options set X to value Y", "added A to X", "set X[k] to v"). An invalid entry
-raises ``poptorch.Error``. Most PopART options have no effect in this implementation
-(no PopART, no Poplar); checking them still catches misspelt names and wrong types.
+the name must be one the backend knew for that kind, enumerated values must be in range
+(PopART's enumerations are ``popart``'s; a member or its number), and every accepted value
+is logged at DEBUG on ``poptorch::python`` ("poptorch.Options set X to value Y", "added A
+to X", "set X[k] to v"). An invalid entry raises ``poptorch.Error``. Most PopART options
+have no effect in this implementation (no PopART, no Poplar); checking them still catches
+misspelt names and wrong types.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
 from typing import Any
 
+import popart
+
 from .._log import logger
+from ..enums import Liveness
 from ..errors import Error
 
 UNKNOWN_OPTION_MSG = "Unknown {kind} option {name}"
 UNKNOWN_TYPE_MSG = "Unknown value type {type} for option {name}"
-RANGE_MSG = "Value for {enum} out of range: {name} = {value} (valid: 0 to {last})"
+RANGE_MSG = "Value for {enum} out of range: {name} = {value} (valid: {valid})"
 NEGATIVE_MSG = "Option {name} takes an unsigned integer, got {value}"
 PATTERNS_LEVEL_MSG = (
     "PopART option 'patterns' should not be set without first setting 'patterns_level'."
@@ -73,30 +78,45 @@ UINT_OPTIONS = frozenset(
     """.split()
 )
 
-# Options taking an enumerated value: name -> (enumeration, number of values).
-ENUM_OPTIONS: dict[str, tuple[str, int]] = {
-    "execution_mode": ("ExecutionMode", 3),
-    "tensors_liveness": ("Liveness", 4),
-    "output_mode": ("PopartOutputMode", 4),
-    "connection_type": ("DeviceConnectionType", 3),
-    "sync_pattern": ("SyncPattern", 3),
-    "accumulation_and_replication_reduction_type": ("popart::ReductionType", 3),
-    "accumulationAndReplicationReductionType": ("ReductionType", 3),
-    "meanAccumulationAndReplicationReductionStrategy": ("MeanReductionStrategy", 3),
-    "accumulateOuterFragmentSettings.schedule": ("AccumulateOuterFragmentSchedule", 4),
-    "autodiffSettings.stitchStrategy": ("AutodiffStitchStrategy", 4),
-    "batchSerializationSettings.transformContext": ("BatchSerializationTransformContext", 2),
-    "batchSerializationSettings.method": ("BatchSerializationMethod", 3),
-    "batchSerializationSettings.batchSchedule": ("BatchSerializationBatchSchedule", 4),
-    "autoRecomputation": ("RecomputationType", 5),
-    "mergeVarUpdate": ("MergeVarUpdateType", 4),
-    "virtualGraphMode": ("VirtualGraphMode", 4),
-    "syntheticDataMode": ("SyntheticDataMode", 3),
-    "subgraphCopyingStrategy": ("SubgraphCopyingStrategy", 2),
+
+def _members(enumeration: type[enum.IntEnum]) -> tuple[str, ...]:
+    """The member names of ``enumeration`` in value order (aliases left out)."""
+    return tuple(member.name for member in enumeration)
+
+
+# Options taking one of PopART's enumerations (``popart``), so the backend's range check
+# (``value < Enum::N``) follows PopART's declarations.
+POPART_ENUM_OPTIONS: dict[str, type[enum.IntEnum]] = {
+    "connection_type": popart.DeviceConnectionType,
+    "sync_pattern": popart.SyncPattern,
+    "accumulationAndReplicationReductionType": popart.ReductionType,
+    "meanAccumulationAndReplicationReductionStrategy": popart.MeanReductionStrategy,
+    "accumulateOuterFragmentSettings.schedule": popart.AccumulateOuterFragmentSchedule,
+    "autodiffSettings.stitchStrategy": popart.AutodiffStitchStrategy,
+    "batchSerializationSettings.transformContext": popart.BatchSerializationTransformContext,
+    "batchSerializationSettings.method": popart.BatchSerializationMethod,
+    "batchSerializationSettings.batchSchedule": popart.BatchSerializationBatchSchedule,
+    "autoRecomputation": popart.RecomputationType,
+    "mergeVarUpdate": popart.MergeVarUpdateType,
+    "virtualGraphMode": popart.VirtualGraphMode,
+    "syntheticDataMode": popart.SyntheticDataMode,
+    "subgraphCopyingStrategy": popart.SubgraphCopyingStrategy,
     "automaticLossScalingSettings.gradientTensorTrackingMethod": (
-        "GradientTensorTrackingMethod",
-        3,
+        popart.GradientTensorTrackingMethod
     ),
+}
+
+# Every option taking an enumerated value: name -> (the enumeration's name in the
+# backend's message, its member names by value). The first four are PopTorch's own.
+ENUM_OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "execution_mode": ("ExecutionMode", ("Pipelined", "Sharded", "Phased")),
+    "tensors_liveness": ("Liveness", _members(Liveness)),
+    "output_mode": ("PopartOutputMode", ("Final", "EveryN", "All", "Sum")),
+    "accumulation_and_replication_reduction_type": (
+        "popart::ReductionType",
+        _members(popart.ReductionType),
+    ),
+    **{name: (e.__name__, _members(e)) for name, e in POPART_ENUM_OPTIONS.items()},
 }
 
 STRING_OPTIONS = frozenset(
@@ -166,15 +186,16 @@ def _check_uint(name: str, value: int) -> None:
     if value < 0:
         raise Error(NEGATIVE_MSG.format(name=name, value=value), "poptorch_cpp_error")
     if name in ENUM_OPTIONS:
-        enum, count = ENUM_OPTIONS[name]
-        if value >= count:
-            raise Error(
-                RANGE_MSG.format(enum=enum, name=name, value=value, last=count - 1),
-                "poptorch_cpp_error",
-            )
-    if name == "hardwareInstrumentations" and value >= 2:
+        _check_member(name, value, *ENUM_OPTIONS[name])
+    if name == "hardwareInstrumentations":
+        _check_member(name, value, "Instrumentation", _members(popart.Instrumentation))
+
+
+def _check_member(name: str, value: int, enumeration: str, members: tuple[str, ...]) -> None:
+    if value >= len(members):
+        valid = ", ".join(f"{i} {member}" for i, member in enumerate(members))
         raise Error(
-            RANGE_MSG.format(enum="Instrumentation", name=name, value=value, last=1),
+            RANGE_MSG.format(enum=enumeration, name=name, value=value, valid=valid),
             "poptorch_cpp_error",
         )
 
