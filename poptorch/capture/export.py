@@ -32,6 +32,7 @@ from .cpu_tensors import refuse_legacy_constructors
 from .index_expansion import log_graph, remove_index_expansions
 from .redirects import Redirects, masks_as_given
 from .scatter_groups import group_scatters
+from .scope_ops import closing_pushed_scopes
 from .scopes import tracking_module_depth
 
 EXPORT_FAILED_MSG = (
@@ -155,7 +156,7 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
-            with tracking_module_depth(model):
+            with tracking_module_depth(model), closing_pushed_scopes():
                 return torch.export.export(model, args, kwargs, strict=False)
         except (NotABlock, Error):
             raise
@@ -165,7 +166,8 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.export.E
             # Strict export (TorchDynamo) refuses global module hooks, so it runs without the
             # module-depth tracking: name scopes then take the names of the modules they are in.
             try:
-                return torch.export.export(model, args, kwargs, strict=True)
+                with closing_pushed_scopes():
+                    return torch.export.export(model, args, kwargs, strict=True)
             except Exception:  # report the non-strict reason: it names the user's line
                 raise first from None
 

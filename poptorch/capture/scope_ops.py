@@ -11,6 +11,9 @@ their fake kernels), so the scope stack follows the calls in order.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from .scopes import NameScope
@@ -41,3 +44,15 @@ def pop_name_scope() -> None:
 
 push_name_scope.register_fake(_push)
 pop_name_scope.register_fake(_pop)
+
+
+@contextlib.contextmanager
+def closing_pushed_scopes() -> Iterator[None]:
+    """While active (one trace of a model), scopes pushed and left open are closed at the
+    end: a forward that raised between a push and its pop leaves none to a later trace."""
+    depth = len(_PUSHED)
+    try:
+        yield
+    finally:
+        while len(_PUSHED) > depth:
+            _pop()
