@@ -171,9 +171,11 @@ class _PopartOptions(_Base):
       ``automaticLossScalingSettings.enabled``.
 
     ``autoRecomputation`` (``popart.RecomputationType``) is recorded, also on the IR's
-    session options (``ir.session_options.autoRecomputation``). Recomputation changes memory
-    use, never values: the runtime differentiates through JAX, and which forward values a
-    step keeps or recomputes is its choice (XLA's compiler's, within one program).
+    session options (``ir.session_options.autoRecomputation``). Any value but
+    ``NoRecompute`` makes a pipelined model's backward stages recompute each block's
+    forward instead of stashing its activations (``Options.recomputes``); elsewhere the
+    runtime differentiates through JAX and XLA's compiler chooses what to keep. Which type
+    is set does not matter here: recomputation changes memory use, never values.
     """
 
     options: dict[str, Any] = Field(
