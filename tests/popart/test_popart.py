@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import subprocess
 import sys
 
@@ -38,6 +39,69 @@ import popxl.ops as ops
 def test_enumerations_have_poparts_values(member, value):
     assert int(member) == value
     assert type(member)[member.name] is member
+
+
+# Each enumeration's Python member names in value order, as PopART's bindings
+# (python/popart/popart_core/popart.cpp, popart._internal.ir) name them; every one
+# numbers its members 0, 1, 2... as the C++ declarations do.
+MEMBERS = {
+    "AccumulateOuterFragmentSchedule": (
+        "Scheduler Serial OverlapCycleOptimized OverlapMemoryOptimized"
+    ),
+    "AutodiffStitchStrategy": (
+        "RecomputeMinimal RecomputeAllNonInputs AddFwdOutputs SafeAddFwdOutputs"
+    ),
+    "BatchSerializationBatchSchedule": "Scheduler Isomorphic OverlapOnIo OverlapOnCompute",
+    "BatchSerializationMethod": "UnrollDynamic UnrollStatic Loop",
+    "BatchSerializationTransformContext": "Fwd Bwd",
+    "CommGroupType": "All Consecutive Orthogonal Ungrouped",
+    "DataType": (
+        "UINT8 INT8 FLOAT8_143 FLOAT8_152 UINT16 INT16 INT32 INT64 UINT32 UINT64 BOOL FLOAT "
+        "FLOAT16 BFLOAT16 DOUBLE COMPLEX64 COMPLEX128 STRING UNDEFINED"
+    ),
+    "DeviceConnectionType": "Always OnDemand Never",
+    "DeviceType": "IpuModel Cpu Ipu OfflineIpu Sim",
+    "ExecutionPhaseIOSchedule": "Preload OnDemand",
+    "ExecutionPhaseSchedule": "Interleaving Batch BatchClusteredIO",
+    "GradientTensorTrackingMethod": (
+        "AllNonViewChangingGradientTensors ConvAndMatmulGradients GradientsOfUserSpecifiedTensors"
+    ),
+    "InitType": "NoInit Zero",
+    "Instrumentation": "Outer Inner",
+    "MeanReductionStrategy": "Running Post",
+    "MergeVarUpdateType": "Off All AutoLoose AutoTight",
+    "PatternsLevel": "NoPatterns Minimal Default All",
+    "RecomputationType": "NoRecompute Standard NormOnly Pipeline RecomputeAll",
+    "RecomputeType": "Undefined Checkpoint Recompute Recomputed",
+    "ReductionType": "Sum Mean NoReduction",
+    "ReplicatedTensorSharding": "Off On",
+    "SubgraphCopyingStrategy": "OnEnterAndExit JustInTime",
+    "SyncPattern": "Full SinglePipeline ReplicaAndLadder",
+    "SyntheticDataMode": "Off Zeros RandomNormal RandomUniform",
+    "TensorStorage": "OnChip OffChip",
+    "TileSet": "Compute IO",
+    "VariableRetrievalMode": "OnePerGroup AllReduceReplicas AllReplicas",
+    "VirtualGraphMode": "Off Manual Auto ExecutionPhases",
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEMBERS))
+def test_enumerations_have_poparts_members_in_order(name):
+    enumeration = getattr(popart, name)
+    assert [m.name for m in enumeration] == MEMBERS[name].split()
+    assert [int(m) for m in enumeration] == list(range(len(enumeration)))
+
+
+def test_every_enumeration_popart_exports_is_checked():
+    exported = {
+        n for n, v in vars(popart).items() if isinstance(v, type) and issubclass(v, enum.Enum)
+    }
+    assert exported == set(MEMBERS)
+
+
+def test_binding_aliases_name_the_same_members():
+    context = popart.BatchSerializationTransformContext
+    assert context.Forward is context.Fwd and context.Backward is context.Bwd
 
 
 def test_importing_popart_imports_neither_torch_nor_jax():
