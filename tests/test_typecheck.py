@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("popxl", "runtime", "popxl_addons", "poptorch")
+PACKAGES = ("popxl", "runtime", "popxl_addons", "poptorch", "popart")
 
 
 def test_packages_type_check():
