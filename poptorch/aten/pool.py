@@ -19,7 +19,7 @@ index arithmetic) and are ``jnp.pad``'s ``reflect``, ``edge`` and ``wrap``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -596,8 +596,16 @@ for _targets, _taps_of, _n, _name in (
 # Grid sampling ------------------------------------------------------------------------------
 
 # torch's enumerations of grid_sample's modes (``GridSamplerInterpolation``, ``GridSamplerPadding``)
-_GRID_MODES = ("bilinear", "nearest", "bicubic")
-_GRID_PADDING = ("zeros", "border", "reflection")
+_GRID_MODES: tuple[Literal["bilinear", "nearest", "bicubic"], ...] = (
+    "bilinear",
+    "nearest",
+    "bicubic",
+)
+_GRID_PADDING: tuple[Literal["zeros", "border", "reflection"], ...] = (
+    "zeros",
+    "border",
+    "reflection",
+)
 
 
 @lowering(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)

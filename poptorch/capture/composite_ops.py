@@ -56,12 +56,13 @@ def composite_ops_cached() -> Iterator[None]:
     if original is None or not users:
         yield
         return
-    saved = [m._collect_all_valid_cia_ops for m in users]
+    name = "_collect_all_valid_cia_ops"  # private: reached by name, where it exists
+    saved = [getattr(m, name) for m in users]
     cached = _collected(original)
     for m in users:
-        m._collect_all_valid_cia_ops = cached
+        setattr(m, name, cached)
     try:
         yield
     finally:
         for m, fn in zip(users, saved):
-            m._collect_all_valid_cia_ops = fn
+            setattr(m, name, fn)
