@@ -155,6 +155,8 @@ class PipelineContext:
         with self.stage(to_stage):
             rargs, rgraph = self._restore.create_graph(stash_args.stash)
             (restored,) = rgraph.bind(rargs.init()).call(stash_args.stash)
+            if restored.shape != t.shape:  # a scalar takes one element of the stash
+                restored = restored.reshape(t.shape)
         self.restored[restored] = t
         return restored
 

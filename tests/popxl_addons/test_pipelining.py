@@ -275,6 +275,34 @@ def test_on_one_device_restores_pass_the_stashed_value_and_leave_the_same_state(
         np.testing.assert_array_equal(on, off)
 
 
+@pytest.mark.parametrize("placement", ["off", "on"])
+def test_a_stashed_scalar_is_restored_as_a_scalar(monkeypatch, placement):
+    """A scalar takes one element of its stash and comes back with shape ``()``, carried
+    from stage 0 to stage 2 on IPU 0 while stage 1 runs on IPU 1."""
+    monkeypatch.setenv("POPXL_PLACEMENT", placement)
+    steps = 6
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x_in = popxl.h2d_stream((), popxl.float32, "x")
+        y_out = popxl.d2h_stream((), popxl.float32, "y")
+        with addons.pipelined_execution(steps) as p:
+            with p.stage(0), popxl.ipu(0):
+                x = ops.host_load(x_in)
+                doubled = x * 2.0
+                x = x.copy_to_ipu(1)
+            with p.stage(1), popxl.ipu(1):
+                x = (x + 1.0).copy_to_ipu(0)
+            with p.stage(2), popxl.ipu(0):
+                restored = p.stash_and_restore_tensor(doubled)
+                ops.host_store(y_out, x + restored)
+    assert restored.shape == ()
+    ir.num_host_transfers = steps
+    data = np.arange(steps, dtype=np.float32)
+    with popxl.Session(ir, "ipu_model") as session:
+        out = session.run({x_in: data})[y_out]
+    np.testing.assert_allclose(out, 3 * data + 1.0)
+
+
 class Relu(addons.Module):
     def build(self, x: popxl.Tensor) -> popxl.Tensor:
         w = self.add_variable_input("w", partial(np.random.normal, 0, 0.5, (4, 4)), x.dtype)
