@@ -126,10 +126,12 @@ def capturing() -> Iterator[None]:
             _CAPTURE.reset(token)
 
 
-def _begin_torch_block(user_id: str | None, ipu_id: int | None) -> None:
+def _begin_torch_block(user_id: str | None, ipu_id: int | None) -> str | None:
+    """Start block ``user_id`` in the torch model being captured; returns its id (an
+    unnamed block's automatic one), or ``None`` outside a capture."""
     stack = _CAPTURE.get()
     if stack is None:
-        return
+        return None
     counter = _AUTO_IDS.get()
     if user_id is None and counter is not None:  # PopTorch's automatic ids: "0", "1"...
         user_id = str(counter[0])
@@ -137,6 +139,7 @@ def _begin_torch_block(user_id: str | None, ipu_id: int | None) -> None:
     from torch.fx import traceback as fx_traceback  # noqa: PLC0415 (torch models only)
 
     stack.enter_context(fx_traceback.annotate({BLOCK_KEY: (str(user_id), ipu_id)}))
+    return str(user_id)
 
 
 def _end_torch_block() -> None:
@@ -247,7 +250,12 @@ class _BlockStartingFunction(_Ids):
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        Block.start(self.user_id, self.ipu_id)  # lasts until the next block, as in PopTorch
+        recorder = _RECORDER.get()
+        if recorder is not None:
+            recorder.begin(self.user_id, self.ipu_id)
+        # Lasts until the next block; an unnamed one keeps its first automatic id, as the
+        # module's own block in every call (PopTorch's LegacyBeginBlockFn).
+        self.user_id = _begin_torch_block(self.user_id, self.ipu_id) or self.user_id
         return self.fn(*args, **kwargs)
 
 
@@ -258,7 +266,9 @@ class _BeginBlockHook:
         self.user_id, self.ipu_id = user_id, ipu_id
 
     def __call__(self, module: Any, args: Any) -> None:
-        _begin_torch_block(self.user_id, self.ipu_id)
+        # An unnamed block keeps the automatic id of its first call: a module called twice
+        # (GPT-2's tied LM head) is one block, as PopTorch's _BlockHook made it.
+        self.user_id = _begin_torch_block(self.user_id, self.ipu_id) or self.user_id
 
 
 def _is_torch_module(module: Any) -> bool:
