@@ -24,8 +24,11 @@ cache update, so a forward that computes anything from it is exported inline ins
 A HuggingFace ``DynamicCache`` passed to the blocks (a decoder called with ``use_cache``) is
 replaced, inside the block, by a cache that only records each ``update``: the block returns the
 keys and values it would have stored, and the parent stores them in the real cache under the
-member's own index, so the cache the user gets back is the one eager torch fills. This holds
-while the cache holds nothing yet for the layer (the first call's prefill), which is checked.
+member's own index, so the cache the user gets back is the one eager torch fills. An
+``EncoderDecoderCache`` (Whisper, BART) is replaced by one whose self- and cross-attention
+caches record so, and which says that no layer's cross-attention keys are stored yet. This
+holds while the cache holds nothing yet for the layer (the first call's prefill), which is
+checked. Caches are read through ``transformers_cache``, which works with 4.x and 5.x releases.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from . import transformers_cache as tc
 from .transformers_cache import is_cache
 
 # Attributes every nn.Module has that say nothing about what forward computes.
@@ -318,19 +322,19 @@ def _calling(blk: Block, key: int) -> Any:
 
 def _store(blk: Block, caches: list, writes: list, kvs: list[torch.Tensor]) -> None:
     """Put the keys and values a block call returned into the parent's cache, as its
-    forward's ``cache.update`` calls would have."""
+    forward's ``cache.update`` calls would have (and mark an encoder-decoder cache's layer
+    whose cross-attention keys it stored, as the forward's attention does)."""
     (cache,) = caches
-    for i, where in enumerate(writes):
+    targets = tc.attention_caches(cache)
+    for i, (part, where) in enumerate(writes):
         index = _attribute(blk.module, where) if isinstance(where, str) else where
-        layers = cache.layers
-        fresh = index >= len(layers) and cache.layer_class_to_replicate is not None
-        if not fresh and not (
-            index < len(layers)
-            and type(layers[index]).__name__ in _RECORDABLE_LAYERS
-            and cache.get_seq_length(index) == 0
-        ):
+        target = targets[part]
+        kind = tc.layer_kind(target, index)
+        if tc.layer_holds_keys(target, index) or kind not in (None, *_RECORDABLE_LAYERS):
             raise _NotABlock("its cache layer already holds keys and values")
-        cache.update(kvs[2 * i], kvs[2 * i + 1], index)
+        target.update(kvs[2 * i], kvs[2 * i + 1], index)
+        if part == tc.CROSS_ATTENTION:
+            cache.is_updated[index] = True
 
 
 def _holds_keys(cache: Any) -> bool:
@@ -338,11 +342,12 @@ def _holds_keys(cache: Any) -> bool:
     (after that, ``_store`` checks each layer it fills)."""
     if id(cache) in _SEEN_CACHES:
         return False
-    others = {type(layer).__name__ for layer in getattr(cache, "layers", ())} - _RECORDABLE_LAYERS
+    kinds = {k for c in tc.attention_caches(cache).values() for k in tc.layer_kinds(c)}
+    others = kinds - _RECORDABLE_LAYERS
     if others:  # a state-space model's (Mamba's): no keys and values to record
         raise _NotABlock(f"its cache holds {', '.join(sorted(others))}s")
     _SEEN_CACHES.add(id(cache))
-    return any(cache.get_seq_length(i) > 0 for i in range(len(cache.layers)))
+    return tc.holds_keys(cache)
 
 
 def _attribute(module: torch.nn.Module, path: str) -> Any:
@@ -377,29 +382,71 @@ class _Unread:
 
 
 def _recording_cache(cache: Any, writes: list) -> Any:
-    """A stand-in for ``cache`` (a ``DynamicCache``) inside a block: ``update`` records where
-    the keys and values go and returns them as an empty layer would; anything else the block
+    """A stand-in for ``cache`` (a ``DynamicCache``, or an ``EncoderDecoderCache`` of two)
+    inside a block: ``update`` records where the keys and values go (which of the cache's
+    caches, which layer) and returns them as an empty layer would; anything else the block
     asks of the cache would depend on other layers, so it makes the block inline."""
-    if type(cache).__name__ != "DynamicCache":
-        raise _NotABlock(f"it is passed a {type(cache).__name__}")
+    parts = tc.attention_caches(cache)
+    if any(type(c).__name__ != "DynamicCache" for c in parts.values()):
+        kinds = ", ".join(sorted({type(c).__name__ for c in parts.values()}))
+        raise _NotABlock(f"it is passed a {type(cache).__name__} ({kinds})")
+    recorders = {
+        part: _recorder(type(c), {"update": _recorded_update(part, writes)}, part is not None)
+        for part, c in parts.items()
+    }
+    if None in recorders:
+        return recorders[None]
+    return _recorder(type(cache), {**recorders, "is_updated": _NothingUpdated()})
 
-    base: type = type(cache)
 
-    class Recording(base):  # passes the forward's isinstance checks
-        def __init__(self) -> None:  # holds nothing
+def _recorded_update(part: str | None, writes: list) -> Any:
+    def update(keys: Any, values: Any, layer_idx: Any, *_: Any, **__: Any) -> Any:
+        where = layer_idx.path if isinstance(layer_idx, _Unread) else int(layer_idx)
+        writes.append(((part, where), keys, values))
+        return keys, values
+
+    return update
+
+
+def _recorder(base: type, answers: dict[str, Any], truthy: bool = False) -> Any:
+    """An instance of a subclass of ``base`` (so it passes the forward's isinstance checks)
+    holding nothing, that has only the attributes ``answers``; with ``truthy``, it is true
+    (see ``_NothingUpdated``)."""
+
+    class Recording(base):
+        def __init__(self) -> None:
             pass
 
-        def update(self, keys: Any, values: Any, layer_idx: Any, *_: Any, **__: Any) -> Any:
-            where = layer_idx.path if isinstance(layer_idx, _Unread) else int(layer_idx)
-            writes.append((where, keys, values))
-            return keys, values
-
         def __getattribute__(self, name: str) -> Any:
-            if name == "update" or name.startswith("__"):
+            if name in answers:
+                return answers[name]
+            if name.startswith("__"):
                 return object.__getattribute__(self, name)
             raise _NotABlock(f"its forward uses the cache's {name}")
 
+        if truthy:
+
+            def __bool__(self) -> bool:
+                return True
+
     return Recording()
+
+
+class _NothingUpdated:
+    """An encoder-decoder cache's ``is_updated`` inside a block: no layer's cross-attention
+    keys are stored yet (checked), so the attention computes and stores them. It asks
+    ``cache and is_updated`` first, where the truth of the cross-attention cache would
+    depend on other layers; the recorder of that cache is true, and this answer decides.
+    The mark the attention then sets is the parent's to set (``_store``)."""
+
+    def get(self, _layer: Any, default: Any = None) -> bool:
+        return False
+
+    def __getitem__(self, _layer: Any) -> bool:
+        return False
+
+    def __setitem__(self, _layer: Any, _value: Any) -> None:
+        pass
 
 
 class _Run:

@@ -97,6 +97,59 @@ def test_a_cache_holding_keys_already_is_used_inline():
         torch.testing.assert_close(g.keys, w.keys, rtol=1e-4, atol=1e-5)
 
 
+def _whisper(decoder_layers: int = 3) -> torch.nn.Module:
+    config = tf.WhisperConfig(
+        vocab_size=100,
+        num_mel_bins=8,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=decoder_layers,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_source_positions=16,
+        max_target_positions=16,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+    )
+    return tf.WhisperForConditionalGeneration(config).eval()
+
+
+def _whisper_inputs() -> dict[str, torch.Tensor]:
+    return {"input_features": torch.randn(2, 8, 32), "labels": torch.randint(3, 100, (2, 8))}
+
+
+def test_whisper_layers_are_one_subgraph_each_and_fill_the_encoder_decoder_cache_as_eager():
+    """Whisper's decoder layers are passed an ``EncoderDecoderCache`` (a self-attention and a
+    cross-attention cache): inside the block both record their updates, and the parent
+    stores each layer's keys and values in the cache's two caches and marks its
+    cross-attention keys stored, as eager torch does."""
+    torch.manual_seed(0)
+    got, want, calls = _infer(_whisper(3), **_whisper_inputs())
+    decoder = [c for c in calls if c.startswith("WhisperDecoderLayer_subgraph")]
+    encoder = [c for c in calls if c.startswith("WhisperEncoderLayer_subgraph")]
+    assert (len(decoder), len(set(decoder)), len(encoder), len(set(encoder))) == (3, 1, 2, 1)
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-4, atol=1e-5)
+    assert type(got.cache) is type(want.cache)
+    assert got.cache.is_updated == want.cache.is_updated == {0: True, 1: True, 2: True}
+    layers = list(zip(got.cache, want.cache, strict=True))
+    assert len(layers) == 3
+    for g, w in layers:  # each layer's self- then cross-attention keys and values
+        assert len(g) == len(w)
+        for a, b in zip(g, w):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(layers[0][0][0], layers[1][0][0])
+
+
+def test_whisper_training_with_one_layer_subgraph_updates_as_eager():
+    torch.manual_seed(0)
+    assert_trains_as_eager(_whisper(2), kwargs=_whisper_inputs())
+
+
 class _Stage(torch.nn.Module):
     """Three identical convolution and batch-norm blocks, as a torchvision stage."""
 
