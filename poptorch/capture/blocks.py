@@ -396,7 +396,8 @@ def _recording_cache(cache: Any, writes: list) -> Any:
     }
     if None in recorders:
         return recorders[None]
-    return _recorder(type(cache), {**recorders, "is_updated": _NothingUpdated()})
+    named: dict[str, Any] = {str(part): r for part, r in recorders.items()}
+    return _recorder(type(cache), {**named, "is_updated": _NothingUpdated()})
 
 
 def _recorded_update(part: str | None, writes: list) -> Any:

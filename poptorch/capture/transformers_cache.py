@@ -15,7 +15,7 @@ Caches are read here through what both the 4.x and 5.x releases offer (``len``,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ def is_cache(value: Any) -> bool:
 
 def register_cache(value: Any) -> None:
     """Make the type of the cache ``value`` flattenable by ``torch.export``."""
+    register_pytree_node: Callable[[type], Any]
     try:
         from transformers.exporters.exporter_dynamo import (  # noqa: PLC0415 (optional library)
             register_pytree_node,
