@@ -34,6 +34,7 @@ import numpy as np
 
 import popxl
 from popxl import ops
+from popxl.errors import InternalError
 from popxl.transforms import autodiff
 from popxl_addons.graph import GraphWithNamedArgs
 from popxl_addons.transforms.recomputation import recompute_graph
@@ -403,7 +404,11 @@ class Values:
 
     def _carried(self, fwd: popxl.Tensor, ipu: int, stage: int, pipeline: Any) -> popxl.Tensor:
         src, home, value = self.stages[fwd], self.homes[fwd], self.values[fwd]
-        assert src is not None and stage > src
+        if src is None or stage <= src:
+            raise InternalError(
+                f"pipeline value {fwd.name!r} of stage {src} carried to stage {stage}",
+                graph=fwd.graph,
+            )
         if home == ipu:
             with popxl.ipu(home):
                 return pipeline.stash_and_restore_tensor(value, from_stage=src)
