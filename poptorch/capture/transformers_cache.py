@@ -15,6 +15,7 @@ Caches are read here through what both the 4.x and 5.x releases offer (``len``,
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -87,8 +88,8 @@ def _state_context(value: Any, tensors: list[Any]) -> tuple:
         return (_TENSOR,)
     if type(value) in (list, tuple):
         return (type(value), tuple(_state_context(v, tensors) for v in value))
-    if type(value) is dict:
-        return (dict, tuple((k, _state_context(v, tensors)) for k, v in value.items()))
+    if type(value) in (dict, collections.OrderedDict):  # an nn.Module's too (4.4x caches)
+        return (type(value), tuple((k, _state_context(v, tensors)) for k, v in value.items()))
     if type(value).__module__.startswith("transformers.") and hasattr(value, "__dict__"):
         state = tuple((k, _state_context(v, tensors)) for k, v in vars(value).items())
         return (object, type(value), state)
@@ -101,8 +102,8 @@ def _from_context(context: tuple, tensors: Iterator[Any]) -> Any:
         return next(tensors)
     if kind in (list, tuple):
         return kind(_from_context(c, tensors) for c in context[1])
-    if kind is dict:
-        return {k: _from_context(c, tensors) for k, c in context[1]}
+    if kind in (dict, collections.OrderedDict):
+        return kind((k, _from_context(c, tensors)) for k, c in context[1])
     if kind is object:
         cls, state = context[1], context[2]
         obj = cls.__new__(cls)
