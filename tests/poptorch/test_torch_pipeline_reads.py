@@ -83,12 +83,18 @@ def test_later_stages_read_earlier_stages_values_in_inference(ipus, kind):
         torch.testing.assert_close(loss[k], want_loss, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["pipelined", "sharded"])
+@pytest.mark.parametrize("kind", ["pipelined", "pipelined_one_device", "sharded"])
 @pytest.mark.parametrize("ipus", PLACEMENTS, ids=PLACEMENT_IDS)
-def test_later_stages_read_earlier_stages_values_in_training(ipus, kind):
+def test_later_stages_read_earlier_stages_values_in_training(ipus, kind, monkeypatch):
     """Gradient accumulation over 8 micro-batches (a 4-stage pipeline has 7 stages when
     training), two device iterations, two calls: four SGD steps, each on the mean
-    gradient of its micro-batches, as torch computes it."""
+    gradient of its micro-batches (the scalar is a micro-batch's mean), as torch computes
+    it. Placed, each IPU on a device of its own, the stages overlap in cycles; on one
+    device (as on one GPU) each micro-batch runs through the stages in turn."""
+    one_device = kind == "pipelined_one_device"
+    if one_device:
+        monkeypatch.setenv("POPXL_PLACEMENT", "off")
+        kind = "pipelined"
     torch.manual_seed(0)
     model = MaskedEncoder(ipus)
     reference = copy.deepcopy(model)
@@ -112,6 +118,7 @@ def test_later_stages_read_earlier_stages_values_in_training(ipus, kind):
     for (name, got), (_, want) in zip(model.named_parameters(), reference.named_parameters()):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
     assert not torch.equal(model.embed.weight, start.embed.weight)
+    assert ("stages over 8 steps on one device" in training.print_schedule()) == one_device
 
 
 class TiedHead(torch.nn.Module):
