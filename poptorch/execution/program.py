@@ -420,7 +420,7 @@ def _staged_micro_batch(
 ) -> None:
     """One micro-batch through the blocks: host loads, forward calls, outputs, and the
     backward calls in reverse order."""
-    stager = _staged.Stager(pipeline, len({b.plan.stage for b in blocks}))
+    stager = _staged.Stager(pipeline, len({b.plan.stage for b in blocks}), trainer is not None)
     data = [t for t in fwd.graph.inputs if t not in weights_of][: len(built.inputs)]
     consumers: dict[popxl.Tensor, set[int]] = {}
     for block in blocks:
@@ -430,6 +430,7 @@ def _staged_micro_batch(
     outputs = fwd.graph.outputs
     out_index = {outputs[j]: k for k, j in enumerate(interface.host_outputs)}
     state_of = {outputs[j]: name for j, name in interface.state_indices()}
+    state_homes = _staged.state_homes(blocks, weights_of)
     vals, infos = _staged.Values(), {}
     for b, block in enumerate(blocks):
         plan = block.plan
@@ -454,8 +455,9 @@ def _staged_micro_batch(
                 if t in out_index:
                     _handle_output(built, out_index[t], out, keep, layout.mode)
                 if t in state_of:
-                    var = built.weights[state_of[t]]
-                    write(var, read(var), out)
+                    name = state_of[t]
+                    home = state_homes.get(name, plan.ipu)
+                    _staged.write_state(built.weights[name], t, vals, plan, home, stager)
     if trainer is not None:
         _staged_backward(built, blocks, trainer, stager, infos, vals, weights_of)
 

@@ -50,6 +50,7 @@ from ..strategies import (
     ShardedExecution,
     Stage,
 )
+from .storage import read, write
 
 UNLISTED_MSG = (
     "Block {block!r} is in no Stage of the {cls}. Every block the model marks must be listed, "
@@ -63,6 +64,12 @@ PIPELINE_EDGE_MSG = (
     "PipelinedExecution runs a micro-batch's stages in order, but block {block!r} (stage "
     "{stage}, IPU {ipu}) reads {what} made in the later stage {src} on IPU {src_ipu}. Give "
     "blocks stages in the order they run."
+)
+STATE_LAST_STAGE_MSG = (
+    "Block {block!r} (the last stage of an inference pipeline, IPU {ipu}) updates the model "
+    "state {name!r}, which IPU {home} holds (the first block that reads it runs there), and "
+    "no later stage can carry the new value to IPU {home}. Update it in a block on IPU "
+    "{home}, or use ShardedExecution."
 )
 PIPELINE_TRAINING_STEPS_MSG = (
     "poptorch.Options().Training.gradientAccumulation must be greater than or equal to the "
@@ -324,9 +331,11 @@ def differentiate(
 class Stager:
     """Stage and IPU contexts for the micro-batch body (pipelined or not)."""
 
-    def __init__(self, pipeline: Any, stages: int) -> None:
+    def __init__(self, pipeline: Any, stages: int, training: bool = False) -> None:
         self.pipeline = pipeline
         self.stages = stages
+        # The pipeline's stages: the forward ones, then the backward ones back down.
+        self.pipeline_stages = 2 * stages - 1 if training else stages
 
     @contextlib.contextmanager
     def forward(self, plan: BlockPlan) -> Iterator[None]:
@@ -416,6 +425,47 @@ class Values:
             if stage - 1 > src:
                 value = pipeline.stash_and_restore_tensor(value, from_stage=src)
             return ops.ipu_copy(value, ipu, home)
+
+
+def state_homes(blocks: list[BlockGraph], weights_of: dict[popxl.Tensor, str]) -> dict[str, int]:
+    """The IPU that holds each variable of the model: that of the first block reading it."""
+    homes: dict[str, int] = {}
+    for block in blocks:
+        for t in block.inputs:
+            if t in weights_of:
+                homes.setdefault(weights_of[t], block.plan.ipu)
+    return homes
+
+
+def write_state(
+    var: popxl.Variable, fwd: popxl.Tensor, vals: Values, plan: BlockPlan, home: int, stager: Any
+) -> None:
+    """Set model state ``var`` (e.g. the random seed that each block's dropout advances) to
+    the value of ``fwd`` that ``plan``'s block made, on ``home``, the IPU that holds ``var``.
+
+    Made on another IPU, the value is copied there; in a pipeline the copy arrives in the
+    next stage (a backward stage when training), where the update runs, so each micro-batch
+    leaves its own value.
+
+    Raises:
+        ValueError: the block is the last stage of an inference pipeline."""
+    if home == plan.ipu:
+        write(var, read(var), vals.values[fwd])
+        return
+    pipeline = stager.pipeline
+    if pipeline is None:
+        value = vals.on(fwd, home)
+        with popxl.ipu(home):
+            write(var, read(var), value)
+        return
+    stage = plan.stage + 1
+    if stage >= stager.pipeline_stages:
+        raise ValueError(
+            STATE_LAST_STAGE_MSG.format(block=plan.name, ipu=plan.ipu, name=var.name, home=home)
+        )
+    value = vals.at(fwd, home, stage, pipeline)
+    with pipeline.stage(stage), popxl.ipu(home):
+        write(var, read(var), value)
 
 
 def check_pipeline_edges(blocks: list[BlockGraph], data: list[popxl.Tensor]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -166,3 +167,70 @@ def test_a_module_called_twice_starts_one_block():
     optimizer.step()
     for (name, got), (_, want) in zip(model.named_parameters(), reference.named_parameters()):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
+
+
+class RunningMean(torch.nn.Module):
+    """A buffer read by the first block (IPU 0) and updated by the third (IPU 2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(IN, HID)
+        self.layer = torch.nn.Linear(HID, HID)
+        self.register_buffer("running", torch.zeros(HID))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with poptorch.Block("Embedding", ipu_id=0):
+            h = self.embed(x) + self.running
+        with poptorch.Block("Encoder", ipu_id=1):
+            h = torch.tanh(self.layer(h))
+        with poptorch.Block("Update", ipu_id=2):
+            self.running.copy_(0.5 * self.running + h.mean(0))
+            return h * 2.0
+
+
+def test_state_updated_on_another_ipu_than_the_one_holding_it():
+    """Sharded, each micro-batch reads the buffer the one before it left, as in torch."""
+    torch.manual_seed(0)
+    model = RunningMean()
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options().deviceIterations(4)
+    opts.setExecutionStrategy(_strategy("sharded"))
+    x = _data(4 * B)[0]
+    y = poptorch.inferenceModel(model, opts)(x)
+    want = torch.cat([reference(rows) for rows in x.chunk(4)])
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-6)
+
+
+class Dropouts(torch.nn.Module):
+    """Dropout in every block: the random seed each one advances passes from block to
+    block, and the last one's new seed goes back to IPU 0, which holds it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Linear(IN if i == 0 else HID, HID) for i in range(3)
+        )
+        self.head = torch.nn.Linear(HID, OUT)
+        self.drop = torch.nn.Dropout(0.25)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        for i, layer in enumerate(self.layers):
+            with poptorch.Block(f"layer{i}", ipu_id=i):
+                x = self.drop(torch.tanh(layer(x)))
+        with poptorch.Block("head", ipu_id=3):
+            y = self.head(x)
+            return y, torch.nn.functional.mse_loss(y, t)
+
+
+def test_pipelined_dropout_trains_across_ipus():
+    torch.manual_seed(0)
+    model = Dropouts()
+    start = copy.deepcopy(model)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(8)
+    opts.setExecutionStrategy(_strategy("pipelined"))
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, t = _data(8 * B)
+    losses = [float(training(x, t)[1].mean()) for _ in range(3)]
+    assert all(np.isfinite(losses)) and len(set(losses)) == 3  # new masks each call
+    assert not torch.equal(model.layers[2].weight, start.layers[2].weight)
