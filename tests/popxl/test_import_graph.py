@@ -140,19 +140,23 @@ def test_no_import_circle(package):
     assert _circles(_graph(package)) == []
 
 
-def _stage(module: str) -> str | None:
+def _stage(module: str, stages: tuple[str, ...] = STAGES) -> str | None:
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in STAGES else None
+    return parts[1] if len(parts) > 1 and parts[1] in stages else None
+
+
+def _wrong_imports(package: str, stages: tuple[str, ...], forbidden: dict) -> list[str]:
+    """Imports of a stage the table forbids to the importing module's stage."""
+    return sorted(
+        f"{module} imports {target}"
+        for module, targets in _graph(package).items()
+        for target in targets
+        if _stage(target, stages) in forbidden.get(_stage(module, stages) or "", set())
+    )
 
 
 def test_poptorch_stages_import_in_one_direction():
-    wrong = sorted(
-        f"{module} imports {target}"
-        for module, targets in _graph("poptorch").items()
-        for target in targets
-        if _stage(target) in FORBIDDEN.get(_stage(module) or "", set())
-    )
-    assert wrong == []
+    assert _wrong_imports("poptorch", STAGES, FORBIDDEN) == []
 
 
 def test_every_poptorch_stage_says_what_it_owns():
@@ -172,20 +176,10 @@ RUNTIME_FORBIDDEN = {
 }
 
 
-def _runtime_stage(module: str) -> str | None:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in RUNTIME_STAGES else None
-
-
 def test_runtime_stages_import_in_one_direction():
-    wrong = sorted(
-        f"{module} imports {target}"
-        for module, targets in _graph("runtime").items()
-        for target in targets
-        if _runtime_stage(target) in RUNTIME_FORBIDDEN.get(_runtime_stage(module) or "", set())
-    )
-    assert wrong == []
-    assert {_runtime_stage(m) for m in _graph("runtime")} == set(RUNTIME_STAGES)  # none loose
+    assert _wrong_imports("runtime", RUNTIME_STAGES, RUNTIME_FORBIDDEN) == []
+    modules = _graph("runtime")
+    assert {_stage(m, RUNTIME_STAGES) for m in modules} == set(RUNTIME_STAGES)  # none loose
 
 
 def test_every_runtime_stage_says_what_it_owns():
