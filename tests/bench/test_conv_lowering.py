@@ -21,9 +21,14 @@ def test_resnet18_with_the_new_lowering_matches_torchvision(rng):
     params, model = bench.resnet18_params(rng)
     x = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
     forward = bench.resnet18(bench.new_conv, bench.new_max_pool)
-    logits, pullback = jax.vjp(lambda p: forward(p, jnp.asarray(x)), params)
-    cot = rng.standard_normal(logits.shape).astype(np.float32)
-    (grads,) = pullback(jnp.asarray(cot))
+    cot = rng.standard_normal((2, model.fc.out_features)).astype(np.float32)
+
+    @jax.jit  # as programs run it (op by op the network takes several times longer)
+    def logits_and_grads(p, images, cotangent):
+        logits, pullback = jax.vjp(lambda q: forward(q, images), p)
+        return logits, pullback(cotangent)[0]
+
+    logits, grads = logits_and_grads(params, jnp.asarray(x), jnp.asarray(cot))
     want = model(torch.tensor(x))
     (want * torch.tensor(cot)).sum().backward()
     _close(logits, want.detach().numpy())
@@ -38,7 +43,7 @@ def test_tutorial8_cnn_with_the_new_lowering_matches_torch(rng):
     images = np.maximum(rng.standard_normal((4, 1, 28, 28)), 0).astype(np.float32)
     forward = bench.cnn(bench.new_conv, bench.new_max_pool)
     loss = lambda p: jnp.sum(forward(p, jnp.asarray(images)) ** 2)  # noqa: E731
-    grads = jax.grad(loss)(params)
+    grads = jax.jit(jax.grad(loss))(params)
     tparams = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
     (bench.cnn_torch(tparams, torch.tensor(images)) ** 2).sum().backward()
     for name in ("conv1", "conv2", "b1"):

@@ -172,8 +172,9 @@ def _seed_style_loaders(test_batch_size, batch_size):
 
 
 def test_mnist_training_and_test_programs(capsys):
-    accuracy = seed_code.run_mnist(_seed_style_loaders, epochs=3)
+    # One epoch (the seed's default) is 7,500 steps and reaches ~97%; more adds only time.
+    accuracy = seed_code.run_mnist(_seed_style_loaders)
     printed = capsys.readouterr().out
-    assert "Epoch 3/3" in printed
+    assert "Epoch 1/1" in printed
     assert f"Accuracy on test set: {accuracy:0.2f}%" in printed
     assert accuracy > 85.0
