@@ -43,8 +43,13 @@ def _check(steps: Steps) -> None:
     assert steps.loss_error < max(1e-4, 3 * steps.rounding), steps
     assert steps.moved_error < max(1e-2, 3 * steps.rounding), steps
 
+# Each optimiser on one model: torch's and PopTorch's of each kind, on a CNN with batch norm
+# and on a transformer (the ResNet-18 steps are the slow ones).
+ON_RESNET = ("poptorch AdamW", "torch SGD momentum")
+ON_BERT = tuple(sorted(set(OPTIMIZERS) - set(ON_RESNET)))
 
-@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+
+@pytest.mark.parametrize("optimizer", ON_RESNET)
 def test_three_resnet18_steps_move_the_weights_as_eager(optimizer: str) -> None:
     """At 64x64 and batch 8, where batch norm's last stage sees 32 values per channel (at
     32x32 and batch 2 it sees 2, and two steps in float32 land anywhere: README)."""
@@ -54,7 +59,7 @@ def test_three_resnet18_steps_move_the_weights_as_eager(optimizer: str) -> None:
     _check(several_steps(model, (x, y), optimizer=poptorch_opt, reference=eager_opt))
 
 
-@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("optimizer", ON_BERT)
 def test_three_bert_steps_move_the_weights_as_eager(optimizer: str) -> None:
     case = tf_cases["bert"]
     poptorch_opt, eager_opt = OPTIMIZERS[optimizer]
