@@ -276,18 +276,20 @@ def _is_torch_module(module: Any) -> bool:
 
 
 def BeginBlock(  # noqa: N802 (PopTorch's name)
-    module: Any, user_id: str | None = None, ipu_id: int | None = None
+    layer_to_call: Any, user_id: str | None = None, ipu_id: int | None = None
 ) -> Any:
-    """Make every call of ``module`` start block ``user_id`` (on IPU ``ipu_id``); the block
-    lasts until the next one starts. Returns ``module``.
+    """Make every call of ``layer_to_call`` start block ``user_id`` (on IPU ``ipu_id``); the
+    block lasts until the next one starts. Returns ``layer_to_call``.
 
-    ``module`` is a ``torch.nn.Module`` (a forward pre-hook marks the block while the model
-    is captured) or a popxl_addons ``Module``.
+    ``layer_to_call`` (PopTorch's name; programs also pass it by keyword) is a
+    ``torch.nn.Module`` (a forward pre-hook marks the block while the model is captured) or
+    a popxl_addons ``Module``.
 
     Raises:
-        TypeError: ``module`` is neither.
+        TypeError: ``layer_to_call`` is neither.
         poptorch.Error: the torch module already starts a block (``removeBlocks`` first).
     """
+    module = layer_to_call
     if _is_torch_module(module):
         if "_poptorch_block_hook" in module.__dict__:
             raise Error(ASSIGNED_MSG.format(mark=module.__dict__.get(_BLOCK_MARK)))

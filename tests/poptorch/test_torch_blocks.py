@@ -155,3 +155,14 @@ def test_a_block_id_reused_on_another_ipu_keeps_each_blocks_ipu(capfd):
     expected = torch.relu(x[:2] * 2) + torch.relu(x[2:] * 3)
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(loss, torch.nn.functional.l1_loss(expected, target))
+
+
+def test_begin_block_takes_the_module_by_poptorchs_keyword():
+    """Graphcore's CNN application calls ``BeginBlock(ipu_id=..., layer_to_call=module)``."""
+    model = Chain()
+    assert poptorch.BeginBlock(ipu_id=1, layer_to_call=model.l1) is model.l1
+    assert "BeginBlock(user_id=None, ipu_id=1)" in poptorch.module_repr(model)
+    opts = poptorch.Options().deviceIterations(2)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.SameAsIpu))
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(poptorch.inferenceModel(model, opts)(x), x * 30)
