@@ -31,7 +31,12 @@ host arrays), so on the CPU, steps are dispatched inline unless ``POPXL_CPU_DISP
 or the user has set ``JAX_CPU_ENABLE_ASYNC_DISPATCH``. JAX takes the setting when it makes
 its CPU client, so the runtime sets it when the first session is made, before the session
 asks JAX for its devices (a process that already ran JAX computations keeps what it has).
-Importing ``runtime``, ``popxl`` or ``poptorch`` changes neither setting: a library that
+With the trim threshold raised, the memory XLA's compiler frees is kept too, though no step
+reuses it: ResNet-18's SGD step (batch 8, 64 x 64) left 158 MiB freed but held after its
+compilation, and the process's peak went from 1,263 MiB to 1,451 as the first runs then
+allocated beside it (2026-11-29). So after each compilation the runtime returns freed memory
+to the kernel (``malloc_trim``: about a millisecond), and the runs' buffers are kept from then
+on. Importing ``runtime``, ``popxl`` or ``poptorch`` changes neither setting: a library that
 changed its host process when imported would surprise the program around it. Computations over several devices stay
 asynchronous (JAX's rule): their devices' parts run on threads of their own.
 """
@@ -98,6 +103,16 @@ def keep_freed_memory() -> bool:
     Taken when the first session is made. ``POPXL_HOST_MALLOC`` is ``keep`` (the default)
     or ``default`` (leave the allocator alone)."""
     return _choice("POPXL_HOST_MALLOC", ("keep", "default")) == "keep" and _glibc_keeps()
+
+
+def return_freed_memory() -> None:
+    """Give the memory glibc holds freed back to the kernel, where the runtime raised the
+    trim threshold (after a compilation, whose freed memory no step reuses)."""
+    if keep_freed_memory.cache_info().currsize and keep_freed_memory():
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+        if trim is not None:
+            trim.argtypes = (ctypes.c_size_t,)
+            trim(0)
 
 
 def _glibc_keeps() -> bool:

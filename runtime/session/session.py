@@ -214,6 +214,7 @@ class Session(SessionCompat):
             self._executable = executable_cache.load_or_compile(
                 cache, wanted, self._compiled, devices
             )
+            host_memory.return_freed_memory()
             return
         key = (self._program.key, str(self._device))
         if key in _COMPILED:
@@ -221,6 +222,7 @@ class Session(SessionCompat):
             return
         _log.debug("Starting compilation")
         self._compiled()
+        host_memory.return_freed_memory()
         _COMPILED.add(key)
 
     def _compiled(self) -> Any:

@@ -155,3 +155,54 @@ def test_a_bad_setting_is_named(name: str, message: str) -> None:
     with pytest.raises(subprocess.CalledProcessError) as raised:
         _run(code, **{name: "off"})
     assert message in raised.value.stderr
+
+
+TRIM = """
+import ctypes
+from runtime.backend import host_memory
+host_memory.take_host_settings()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 >> 20
+
+# Many small blocks (a compiler's way), all freed: glibc keeps them under the raised threshold.
+blocks = [libc.malloc(4096) for _ in range(40_000)]
+for b in blocks:
+    ctypes.memset(b, 1, 4096)
+for b in blocks:
+    libc.free(b)
+held = rss_mib()
+host_memory.return_freed_memory()
+print(held - rss_mib())
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="the setting is glibc's; elsewhere nothing changes")
+def test_memory_freed_after_a_compilation_goes_back_to_the_kernel() -> None:
+    # 160 MiB of small blocks, freed and held; returned, the resident size drops by most of it.
+    assert int(_run(TRIM)) > 100
+    # With the allocator left alone there is nothing held to return.
+    assert int(_run(TRIM, POPXL_HOST_MALLOC="default")) < 20
+
+
+def test_a_session_returns_freed_memory_after_compiling(monkeypatch) -> None:
+    import numpy as np
+
+    import popxl
+    from runtime.backend import host_memory
+
+    calls = []
+    monkeypatch.setattr(host_memory, "return_freed_memory", lambda: calls.append(1))
+    ir = popxl.Ir()
+    with ir.main_graph:
+        # A program no other test compiles (an identical one would reuse its executable).
+        x = popxl.variable(np.ones((5, 11), np.float32))
+        popxl.ops.host_store(popxl.d2h_stream((11, 5), popxl.float32), x.transpose() * 3.25)
+    with popxl.Session(ir, "ipu_model") as session:
+        session.run()
+    assert calls == [1]
