@@ -84,8 +84,9 @@ def test_later_stages_read_earlier_stages_values_in_inference(ipus, kind):
         torch.testing.assert_close(loss[k], want_loss, rtol=1e-5, atol=1e-6)
 
 
-# Every placement pipelined (where values are carried between stages); sharded and on one
-# device, one placement each (their schedule does not depend on it).
+# Every placement pipelined (carried values wait in stashes, differently per placement);
+# sharded and on one device, one placement each (each micro-batch goes through the stages
+# in turn, so nothing waits).
 TRAINING = [(ipus, "pipelined") for ipus in PLACEMENTS]
 TRAINING += [((0, 1, 0, 1), "sharded"), ((0, 1, 2, 3), "pipelined_one_device")]
 
