@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 from typing import Any, Literal
@@ -423,15 +422,43 @@ def _axis_taps(g: Any, size: int, mode: str, padding_mode: str, align_corners: b
 
 
 def _gather_points(x: Any, index: list) -> Any:
-    """``x`` ``(N, C, *spatial)`` at the integer points ``index`` (one ``(N, *out)`` array
-    per spatial axis): ``(N, C, *out)``."""
+    """``x`` ``(N, C, *spatial)`` at the integer points ``index`` (one ``(T, N, *out)``
+    array per spatial axis, T taps per output point): ``(N, C, T, prod(out))``. One gather
+    for every tap, so the gradient is one scatter-add (16 of each for a 2-D bicubic sample
+    took XLA:CPU 7 s to compile)."""
     n, c, *sizes = x.shape
     flat = index[0]
     for i, s in zip(index[1:], sizes[1:]):
         flat = flat * s + i
-    out = flat.shape[1:]
-    flat = jnp.broadcast_to(flat.reshape(n, 1, -1), (n, c, flat[0].size))
-    return jnp.take_along_axis(x.reshape(n, c, -1), flat, axis=2).reshape(n, c, *out)
+    taps = flat.shape[0]
+    flat = jnp.moveaxis(flat.reshape(taps, n, -1), 0, 1).reshape(n, 1, -1)
+    flat = jnp.broadcast_to(flat, (n, c, flat.shape[-1]))
+    picked = jnp.take_along_axis(x.reshape(n, c, -1), flat, axis=2)
+    return picked.reshape(n, c, taps, -1)
+
+
+def _stacked_taps(per_axis: list, sizes: tuple, lead: tuple) -> tuple[list, Any]:
+    """Every combination of the axes' taps, as a leading tap axis: the clipped integer
+    position on each axis ``(T, *lead)`` and the weight ``(T, *lead)``, 0 where the tap
+    falls outside the input."""
+    k = len(per_axis)
+    index, weight = [], None
+    inside = None
+    for a, (taps, s) in enumerate(zip(per_axis, sizes)):
+        # axis a's taps along tap axis a of k, broadcast over the others
+        shape = [1] * k
+        shape[a] = len(taps)
+        pos = jnp.stack([jnp.broadcast_to(p, lead) for p, _ in taps]).reshape(*shape, *lead)
+        w = jnp.stack([jnp.broadcast_to(jnp.asarray(v, pos.dtype), lead) for _, v in taps])
+        w = w.reshape(*shape, *lead)
+        ok = (pos >= 0) & (pos <= s - 1)
+        inside = ok if inside is None else inside & ok
+        weight = w if weight is None else weight * w
+        index.append(jnp.clip(pos, 0, s - 1).astype(jnp.int32))
+    full = (*(len(t) for t in per_axis), *lead)
+    index = [jnp.broadcast_to(i, full).reshape(-1, *lead) for i in index]
+    weight = jnp.where(inside, weight, 0.0)
+    return index, jnp.broadcast_to(weight, full).reshape(-1, *lead)
 
 
 def _lower_grid_sample(
@@ -445,17 +472,11 @@ def _lower_grid_sample(
     per_axis = [
         _axis_taps(g[..., k - 1 - a], sizes[a], mode, padding_mode, align_corners) for a in range(k)
     ]
-    out = jnp.zeros((*x.shape[:2], *grid.shape[1:-1]), f)
-    for taps in itertools.product(*per_axis):
-        inside = jnp.ones(grid.shape[:-1], bool)
-        weight: Any = 1.0
-        for (pos, w), s in zip(taps, sizes):
-            inside &= (pos >= 0) & (pos <= s - 1)
-            weight = weight * w
-        index = [jnp.clip(pos, 0, s - 1).astype(jnp.int32) for (pos, _), s in zip(taps, sizes)]
-        weight = jnp.where(inside, weight, 0.0)
-        out = out + _gather_points(xs, index) * weight[:, None]
-    return out.astype(x.dtype)
+    index, weight = _stacked_taps(per_axis, sizes, grid.shape[:-1])
+    n = x.shape[0]
+    weight = jnp.moveaxis(weight.reshape(weight.shape[0], n, -1), 0, 1)[:, None]
+    out = (_gather_points(xs, index) * weight).sum(axis=2)
+    return out.reshape(*x.shape[:2], *grid.shape[1:-1]).astype(x.dtype)
 
 
 GRID_SAMPLE = define("grid_sample", "GridSample", _grid_sample_infer, _lower_grid_sample)
