@@ -287,3 +287,29 @@ def test_by_ref_view_written_by_a_call_lowered_op_by_op(monkeypatch, placement):
     want = np.array([0, 22, 44, 66, 88, 0], np.float32)
     np.testing.assert_array_equal(got, [want, want])
     np.testing.assert_array_equal(final, want)
+
+
+def test_a_placed_step_is_traced_once_when_its_owners_are_found_at_once(monkeypatch, rng):
+    """The probe that finds each variable's owning IPU traces the jitted step itself, so
+    compiling it reuses that trace; when the first guess of the owners needs correcting,
+    one more probe traces it (never a separate trace for lowering)."""
+    import runtime.session.program as program_module
+
+    traces = []
+    placed_step = program_module.placed_step
+
+    def counting(step, *args, **kwargs):
+        def counted(*a, **k):
+            traces.append(1)
+            return step(*a, **k)
+
+        return placed_step(counted, *args, **kwargs)
+
+    monkeypatch.setattr(program_module, "placed_step", counting)
+    monkeypatch.setenv("POPXL_PLACEMENT", "on")
+    ir, x_in, y_out, b, (w1, w2) = _serial_four_ipus(rng)
+    x = rng.normal(0, 1, (3, 4)).astype(np.float32)
+    with popxl.Session(ir, "ipu_model") as session:
+        y = session.run({x_in: x})[y_out]
+    assert len(traces) == 1
+    np.testing.assert_allclose(y, _reference(x, w1, w2 + 0.5), rtol=1e-5, atol=1e-6)
