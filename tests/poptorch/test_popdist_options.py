@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -70,14 +69,11 @@ def test_a_poptorch_script_under_poprun_trains_as_one_process(tmp_path):
     replicas each, and by one process of 4 replicas: every weight update sees the same
     samples (each instance its share), so the weights agree, and the instances agree with
     each other."""
-    from tests.runtime.test_multi_instance import _child_env, poprun  # noqa: PLC0415
+    from tests.poptorch import poprun_worker  # noqa: PLC0415
+    from tests.runtime.test_multi_instance import poprun  # noqa: PLC0415
 
     worker = str(Path(__file__).with_name("poprun_worker.py"))
-    single = subprocess.run(
-        [sys.executable, worker, str(tmp_path), "--replicas", "4"],
-        capture_output=True, text=True, timeout=300, env=_child_env(),
-    )  # fmt: skip
-    assert single.returncode == 0, single.stderr[-3000:]
+    poprun_worker.main(tmp_path, replicas=4)  # in this process: a process start is seconds
     result = poprun(
         ["--num-instances", "2", "--num-replicas", "4", sys.executable, worker, str(tmp_path)],
         str(tmp_path),
