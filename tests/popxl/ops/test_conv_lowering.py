@@ -189,25 +189,39 @@ FORM_CASES = [
 @pytest.mark.parametrize("form,x_shape,w_shape,geo", FORM_CASES)
 def test_every_form_matches_lax_in_every_direction(rng, form, x_shape, w_shape, geo):
     x, w = _data(rng, x_shape, w_shape)
-    y, pullback = jax.vjp(lambda a, b: _reference(a, b, geo), x, w)
-    gy = jnp.asarray(rng.standard_normal(y.shape), jnp.float32)
-    dx, dw = pullback(gy)
+    y_shape = jax.eval_shape(lambda a, b: _reference(a, b, geo), x, w).shape
+    gy = jnp.asarray(rng.standard_normal(y_shape), jnp.float32)
     f = FORMS[form]
-    # Traced once under jit, as programs use the forms (op by op, every small op of the
-    # per-tap forms compiled on its own, took several times longer).
-    _close(jax.jit(f.forward, static_argnums=2)(x, w, geo), y)
-    _close(jax.jit(f.input_grad, static_argnums=(1, 2))(w, geo, x.shape, gy), dx)
-    _close(jax.jit(f.weight_grad, static_argnums=(1, 2))(x, geo, w.shape, gy), dw)
+
+    # The form and the reference in one program, traced under jit as programs use the
+    # forms (op by op, every small op of the per-tap forms compiled on its own, took several
+    # times longer; a compilation per direction, twice as long as one for all).
+    @jax.jit
+    def both(x, w, gy):
+        y, pullback = jax.vjp(lambda a, b: _reference(a, b, geo), x, w)
+        got = (f.forward(x, w, geo), f.input_grad(w, geo, x.shape, gy))
+        return (*got, f.weight_grad(x, geo, w.shape, gy)), (y, *pullback(gy))
+
+    for got, want in zip(*both(x, w, gy)):
+        _close(got, want)
+
+
+def _with_gradients(f, *args):
+    """``f(*args)`` and the gradients of ``sum(tanh(f(*args)))`` with respect to ``args``."""
+    y, pullback = jax.vjp(f, *args)
+    return (y, *pullback(1 - jnp.tanh(y) ** 2))
 
 
 @pytest.mark.parametrize("name,x_shape,w_shape,geo", CASES, ids=IDS)
 def test_the_chosen_forms_differentiate_like_lax(rng, name, x_shape, w_shape, geo):
     x, w = _data(rng, x_shape, w_shape)
-    loss = lambda f: lambda a, b: jnp.sum(jnp.tanh(f(a, b, geo)))  # noqa: E731
-    _close(jax.jit(conv, static_argnums=2)(x, w, geo), _reference(x, w, geo))
-    for got, want in zip(
-        jax.jit(jax.grad(loss(conv), (0, 1)))(x, w), jax.grad(loss(_reference), (0, 1))(x, w)
-    ):
+
+    @jax.jit
+    def both(x, w):
+        got = _with_gradients(lambda a, b: conv(a, b, geo), x, w)
+        return got, _with_gradients(lambda a, b: _reference(a, b, geo), x, w)
+
+    for got, want in zip(*both(x, w)):
         _close(got, want)
 
 
@@ -264,15 +278,16 @@ def test_half_precision_widens_into_buffers_with_the_plain_conversions_values(rn
 @pytest.mark.parametrize("name,x_shape,w_shape,geo", CASES, ids=IDS)
 def test_transposed_convolution_is_the_input_gradient(rng, name, x_shape, w_shape, geo):
     x, w = _data(rng, x_shape, w_shape)
-    y_shape = _reference(x, w, geo).shape
+    y_shape = jax.eval_shape(lambda a, b: _reference(a, b, geo), x, w).shape
     t = jnp.asarray(rng.standard_normal(y_shape), jnp.float32)
     want_fn = lambda t, w: jax.vjp(lambda a: _reference(a, w, geo), x)[1](t)[0]  # noqa: E731
     got_fn = lambda t, w: conv_transpose(t, w, geo, x_shape[2:])  # noqa: E731
-    _close(jax.jit(got_fn)(t, w), want_fn(t, w))
-    loss = lambda f: lambda a, b: jnp.sum(jnp.tanh(f(a, b)))  # noqa: E731
-    for got, want in zip(
-        jax.jit(jax.grad(loss(got_fn), (0, 1)))(t, w), jax.grad(loss(want_fn), (0, 1))(t, w)
-    ):
+
+    @jax.jit
+    def both(t, w):
+        return _with_gradients(got_fn, t, w), _with_gradients(want_fn, t, w)
+
+    for got, want in zip(*both(t, w)):
         _close(got, want)
 
 
