@@ -49,13 +49,20 @@ def _torch_max_pool_grad(x, gy, kernel, stride, dilation):
     return tx.grad.numpy()
 
 
+def _value_and_pullback(f, x, gy):
+    y, pullback = jax.vjp(f, x)
+    return y, pullback(gy)[0]
+
+
 @pytest.mark.parametrize("shape,kernel,stride,dilation", CASES, ids=IDS)
 def test_max_values_and_first_maximum_gradient_match_torch(rng, shape, kernel, stride, dilation):
     x = _tied(rng, shape)
-    y, pullback = jax.vjp(lambda a: window_max(a, kernel, stride, dilation), jnp.asarray(x))
+    pooled = lambda a: window_max(a, kernel, stride, dilation)  # noqa: E731
+    y_shape = jax.eval_shape(pooled, jnp.asarray(x)).shape
+    gy = rng.standard_normal(y_shape).astype(np.float32)
+    # Under jit, as programs run it (op by op, each of its small ops compiled on its own)
+    y, dx = jax.jit(lambda a, g: _value_and_pullback(pooled, a, g))(x, gy)
     np.testing.assert_array_equal(y, _reduce_window(x, -np.inf, lax.max, kernel, stride, dilation))
-    gy = rng.standard_normal(y.shape).astype(np.float32)
-    (dx,) = pullback(jnp.asarray(gy))
     want = _torch_max_pool_grad(x, gy, kernel, stride, dilation)
     np.testing.assert_allclose(dx, want, rtol=1e-6, atol=1e-6)
 
@@ -63,13 +70,16 @@ def test_max_values_and_first_maximum_gradient_match_torch(rng, shape, kernel, s
 @pytest.mark.parametrize("shape,kernel,stride,dilation", CASES, ids=IDS)
 def test_sum_values_and_gradient_match_reduce_window(rng, shape, kernel, stride, dilation):
     x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
-    got, pull_got = jax.vjp(lambda a: window_sum(a, kernel, stride, dilation), x)
-    want, pull_want = jax.vjp(
-        lambda a: _reduce_window(a, 0.0, lax.add, kernel, stride, dilation), x
-    )
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    gy = jnp.asarray(rng.standard_normal(got.shape), jnp.float32)
-    np.testing.assert_allclose(pull_got(gy)[0], pull_want(gy)[0], rtol=1e-5, atol=1e-5)
+    summed = lambda a: window_sum(a, kernel, stride, dilation)  # noqa: E731
+    reference = lambda a: _reduce_window(a, 0.0, lax.add, kernel, stride, dilation)  # noqa: E731
+    gy = jnp.asarray(rng.standard_normal(jax.eval_shape(summed, x).shape), jnp.float32)
+
+    @jax.jit
+    def both(a, g):
+        return _value_and_pullback(summed, a, g), _value_and_pullback(reference, a, g)
+
+    for got, want in zip(*both(x, gy)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_max_of_integers_has_no_gradient_rule_to_trip_on():
