@@ -306,6 +306,7 @@ def test_a_placed_step_is_traced_once_when_its_owners_are_found_at_once(monkeypa
         return placed_step(counted, *args, **kwargs)
 
     monkeypatch.setattr(program_module, "placed_step", counting)
+    monkeypatch.setattr(program_module, "_STEP_CACHE", type(program_module._STEP_CACHE)())
     monkeypatch.setenv("POPXL_PLACEMENT", "on")
     ir, x_in, y_out, b, (w1, w2) = _serial_four_ipus(rng)
     x = rng.normal(0, 1, (3, 4)).astype(np.float32)
