@@ -81,25 +81,39 @@ MATMUL_CASES = [
 # Convolutions -----------------------------------------------------------------------------
 
 
+def _taps(k: tuple, start: tuple, step: tuple, dilation: tuple, count: tuple):
+    """For each kernel tap: the strided window of positions it touches, one slice per
+    spatial axis (``count`` positions from ``start + tap * dilation``, ``step`` apart)."""
+    for kk in np.ndindex(*k):
+        yield (
+            kk,
+            tuple(
+                slice(a + t * d, a + t * d + (c - 1) * s + 1, s)
+                for a, t, d, c, s in zip(start, kk, dilation, count, step)
+            ),
+        )
+
+
 def _conv_ref(x, w, stride, pads, dilation=None, groups=1):
+    """The convolution as a sum over kernel taps of strided windows times weights, in
+    float64 (a tap's window of every output position at once)."""
     n = x.ndim - 2
     dilation = dilation or (1,) * n
     xp = np.pad(x.astype(np.float64), [(0, 0)] * 2 + [(pads[i], pads[n + i]) for i in range(n)])
     cg, mg, k = x.shape[1] // groups, w.shape[0] // groups, w.shape[2:]
     out_sp = [(xp.shape[2 + i] - (k[i] - 1) * dilation[i] - 1) // stride[i] + 1 for i in range(n)]
     out = np.zeros((x.shape[0], w.shape[0], *out_sp))
-    for m in range(w.shape[0]):
-        chans = slice(m // mg * cg, (m // mg + 1) * cg)
-        for o in np.ndindex(*out_sp):
-            for kk in np.ndindex(*k):
-                pos = tuple(o[i] * stride[i] + kk[i] * dilation[i] for i in range(n))
-                out[(slice(None), m, *o)] += (
-                    xp[(slice(None), chans, *pos)] @ w[(m, slice(None), *kk)]
-                )
+    for g in range(groups):
+        ins, outs = slice(g * cg, (g + 1) * cg), slice(g * mg, (g + 1) * mg)
+        for kk, window in _taps(k, (0,) * n, stride, dilation, out_sp):
+            patch = xp[(slice(None), ins, *window)]  # (N, cg, *out_sp)
+            out[:, outs] += np.einsum("nc...,mc->nm...", patch, w[(outs, slice(None), *kk)])
     return out
 
 
 def _conv_transpose_ref(x, w, stride, pads, dilation=None, groups=1, output_padding=None):
+    """The transposed convolution: each input position scatters its weighted kernel into
+    the output, one kernel tap (for every input position at once) at a time, in float64."""
     n = x.ndim - 2
     dilation = dilation or (1,) * n
     output_padding = output_padding or (0,) * n
@@ -109,14 +123,12 @@ def _conv_transpose_ref(x, w, stride, pads, dilation=None, groups=1, output_padd
     ]
     margin = max(0, -min(pads))  # negative pads grow the output
     buf = np.zeros((x.shape[0], mg * groups, *[f + 2 * margin for f in full]))
-    for c in range(x.shape[1]):
-        outs = slice(c // cg * mg, (c // cg + 1) * mg)
-        for i in np.ndindex(*sp):
-            for kk in np.ndindex(*k):
-                pos = tuple(margin + i[d] * stride[d] + kk[d] * dilation[d] for d in range(n))
-                buf[(slice(None), outs, *pos)] += np.outer(
-                    x[(slice(None), c, *i)], w[(c, slice(None), *kk)]
-                )
+    x64 = x.astype(np.float64)
+    for g in range(groups):
+        ins, outs = slice(g * cg, (g + 1) * cg), slice(g * mg, (g + 1) * mg)
+        for kk, window in _taps(k, (margin,) * n, stride, dilation, sp):
+            part = np.einsum("nc...,cm->nm...", x64[:, ins], w[(ins, slice(None), *kk)])
+            buf[(slice(None), outs, *window)] += part
     crop = [slice(margin + pads[d], margin + full[d] - pads[n + d]) for d in range(n)]
     return buf[(slice(None), slice(None), *crop)]
 

@@ -67,31 +67,50 @@ def as_outputs(result: Any) -> tuple:
 
 def build_case(case: OpCase) -> tuple[popxl.Ir, list, list]:
     """The case's program: host-load the inputs, build, host-store the outputs."""
-    ir = popxl.Ir()
-    with ir.main_graph:
-        streams = [
-            popxl.h2d_stream(x.shape, dtypes.dtype.as_dtype(x.dtype), f"in{i}")
-            for i, x in enumerate(case.inputs)
-        ]
-        tensors = [ops.host_load(s, f"x{i}") for i, s in enumerate(streams)]
-        outs = as_outputs(case.build(*tensors))
-        out_streams = []
-        for i, o in enumerate(outs):
-            stream = popxl.d2h_stream(o.shape, o.dtype, f"out{i}")
-            ops.host_store(stream, o)
-            out_streams.append(stream)
+    ir, [(streams, out_streams)] = build_cases([case])
     return ir, streams, out_streams
 
 
+def build_cases(cases: Sequence[OpCase]) -> tuple[popxl.Ir, list[tuple[list, list]]]:
+    """One program for every case of ``cases``, side by side: each case's input and output
+    streams (named ``c<k>_in<i>``, ``c<k>_out<i>``)."""
+    ir = popxl.Ir()
+    found = []
+    with ir.main_graph:
+        for k, case in enumerate(cases):
+            streams = [
+                popxl.h2d_stream(x.shape, dtypes.dtype.as_dtype(x.dtype), f"c{k}_in{i}")
+                for i, x in enumerate(case.inputs)
+            ]
+            tensors = [ops.host_load(s, f"x{i}") for i, s in enumerate(streams)]
+            outs = as_outputs(case.build(*tensors))
+            out_streams = []
+            for i, o in enumerate(outs):
+                stream = popxl.d2h_stream(o.shape, o.dtype, f"c{k}_out{i}")
+                ops.host_store(stream, o)
+                out_streams.append(stream)
+            found.append((streams, out_streams))
+    return ir, found
+
+
 def run_case(case: OpCase) -> list[np.ndarray]:
-    ir, streams, out_streams = build_case(case)
+    return run_cases([case])[0]
+
+
+def run_cases(cases: Sequence[OpCase]) -> list[list[np.ndarray]]:
+    """Each case's outputs, from one program for them all."""
+    ir, found = build_cases(cases)
+    feed = {s: x for case, (ins, _) in zip(cases, found) for s, x in zip(ins, case.inputs)}
     with popxl.Session(ir, "ipu_model") as session:
-        results = session.run(dict(zip(streams, case.inputs)))
-    return [results[s] for s in out_streams]
+        results = session.run(feed)
+    return [[results[s] for s in outs] for _, outs in found]
 
 
 def check_forward(case: OpCase) -> None:
-    got = run_case(case)
+    _compare_forward(case, run_case(case))
+
+
+def _compare_forward(case: OpCase, got: list[np.ndarray]) -> None:
     expected = case.reference(*[np.array(x) for x in case.inputs])
     expected = (
         [expected] if isinstance(expected, np.ndarray) or np.isscalar(expected) else list(expected)
@@ -118,6 +137,61 @@ def check_forward(case: OpCase) -> None:
                 atol=case.atol,
                 err_msg=case.name,
             )
+
+
+# Several cases in one program ---------------------------------------------------------------
+#
+# Each program costs a session and a compilation whatever its size (a small op's program
+# compiled in about 35 ms here), so the table checks its cases several to a program, each
+# with its own streams or subgraph. A group that fails is checked again case by case, so the
+# failure names its case; a group that fails although each of its cases passes alone fails
+# as it is (the cases interfered).
+
+
+def groups(cases: Sequence[OpCase], size: int) -> list[tuple[OpCase, ...]]:
+    """``cases`` in consecutive groups of at most ``size``."""
+    return [tuple(cases[i : i + size]) for i in range(0, len(cases), size)]
+
+
+def group_id(group: Sequence[OpCase]) -> str:
+    """A group's test id: its cases' names (``-k NAME`` selects the group holding one)."""
+    return "+".join(c.name for c in group)
+
+
+def _each_alone_if_failing(
+    together: Callable[[], None], alone: Callable[[OpCase], None], cases: Sequence[OpCase]
+) -> None:
+    if len(cases) == 1:
+        alone(cases[0])
+        return
+    try:
+        together()
+    except Exception:
+        for case in cases:
+            alone(case)  # raises, naming the case, where one fails alone
+        raise
+
+
+def check_forward_group(cases: Sequence[OpCase]) -> None:
+    """``check_forward`` of every case in ``cases``, with one program for them all."""
+
+    def together() -> None:
+        for case, got in zip(cases, run_cases(cases)):
+            _compare_forward(case, got)
+
+    _each_alone_if_failing(together, check_forward, cases)
+
+
+def check_gradients_group(cases: Sequence[OpCase]) -> None:
+    """``check_gradients`` of every case in ``cases``, with one program for them all."""
+
+    def together() -> None:
+        plans = [_gradient_plan(case) for case in cases]
+        got = run_gradients_of(cases, [(wrt, seeds) for wrt, seeds in plans])
+        for case, (wrt, seeds), grads in zip(cases, plans, got):
+            _compare_gradients(case, wrt, seeds, grads)
+
+    _each_alone_if_failing(together, check_gradients, cases)
 
 
 def recorded_ops(ir: popxl.Ir) -> list:
@@ -229,43 +303,62 @@ def run_gradients(
     case: OpCase, wrt: Sequence[int], seeds_np: Sequence[np.ndarray | None]
 ) -> list[np.ndarray]:
     """Gradients from ``transforms.autodiff`` of a subgraph built by the case."""
+    return run_gradients_of([case], [(wrt, seeds_np)])[0]
+
+
+def run_gradients_of(
+    cases: Sequence[OpCase], plans: Sequence[tuple[Sequence[int], Sequence[Any]]]
+) -> list[list[np.ndarray]]:
+    """Each case's gradients (of its inputs ``wrt``, its outputs seeded with ``seeds``: one
+    ``(wrt, seeds)`` plan per case) from ``transforms.autodiff`` of a subgraph the case
+    builds, every case in one program."""
+    ir = popxl.Ir()
+    found = []
+    with ir.main_graph:
+        for k, (case, (wrt, seeds_np)) in enumerate(zip(cases, plans)):
+            found.append(_gradient_program(k, case, wrt, seeds_np, ir))
+    with popxl.Session(ir, "ipu_model") as session:
+        results = session.run()
+    return [[results[s] for s in streams] for streams in found]
+
+
+def _gradient_program(
+    k: int, case: OpCase, wrt: Sequence[int], seeds_np: Sequence[Any], ir: popxl.Ir
+) -> list:
     from popxl import transforms
 
     def body(*ts: Any) -> Any:
         # Copy the inputs so in-place ops write intermediates, not graph inputs.
         return case.build(*[ops.identity(t) for t in ts])
 
-    ir = popxl.Ir()
-    with ir.main_graph:
-        specs = [
-            popxl.TensorSpec(x.shape, dtypes.dtype.as_dtype(np.asarray(x).dtype))
-            for x in case.inputs
-        ]
-        graph = ir.create_graph(body, *specs)
-        provided = [o for o, s in zip(graph.outputs, seeds_np) if s is not None]
-        info = transforms.autodiff(graph, provided, [graph.inputs[i] for i in wrt])
-        args = [
-            popxl.variable(x, dtypes.dtype.as_dtype(np.asarray(x).dtype), f"in{i}")
-            for i, x in enumerate(case.inputs)
-        ]
-        fwd = ops.call_with_info(graph, *args)
-        seeds = [
-            popxl.constant(s.astype(o.dtype.as_numpy()))
-            for o, s in zip(graph.outputs, seeds_np)
-            if s is not None
-        ]
-        grads = ops.call(info.graph, *seeds, inputs_dict=info.inputs_dict(fwd))
-        streams = []
-        for i, g in enumerate(grads):
-            stream = popxl.d2h_stream(g.shape, g.dtype, f"grad{i}")
-            ops.host_store(stream, g)
-            streams.append(stream)
-    with popxl.Session(ir, "ipu_model") as session:
-        results = session.run()
-    return [results[s] for s in streams]
+    specs = [
+        popxl.TensorSpec(x.shape, dtypes.dtype.as_dtype(np.asarray(x).dtype)) for x in case.inputs
+    ]
+    graph = ir.create_graph(body, *specs)
+    provided = [o for o, s in zip(graph.outputs, seeds_np) if s is not None]
+    info = transforms.autodiff(graph, provided, [graph.inputs[i] for i in wrt])
+    args = [
+        popxl.variable(x, dtypes.dtype.as_dtype(np.asarray(x).dtype), f"c{k}_in{i}")
+        for i, x in enumerate(case.inputs)
+    ]
+    fwd = ops.call_with_info(graph, *args)
+    seeds = [
+        popxl.constant(s.astype(o.dtype.as_numpy()))
+        for o, s in zip(graph.outputs, seeds_np)
+        if s is not None
+    ]
+    grads = ops.call(info.graph, *seeds, inputs_dict=info.inputs_dict(fwd))
+    streams = []
+    for i, g in enumerate(grads):
+        stream = popxl.d2h_stream(g.shape, g.dtype, f"c{k}_grad{i}")
+        ops.host_store(stream, g)
+        streams.append(stream)
+    return streams
 
 
-def check_gradients(case: OpCase) -> None:
+def _gradient_plan(case: OpCase) -> tuple[list[int], list[Any]]:
+    """The inputs whose gradients are checked and the seed of each output (float outputs
+    only)."""
     wrt = grad_inputs(case)
     assert wrt, f"{case.name}: no float inputs to differentiate"
     outs = _reference_list(case, [np.asarray(x) for x in case.inputs])
@@ -274,7 +367,17 @@ def check_gradients(case: OpCase) -> None:
         rng.uniform(0.5, 1.5, o.shape) if np.issubdtype(o.dtype, np.floating) else None
         for o in outs
     ]
-    got = run_gradients(case, wrt, seeds)
+    return wrt, seeds
+
+
+def check_gradients(case: OpCase) -> None:
+    wrt, seeds = _gradient_plan(case)
+    _compare_gradients(case, wrt, seeds, run_gradients(case, wrt, seeds))
+
+
+def _compare_gradients(
+    case: OpCase, wrt: Sequence[int], seeds: Sequence[Any], got: Sequence[np.ndarray]
+) -> None:
     expected = numeric_gradients(case, seeds, wrt)
     for i, g, e in zip(wrt, got, expected):
         np.testing.assert_allclose(

@@ -20,14 +20,20 @@ from popxl._op import REGISTRY
 from .harness import (
     all_cases,
     as_float16,
-    check_forward,
-    check_gradients,
+    check_forward_group,
+    check_gradients_group,
     check_inference,
     covered_op_keys,
     grad_inputs,
+    group_id,
+    groups,
 )
 
 CASES = all_cases()
+# Cases checked together, one program a group (each program costs a session and a
+# compilation whatever its size); a failing group is checked case by case, naming the
+# failing case. Select one case with -k NAME: a group's id joins its cases' names.
+GROUP = 16
 # Ops whose behaviour is tested by dedicated tests rather than table cases.
 COLLECTIVES_TESTS = "tests/popxl/ops/test_collectives.py"
 REMOTE_TESTS = "tests/popxl/test_remote.py"
@@ -69,9 +75,12 @@ TESTED_ELSEWHERE = {
 }
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_forward_matches_numpy(case):
-    check_forward(case)
+FORWARD_GROUPS = groups(CASES, GROUP)
+
+
+@pytest.mark.parametrize("cases", FORWARD_GROUPS, ids=[group_id(g) for g in FORWARD_GROUPS])
+def test_forward_matches_numpy(cases):
+    check_forward_group(cases)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -82,17 +91,21 @@ def test_inference_matches_lowering(case):
 GRAD_CASES = [c for c in CASES if grad_inputs(c)]
 
 
-@pytest.mark.parametrize("case", GRAD_CASES, ids=[c.name for c in GRAD_CASES])
-def test_gradients_match_finite_differences(case):
-    check_gradients(case)
+GRAD_GROUPS = groups(GRAD_CASES, GROUP)
+
+
+@pytest.mark.parametrize("cases", GRAD_GROUPS, ids=[group_id(g) for g in GRAD_GROUPS])
+def test_gradients_match_finite_differences(cases):
+    check_gradients_group(cases)
 
 
 FP16_GRAD_CASES = [c16 for c in GRAD_CASES if (c16 := as_float16(c)) is not None]
+FP16_GROUPS = groups(FP16_GRAD_CASES, GROUP)
 
 
-@pytest.mark.parametrize("case", FP16_GRAD_CASES, ids=[c.name for c in FP16_GRAD_CASES])
-def test_float16_gradients_match_finite_differences(case):
-    check_gradients(case)
+@pytest.mark.parametrize("cases", FP16_GROUPS, ids=[group_id(g) for g in FP16_GROUPS])
+def test_float16_gradients_match_finite_differences(cases):
+    check_gradients_group(cases)
 
 
 def test_case_names_are_unique():
