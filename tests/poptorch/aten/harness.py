@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 import poptorch
+from tests.case_groups import each_alone_if_failing
 
 
 @dataclass
@@ -274,27 +275,13 @@ def _gradients_together(cases: Sequence[Case]) -> None:
     pm.destroy()
 
 
-def _each_alone_if_failing(
-    together: Callable[[], None], alone: Callable[[Case], None], cases: Sequence[Case]
-) -> None:
-    if len(cases) == 1:
-        alone(cases[0])
-        return
-    try:
-        together()
-    except Exception:
-        for case in cases:
-            alone(case)  # raises, naming the case, where one fails alone
-        raise
-
-
 def check_forward_group(cases: Sequence[Case], dtype: torch.dtype = torch.float32) -> None:
     """``check_forward`` of every case in ``cases``, with one model for them all."""
-    _each_alone_if_failing(
+    each_alone_if_failing(
         lambda: _forward_together(cases, dtype), lambda c: check_forward(c, dtype), cases
     )
 
 
 def check_gradients_group(cases: Sequence[Case]) -> None:
     """``check_gradients`` of every case in ``cases``, with one model for them all."""
-    _each_alone_if_failing(lambda: _gradients_together(cases), check_gradients, cases)
+    each_alone_if_failing(lambda: _gradients_together(cases), check_gradients, cases)

@@ -22,6 +22,7 @@ import numpy as np
 import popxl
 import popxl.ops as ops
 from popxl import dtypes
+from tests.case_groups import each_alone_if_failing
 
 
 @dataclass(frozen=True)
@@ -158,20 +159,6 @@ def group_id(group: Sequence[OpCase]) -> str:
     return "+".join(c.name for c in group)
 
 
-def _each_alone_if_failing(
-    together: Callable[[], None], alone: Callable[[OpCase], None], cases: Sequence[OpCase]
-) -> None:
-    if len(cases) == 1:
-        alone(cases[0])
-        return
-    try:
-        together()
-    except Exception:
-        for case in cases:
-            alone(case)  # raises, naming the case, where one fails alone
-        raise
-
-
 def check_forward_group(cases: Sequence[OpCase]) -> None:
     """``check_forward`` of every case in ``cases``, with one program for them all."""
 
@@ -179,7 +166,7 @@ def check_forward_group(cases: Sequence[OpCase]) -> None:
         for case, got in zip(cases, run_cases(cases)):
             _compare_forward(case, got)
 
-    _each_alone_if_failing(together, check_forward, cases)
+    each_alone_if_failing(together, check_forward, cases)
 
 
 def check_gradients_group(cases: Sequence[OpCase]) -> None:
@@ -191,7 +178,7 @@ def check_gradients_group(cases: Sequence[OpCase]) -> None:
         for case, (wrt, seeds), grads in zip(cases, plans, got):
             _compare_gradients(case, wrt, seeds, grads)
 
-    _each_alone_if_failing(together, check_gradients, cases)
+    each_alone_if_failing(together, check_gradients, cases)
 
 
 def recorded_ops(ir: popxl.Ir) -> list:
