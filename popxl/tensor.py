@@ -465,12 +465,51 @@ def variable(
     if graph is not graph.ir.main_graph:
         raise ValueError(VARIABLE_OUTSIDE_MAIN_MSG.format(graph=graph))
     arr = _host_array(data, dtype, downcast, **_fp8_kwargs(log2_scale, nan_on_overflow))
+    return _variable_of(arr, dtype, name, replica_grouping, retrieval_mode)
+
+
+def _variable_of(
+    arr: np.ndarray,
+    dtype: DType | None,
+    name: str | None,
+    replica_grouping: ReplicaGrouping | None,
+    retrieval_mode: str | None = None,
+) -> Variable:
+    """A main-graph variable holding ``arr`` itself as its initial host value."""
+    graph = context.get_current_graph()
+    if graph is not graph.ir.main_graph:
+        raise ValueError(VARIABLE_OUTSIDE_MAIN_MSG.format(graph=graph))
     grouping, mode = _grouping_and_mode(graph.ir, replica_grouping, retrieval_mode)
     shape = _per_group_shape(arr, grouping, name)
     dt = dtype or _dtypes.dtype.as_dtype(arr.dtype)
     var = Variable._create(graph, graph._create_tensor_id(name), TensorSpec(shape, dt))
     _init_variable(var, arr, grouping, mode)
     return var
+
+
+def variable_sharing_memory(
+    data: np.ndarray,
+    dtype: DType,
+    name: str | None = None,
+    replica_grouping: ReplicaGrouping | None = None,
+) -> Variable:
+    """``variable``, but the initial host value is a read-only view of ``data`` (of exactly
+    ``dtype``) rather than a copy: for a caller that owns host data holding the model's
+    current value anyway (PopTorch's torch parameters), which would otherwise be held twice.
+    The program reads it when a session first writes the weights to the device; later
+    changes to ``data`` show in the Ir's initial value.
+
+    Raises:
+        TypeError: ``data`` is not a NumPy array of ``dtype``.
+    """
+    if not isinstance(data, np.ndarray) or data.dtype != dtype.as_numpy():
+        raise TypeError(
+            f"variable_sharing_memory needs a NumPy array of {dtype}, got "
+            f"{type(data).__name__} of {getattr(data, 'dtype', None)}; use popxl.variable."
+        )
+    view = data.view()
+    view.flags.writeable = False
+    return _variable_of(view, dtype, name, replica_grouping)
 
 
 def _grouping_and_mode(

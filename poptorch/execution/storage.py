@@ -37,6 +37,7 @@ import popxl
 from popxl import ops
 from popxl.errors import InternalError
 from popxl.ops import collectives
+from popxl.tensor import variable_sharing_memory
 
 from ..options.core import TensorLocationSettings
 
@@ -98,6 +99,10 @@ def place(
         buffer = popxl.remote_buffer(shape, dtype, 1)
         var = popxl.remote_variable(data, buffer, 0, dtype, name, replica_grouping=grouping)
         _STORED[var] = _Stored(buffer=buffer, io_load=io_load, io_store=io_store)
+    elif isinstance(data, np.ndarray) and data.dtype == dtype.as_numpy():
+        # The factories hand over the torch model's parameters (or arrays made for the
+        # program): the variable reads them rather than keep a second copy of every weight.
+        var = variable_sharing_memory(data, dtype, name, replica_grouping=grouping)
     else:
         var = popxl.variable(data, dtype, name, replica_grouping=grouping)
     return var

@@ -6,6 +6,7 @@ import pytest
 import popxl
 import popxl.ops as ops
 from popxl.errors import PopXLException
+from popxl.tensor import variable_sharing_memory
 
 
 def _run(ir, *tensors):
@@ -220,6 +221,22 @@ def test_variable_extras():
     assert v.shape_on_host == v.shape_on_replica == (3, 3)
     assert grouped.shape == (3, 3) and grouped.shape_on_host == (2, 3, 3)
     assert grouped.retrieval_mode == "all_replicas"
+
+
+def test_a_variable_sharing_memory_views_its_data_and_runs_like_a_copy():
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = variable_sharing_memory(data, popxl.float32, "w")
+        out = popxl.d2h_stream(v.shape, v.dtype, "out")
+        popxl.ops.host_store(out, v + 1.0)
+        with pytest.raises(TypeError, match="NumPy array of .*float32"):
+            variable_sharing_memory(data.astype(np.float16), popxl.float32)
+    assert np.shares_memory(v._host_data, data) and not v._host_data.flags.writeable
+    data[0, 0] = 10.0  # the owner's later value is the one the session uploads
+    with popxl.Session(ir) as session:
+        np.testing.assert_array_equal(session.run()[out], data + 1.0)
+    assert data[0, 0] == 10.0
 
 
 def test_graph_output_errors():
