@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 _LOOP = "Loop"
 _CALL = "Call"
 _OUTLINE = "__outline"
+# ``poptorch.recomputationCheckpoint``'s op; PopART made it an ``Identity`` named "Checkpoint"
+_CHECKPOINT = "poptorch::recomputation_checkpoint"
 # ``Op.hints`` key of a call running a ``torch.nn`` block: the block's module path.
 
 
@@ -170,6 +172,8 @@ def _placed(scope: tuple[str, ...], frame: Frame) -> tuple[str, ...]:
 def _popart_type(op: Op) -> tuple[str, dict[str, Any]]:
     """The type PopART gave the op of an ATen record with a PopART counterpart, and the
     attributes PopART's op had that the record's do not (other ops keep their own type)."""
+    if op.type == _CHECKPOINT:  # PopART's ``checkpointOutput``: an Identity op
+        return "Identity", {}
     if op.type == "aten::grouped_scatter":
         return "ScatterReduce", {}
     if op.type == "aten::scatter" and op.attrs.get("reduce", "none") != "none":
@@ -201,7 +205,7 @@ def op_record(op: Op, scope: tuple[str, ...] | None = None) -> dict[str, Any]:
 def op_name(op: Op, scope: tuple[str, ...] | None = None) -> str:
     """``scope/Type``: the name scope with torch's dotted module paths split on ``/``; an
     in-place variant is named after its out-of-place type with ``:InPlace``."""
-    base, suffix = op.type, ""
+    base, suffix = ("Checkpoint" if op.type == _CHECKPOINT else op.type), ""
     key = op.opdef.key
     if op.opdef.is_inplace and key.endswith("_") and key[:-1] in REGISTRY:
         base, suffix = REGISTRY[key[:-1]].type, ":InPlace"

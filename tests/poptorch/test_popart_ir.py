@@ -18,6 +18,26 @@ def _ops(model: poptorch.PoplarExecutor) -> list[dict]:
     return ir["maingraph"]
 
 
+class Checkpointed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(4, 4)
+        self.second = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(poptorch.recomputationCheckpoint(torch.relu(self.first(x))))
+
+
+def test_a_recomputation_checkpoint_is_popart_s_identity_named_checkpoint():
+    model = Checkpointed()
+    pm = poptorch.inferenceModel(model)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(pm(x), model(x).detach())
+    checkpoints = [op for op in _ops(pm) if "Checkpoint" in op["name"]]
+    assert [op["type"] for op in checkpoints] == ["Identity"], checkpoints
+    assert checkpoints[0]["name"].endswith("/Checkpoint") or checkpoints[0]["name"] == "Checkpoint"
+
+
 class TwoConvs(torch.nn.Module):
     def __init__(self, multiconv: poptorch.MultiConv | None = None) -> None:
         super().__init__()
