@@ -8,8 +8,11 @@ same shape is built here from the popxl IR, so code that inspects PopTorch progr
 PopART had no device-iteration loop and no calls for the model's forward: the program's loops
 and every ``Call`` are inlined, so the step's ops all appear in ``"maingraph"``. Loops and
 branches of the model itself (``poptorch.for_loop``, ``poptorch.cond``) stay single ops, as
-PopART's ``Loop`` and ``If`` did. Op names are the op's name scope (torch module paths written
-``layer1/0``) and its type, with PopART's ``:InPlace`` suffix for in-place variants.
+PopART's ``Loop`` and ``If`` did. A pipeline's schedule (``popxl_addons``' pipelining) is
+inlined too, so each of its stages' ops appears once, as in PopART's IR, and each stash and
+restore between stages is one ``Stash`` / ``Restore`` op. Op names are the op's name scope
+(torch module paths written ``layer1/0``) and its type, with PopART's ``:InPlace`` suffix for
+in-place variants.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import popxl
 from popxl import _log as popart_log
 from popxl._op import REGISTRY
+from popxl_addons.transforms.pipelining import PIPELINE_ROLE, RESTORE, SCHEDULE, STASH
 
 from .._log import logger, trace_enabled
 from ..capture.scopes import MODULE_PATH
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
 
 _LOOP = "Loop"
 _CALL = "Call"
+_IF = "If"
 _OUTLINE = "__outline"
 # ``poptorch.recomputationCheckpoint``'s op; PopART made it an ``Identity`` named "Checkpoint"
 _CHECKPOINT = "poptorch::recomputation_checkpoint"
@@ -151,14 +156,18 @@ def placed_ops(
     found: list[tuple[tuple[str, ...], Op]] = []
     for op in graph._ops:
         scope = _placed(op.scope, frame)
-        inline = op.type == _CALL or (op.type == _LOOP and program_level)
+        role = op.hints.get(PIPELINE_ROLE)
+        schedule = program_level and role == SCHEDULE  # a pipeline's: its stages' ops once
+        inline = (op.type == _CALL and role is None) or schedule
+        inline = inline or (op.type == _LOOP and program_level)
         if not inline:
             found.append((scope, op))
             continue
         path = op.hints.get(MODULE_PATH)
         inner = ((*scope, path) if path else scope, op.scope)
-        for called in op.called_graphs:
-            found.extend(placed_ops(called, program_level and op.type == _LOOP, inner))
+        called = op.called_graphs[:1] if op.type == _IF else op.called_graphs  # not the skip
+        for g in called:
+            found.extend(placed_ops(g, program_level and (op.type == _LOOP or schedule), inner))
     return found
 
 
@@ -174,6 +183,8 @@ def _popart_type(op: Op) -> tuple[str, dict[str, Any]]:
     attributes PopART's op had that the record's do not (other ops keep their own type)."""
     if op.type == _CHECKPOINT:  # PopART's ``checkpointOutput``: an Identity op
         return "Identity", {}
+    if op.hints.get(PIPELINE_ROLE) in (STASH, RESTORE):  # a pipeline stash's or restore's call
+        return op.hints[PIPELINE_ROLE], {}
     if op.type == "aten::grouped_scatter":
         return "ScatterReduce", {}
     if op.type == "aten::scatter" and op.attrs.get("reduce", "none") != "none":
@@ -186,7 +197,7 @@ def op_record(op: Op, scope: tuple[str, ...] | None = None) -> dict[str, Any]:
     kind, extra = _popart_type(op)
     attributes: dict[str, str] = {k: _text(v) for k, v in extra.items()}
     for key, value in [*op.attrs.items(), *op.hints.items()]:
-        if key == OPTIMIZER_UPDATE:
+        if key in (OPTIMIZER_UPDATE, PIPELINE_ROLE):
             continue
         if _is_records(value):  # one record per part (MultiConv's convolutions): per field
             for field in dict(value[0]):
@@ -205,7 +216,9 @@ def op_record(op: Op, scope: tuple[str, ...] | None = None) -> dict[str, Any]:
 def op_name(op: Op, scope: tuple[str, ...] | None = None) -> str:
     """``scope/Type``: the name scope with torch's dotted module paths split on ``/``; an
     in-place variant is named after its out-of-place type with ``:InPlace``."""
-    base, suffix = ("Checkpoint" if op.type == _CHECKPOINT else op.type), ""
+    role = op.hints.get(PIPELINE_ROLE)
+    base = role if role in (STASH, RESTORE) else op.type
+    base, suffix = ("Checkpoint" if op.type == _CHECKPOINT else base), ""
     key = op.opdef.key
     if op.opdef.is_inplace and key.endswith("_") and key[:-1] in REGISTRY:
         base, suffix = REGISTRY[key[:-1]].type, ":InPlace"

@@ -372,6 +372,8 @@ def _build_staged_body(
     """``_build_body`` for a model split into blocks placed by an execution strategy (see
     ``_staged``)."""
     strategy = options.strategy
+    if _staged.is_pipelined(strategy):
+        _staged.stage_by_ipu_runs(plans)
     stage_ids = sorted({p.stage for p in plans})
     pipelined = _staged.is_pipelined(strategy) and len(stage_ids) > 1
     training = _trains(built, fwd, optimizer)
@@ -387,7 +389,8 @@ def _build_staged_body(
     weights_of = {t: key for key, t in fwd.args.to_dict().items()}
     if trainer is not None:
         loss = fwd.graph.outputs[built.loss_index]
-        _staged.differentiate(blocks, loss, set(weights_of), pipelined and options.recomputes)
+        recomputes = pipelined and options.recomputes(len({p.ipu for p in plans}))
+        _staged.differentiate(blocks, loss, set(weights_of), recomputes)
         for block in blocks:
             for t in block.inputs:
                 if t in weights_of:

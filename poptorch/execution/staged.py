@@ -11,7 +11,8 @@ its own device (``runtime.devices.placement``).
 
 * ``ShardedExecution``: the blocks run one after another, each micro-batch in turn.
 * ``PipelinedExecution``: the micro-batch loop is a ``popxl_addons.pipelined_execution``
-  pipeline: forward stage ``s`` is pipeline stage ``s``, its backward is pipeline stage
+  pipeline whose stages are the runs of consecutive blocks on one IPU (PopTorch merged
+  them): forward stage ``s`` is pipeline stage ``s``, its backward is pipeline stage
   ``2(S-1) - s`` on the same IPU (the last stage's forward and backward share a stage),
   activations are stashed between a stage's forward and backward. It needs at least as
   many micro-batches as pipeline stages (PopTorch's rule): gradient accumulation when
@@ -195,6 +196,18 @@ def _place_phased(plans: list[BlockPlan], strategy: Any, hints: dict[str, int | 
         p.stage = p.phase
 
 
+def stage_by_ipu_runs(plans: list[BlockPlan]) -> None:
+    """A pipeline's stages as PopTorch made them: consecutive blocks on one IPU are one
+    stage, a new one starting wherever the IPU changes (``CompilerImpl::numPipelineStages``
+    counts the IPU switches): a model whose blocks sit on IPUs 0, 1, 1, 1, 0 is pipelined in
+    three stages and needs three micro-batches, five when training."""
+    stage, ipu = -1, None
+    for p in plans:
+        if p.ipu != ipu:
+            stage, ipu = stage + 1, p.ipu
+        p.stage = stage
+
+
 def _check_order(plans: list[BlockPlan]) -> None:
     for before, p in zip(plans, plans[1:]):
         if p.stage < before.stage:
@@ -304,8 +317,11 @@ def differentiate(
 ) -> None:
     """Each block's gradient graph: gradients of its float outputs that the loss depends
     on, to its float inputs that are weights or earlier blocks' outputs. With ``recompute``
-    (PopART's ``autoRecomputation``), the gradient graph runs the block's forward again
-    instead of taking its activations, so a pipeline stashes only the block's inputs."""
+    (PopART's ``autoRecomputation``), the gradient graph of a block before the last stage
+    runs the block's forward again instead of taking its activations, so a pipeline stashes
+    only the block's inputs (the last stage's backward runs in its forward's stage: nothing
+    of it is stashed)."""
+    last = max(block.plan.stage for block in blocks)
     made: set[popxl.Tensor] = set()
     for block in blocks:
         block.required = [
@@ -319,7 +335,7 @@ def differentiate(
             grads_provided = [block.graph.outputs[block.outputs.index(t)] for t in block.provided]
             grads_required = [block.graph.inputs[block.inputs.index(t)] for t in block.required]
             block.grad = autodiff(block.graph, grads_provided, grads_required)
-            if recompute:
+            if recompute and block.plan.stage != last:
                 whole = GraphWithNamedArgs.from_grad_graph(block.grad)
                 block.grad = recompute_graph(whole).grad_graph_info
             needed.update(block.required)

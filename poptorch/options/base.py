@@ -173,7 +173,8 @@ class _PopartOptions(_Base):
     ``autoRecomputation`` (``popart.RecomputationType``) is recorded, also on the IR's
     session options (``ir.session_options.autoRecomputation``). Any value but
     ``NoRecompute`` makes a pipelined model's backward stages recompute each block's
-    forward instead of stashing its activations (``Options.recomputes``); elsewhere the
+    forward instead of stashing its activations (``Options.recomputes``), as unset does for
+    a pipeline over more than one IPU (PopTorch's default); elsewhere the
     runtime differentiates through JAX and XLA's compiler chooses what to keep. Which type
     is set does not matter here: recomputation changes memory use, never values.
     """

@@ -245,12 +245,14 @@ class Options(_Base):
         o = self.popart.options
         return str(o.get("cachePath", "")) if o.get("enableEngineCaching") else ""
 
-    @property
-    def recomputes(self) -> bool:
-        """PopART's ``autoRecomputation`` is set (``popart.RecomputationType`` other than
-        ``NoRecompute``): a pipelined model's backward stages recompute each block's forward
-        rather than stash its activations (the same numbers, smaller stashes)."""
-        return bool(self.popart.options.get("autoRecomputation", 0))
+    def recomputes(self, ipus: int) -> bool:
+        """Whether a model pipelined over ``ipus`` IPUs recomputes: its backward stages run
+        each block's forward again rather than stash its activations (the same numbers,
+        smaller stashes). PopART's ``autoRecomputation`` when set (any
+        ``popart.RecomputationType`` but ``NoRecompute``), else PopTorch's default:
+        ``Pipeline`` for a pipeline over more than one IPU."""
+        chosen = self.popart.options.get("autoRecomputation")
+        return ipus > 1 if chosen is None else bool(chosen)
 
     @property
     def synthetic_data(self) -> bool:

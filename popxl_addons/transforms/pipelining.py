@@ -88,6 +88,13 @@ MISSING_STAGE_MSG = (
 
 LOAD, COMPUTE, STORE, COPY = "loads", "stage", "stores", "copies"
 
+# ``Op.hints`` key of the ops this transform makes, for tools that show the program the way
+# PopART listed a pipeline (each op once, stashes as ``Stash`` / ``Restore`` ops): ``SCHEDULE``
+# on the calls, loops and conditionals that only run the schedule, ``STASH`` / ``RESTORE`` on
+# the calls of a stash's and a restore's graph.
+PIPELINE_ROLE = "__pipeline_role"
+SCHEDULE, STASH, RESTORE = "schedule", "Stash", "Restore"
+
 
 class PipelineContext:
     """What ``pipelined_execution`` yields: stage annotation and stash/restore helpers."""
@@ -103,6 +110,8 @@ class PipelineContext:
         self._stash, self._restore = Stash(cache=True), Restore(cache=True)
         self.stashes: set[popxl.Tensor] = set()
         self.restored: dict[popxl.Tensor, popxl.Tensor] = {}  # restored value -> stashed
+        # (activation, from stage, to stage) -> its restored value, for gradient graphs
+        self._activations: dict[tuple[popxl.Tensor, int, int | None], popxl.Tensor] = {}
 
     def hook(self, op: Op) -> None:
         if self._stage is None:
@@ -151,10 +160,12 @@ class PipelineContext:
             args, graph = self._stash.create_graph(t, stash_size)
             stash_args = args.init()
             self.stashes.add(stash_args.stash)
-            graph.bind(stash_args).call(t)
+            with _marked(STASH):
+                graph.bind(stash_args).call(t)
         with self.stage(to_stage):
             rargs, rgraph = self._restore.create_graph(stash_args.stash)
-            (restored,) = rgraph.bind(rargs.init()).call(stash_args.stash)
+            with _marked(RESTORE):
+                (restored,) = rgraph.bind(rargs.init()).call(stash_args.stash)
             if restored.shape != t.shape:  # a scalar takes one element of the stash
                 restored = restored.reshape(t.shape)
         self.restored[restored] = t
@@ -165,14 +176,18 @@ class PipelineContext:
     ) -> dict[popxl.Tensor, popxl.Tensor]:
         """The gradient graph's activations for ``call_info``, stashed from the forward's
         stage when the current stage is a different one (inputs from outside the pipeline,
-        e.g. weights, are passed as they are)."""
+        e.g. weights, are passed as they are). A value that several gradient graphs of one
+        stage read (a mask every layer uses) is stashed once."""
         activations = grad_info.inputs_dict(call_info)
         from_stage = self.stage_of(call_info._op)
         if self._stage == from_stage:
             return activations
         for sg_tensor, act in activations.items():
             if not self._is_external_input(act):
-                activations[sg_tensor] = self.stash_and_restore_tensor(act, from_stage)
+                key = (act, from_stage, self._stage)
+                if key not in self._activations:
+                    self._activations[key] = self.stash_and_restore_tensor(act, from_stage)
+                activations[sg_tensor] = self._activations[key]
         return activations
 
     def print_schedule(self) -> str:
@@ -415,7 +430,7 @@ class _Pipeline:
             ins = [self._input_like(t, t in self.modified_externals) for t in self.externals]
             self._write_schedule(dict(zip(self.externals, ins)))
         self.pipeline_graph = pipeline_graph
-        with self.graph, popxl.in_sequence(False):
+        with self.graph, popxl.in_sequence(False), _marked(SCHEDULE):
             ops.call(pipeline_graph, *self.externals)
 
     def _build_one_device(self, staged: list[Op]) -> None:
@@ -443,10 +458,10 @@ class _Pipeline:
         self.pipeline_graph = self.ir.create_empty_graph("pipeline_graph")
         with self.pipeline_graph:
             ins = [self._input_like(t, t in written) for t in externals]
-            with popxl.ipu(0):
+            with popxl.ipu(0), _marked(SCHEDULE):
                 ops.repeat(micro, self.steps, *ins)
         self.micro_batch_graph = micro
-        with self.graph, popxl.in_sequence(False):
+        with self.graph, popxl.in_sequence(False), _marked(SCHEDULE):
             ops.call(self.pipeline_graph, *externals)
 
     def _remove_ops(self) -> None:
@@ -531,7 +546,7 @@ class _Pipeline:
                     popxl.graph_output(cycle[ipu] + popxl.constant(1, popxl.int32))
             for t in self.carried:
                 popxl.graph_output(inner[t])
-        with popxl.ipu(0):
+        with popxl.ipu(0), _marked(SCHEDULE):
             outs = ops.repeat(body, self.steps + n - 1, *counters, *carried, *fixed)
         values.update(zip(self.carried, outs[len(ipus) :]))
 
@@ -545,7 +560,7 @@ class _Pipeline:
     def _call_guarded(self, p: _Piece, values: dict, active: popxl.Tensor) -> None:
         graph = self._guarded_graph(p)
         args = [self._value(t, values) for t in p.reads]
-        with popxl.ipu(_main_ipu(p.ops)):
+        with popxl.ipu(_main_ipu(p.ops)), _marked(SCHEDULE):
             outs = ops.call(graph, active, *args)
         values.update(zip(p.outputs, outs))
 
@@ -564,7 +579,9 @@ class _Pipeline:
             with guarded:
                 active = popxl.graph_input((), popxl.bool, "active")
                 ins = [self._input_like(t, t in p.modified) for t in p.reads]
-                for out in ops.conditional(active, graph, skip, then_inputs=ins):
+                with _marked(SCHEDULE):
+                    outs = ops.conditional(active, graph, skip, then_inputs=ins)
+                for out in outs:
                     popxl.graph_output(out)
         return guarded
 
@@ -619,7 +636,22 @@ def _clone_op(op: Op, graph: popxl.Graph, inputs: tuple[popxl.Tensor, ...]) -> O
     clone.location = op.location
     clone.execution_context = op.execution_context
     clone.modified_inputs = set(op.modified_inputs)
+    clone.hints = dict(op.hints)
     return clone
+
+
+@contextmanager
+def _marked(role: str) -> Iterator[None]:
+    """Within: the calls, loops and conditionals made in the current graph play ``role``
+    in the pipeline (``PIPELINE_ROLE``)."""
+    graph = popxl.gcg()
+    start = len(graph._ops)
+    try:
+        yield
+    finally:
+        for op in graph._ops[start:]:
+            if op.type in ("Call", "Loop", "If"):
+                op.hints[PIPELINE_ROLE] = role
 
 
 def _shares_one_device(staged: list[Op], ir: popxl.Ir) -> bool:

@@ -368,3 +368,61 @@ def test_each_weight_s_optimiser_update_is_shown_as_popart_s_ops(make, expected)
     updates = [op for op in _ops(training) if "Update" in op["type"] and "Copy" not in op["type"]]
     assert [op["type"] for op in updates] == expected
     assert {op["name"].split("_", 1)[1] for op in updates} == {"linear.weight", "linear.bias"}
+
+
+class TwoIpuTrainer(torch.nn.Module):
+    """Two blocks on two IPUs, the second checkpointing its hidden value, and the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(4, 8)
+        self.second = torch.nn.Linear(8, 8)
+        self.third = torch.nn.Linear(8, 2)
+        poptorch.BeginBlock(self.first, "A", ipu_id=0)
+        poptorch.BeginBlock(self.second, "B", ipu_id=1)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = poptorch.recomputationCheckpoint(torch.tanh(self.second(torch.tanh(self.first(x)))))
+        out = self.third(torch.tanh(h))
+        return out, torch.nn.functional.mse_loss(out, target)
+
+
+def _pipelined(recompute: int | None) -> tuple[poptorch.PoplarExecutor, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = TwoIpuTrainer()
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(4)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution("A", "B"))
+    if recompute is not None:
+        opts._Popart.set("autoRecomputation", recompute)
+    pm = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, target = torch.randn(8, 4), torch.randn(8, 2)
+    pm(x, target)
+    return pm, [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_pipeline_shows_each_stage_s_ops_once_and_its_stashes_as_popart_s_ops():
+    pm, _ = _pipelined(recompute=None)
+    ops = _ops(pm)
+    types = [op["type"] for op in ops]
+    assert "Loop" not in types and "Call" not in types and "If" not in types
+    # each forward product once, block A's again where its backward recomputes it (block B,
+    # the last stage, runs its backward in its forward's stage and recomputes nothing)
+    products = [op["name"] for op in ops if op["type"] == "MatMul"]
+    assert products == ["first/MatMul", "second/MatMul", "third/MatMul", "first/MatMul"]
+    stashes, restores = types.count("Stash"), types.count("Restore")
+    assert stashes >= 1 and stashes == restores, types
+    assert [op["type"] for op in ops if op["name"].endswith("Checkpoint")] == ["Identity"]
+    assert all(op["name"] in ("Stash", "Restore") for op in ops if op["type"] in ("Stash", "Restore"))
+
+
+def test_a_pipeline_over_two_ipus_recomputes_unless_told_not_to():
+    """PopTorch's default for a pipeline over several IPUs is ``RecomputationType::Pipeline``:
+    the backward stage runs its block's forward again, so only the block's inputs are stashed;
+    ``NoRecompute`` set explicitly stashes the activations. The weights come out the same."""
+    recomputing, weights = _pipelined(recompute=None)
+    stashing, same = _pipelined(recompute=0)  # popart.RecomputationType.NoRecompute
+    count = lambda pm: [op["type"] for op in _ops(pm)].count("Stash")  # noqa: E731
+    assert count(recomputing) < count(stashing)
+    for a, b in zip(weights, same):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

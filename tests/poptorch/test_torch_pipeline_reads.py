@@ -9,6 +9,7 @@ way. Each case runs against the same model in eager torch."""
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -244,3 +245,52 @@ def test_pipelined_dropout_trains_across_ipus():
     losses = [float(training(x, t)[1].mean()) for _ in range(3)]
     assert all(np.isfinite(losses)) and len(set(losses)) == 3  # new masks each call
     assert not torch.equal(model.layers[2].weight, start.layers[2].weight)
+
+
+class SharedMask(torch.nn.Module):
+    """BERT's layout: the embedding and the head on IPU 0, two encoder layers on IPU 1 that
+    both read the embedding stage's mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(IN, HID)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(HID, HID) for _ in range(2))
+        self.head = torch.nn.Linear(HID, OUT)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with poptorch.Block("Embedding", ipu_id=0):
+            h = self.embed(x)
+            mask = (1.0 - (x[:, :1] > 0).float()) * -2.0
+        with poptorch.Block("Encoder0", ipu_id=1):
+            h = torch.tanh(self.layers[0](h) + mask)
+        with poptorch.Block("Encoder1", ipu_id=1):
+            h = torch.tanh(self.layers[1](h) + mask)
+        with poptorch.Block("Head", ipu_id=0):
+            y = self.head(h)
+            loss = torch.nn.functional.mse_loss(y, t)
+        return y, loss
+
+
+def test_consecutive_blocks_on_one_ipu_are_one_stage_and_a_shared_value_is_stashed_once():
+    """PopTorch counted a pipeline's stages by IPU switches: blocks on IPUs 0, 1, 1, 0 are
+    three stages, so five micro-batches suffice when training (four blocks as four stages
+    would need seven). The two encoder layers' backward recomputes them (PopTorch's default
+    recomputation over several IPUs) from their stashed inputs, the mask among them once."""
+    torch.manual_seed(0)
+    model = SharedMask()
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(5)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, t = _data(5 * B)
+    training(x, t)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    losses = [reference(xm, tm)[1] for xm, tm in zip(x.chunk(5), t.chunk(5))]
+    (sum(losses) / 5).backward()
+    optimizer.step()
+    for (name, got), (_, want) in zip(model.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
+    records = json.loads(training._debugGetPopartIR())["maingraph"]
+    stashed = [r["inputs"][0]["name"] for r in records if r["type"] == "Stash"]
+    assert stashed and len(stashed) == len(set(stashed)), stashed
