@@ -55,7 +55,7 @@ _preferred: weakref.WeakSet[Ir] = weakref.WeakSet()  # programs preferred inline
 def policy(ir: Ir | None = None) -> str:
     """How repeated calls of ``ir`` are lowered: ``"scan"`` or ``"inline"``; the forced
     policy, else ``POPXL_CALLS``, else what was preferred for ``ir``, else ``"scan"``."""
-    choice = _policy or os.environ.get("POPXL_CALLS")
+    choice = _policy or os.environ.get("POPXL_CALLS") or None  # set but empty: unset
     if choice is None:
         # The backend is asked only here, while a session lowers the program: asked when
         # the program is built, it would start JAX before a distributed run is set up.

@@ -302,6 +302,8 @@ def test_policy_names_are_checked(monkeypatch):
     monkeypatch.setenv("POPXL_CALLS", "unrolled")
     with pytest.raises(ValueError, match="POPXL_CALLS must be one of scan, inline, got 'unrolled'"):
         run_plans.policy()
+    monkeypatch.setenv("POPXL_CALLS", "")  # set but empty, as ``POPXL_CALLS= python ...``
+    assert run_plans.policy() == "scan"
 
 
 def looped_program(kind: str):
