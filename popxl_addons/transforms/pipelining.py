@@ -111,7 +111,7 @@ class PipelineContext:
         self.stashes: set[popxl.Tensor] = set()
         self.restored: dict[popxl.Tensor, popxl.Tensor] = {}  # restored value -> stashed
         # (activation, from stage, to stage) -> its restored value, for gradient graphs
-        self._activations: dict[tuple[popxl.Tensor, int, int | None], popxl.Tensor] = {}
+        self._activations: dict[tuple[popxl.Tensor, int | None, int | None], popxl.Tensor] = {}
 
     def hook(self, op: Op) -> None:
         if self._stage is None:
