@@ -385,11 +385,14 @@ def _build_staged_body(
     trainer = Trainer(built, fwd, optimizer, options, whole=False) if training else None
     for p in plans:
         p.stage = stage_ids.index(p.stage)
-    blocks = _staged.split(fwd.graph, plans)
+    recomputes = (
+        trainer is not None and pipelined and options.recomputes(len({p.ipu for p in plans}))
+    )
+    pieces = _staged.cut_at_checkpoints(plans, fwd.graph) if recomputes else plans
+    blocks = _staged.split(fwd.graph, pieces)
     weights_of = {t: key for key, t in fwd.args.to_dict().items()}
     if trainer is not None:
         loss = fwd.graph.outputs[built.loss_index]
-        recomputes = pipelined and options.recomputes(len({p.ipu for p in plans}))
         _staged.differentiate(blocks, loss, set(weights_of), recomputes)
         for block in blocks:
             for t in block.inputs:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,7 @@ PIPELINE_INFERENCE_STEPS_MSG = (
 
 # The block of the ops that run before the model starts one (PopTorch's initial IPU 0).
 DEFAULT_BLOCK = "<before the first block>"
+RECOMPUTATION_CHECKPOINT = "poptorch::recomputation_checkpoint"  # its op's type
 
 
 @dataclass
@@ -206,6 +207,23 @@ def stage_by_ipu_runs(plans: list[BlockPlan]) -> None:
         if p.ipu != ipu:
             stage, ipu = stage + 1, p.ipu
         p.stage = stage
+
+
+def cut_at_checkpoints(plans: list[BlockPlan], graph: popxl.Graph) -> list[BlockPlan]:
+    """``plans`` with each block before the last stage cut after every
+    ``poptorch.recomputationCheckpoint`` in it: a recomputing backward then recomputes each
+    piece from its own inputs, the checkpointed values among them (stashed, as PopART stashed
+    checkpoints), rather than the whole block from the block's inputs. The pieces keep their
+    block's stage and IPU; the second and later are named ``<block>.1``, ``<block>.2``."""
+    ops = graph._ops
+    last = max((p.stage for p in plans), default=0)
+    pieces: list[BlockPlan] = []
+    for p in plans:
+        marked = range(p.start, p.stop - 1) if p.stage != last else range(0)
+        cuts = [i + 1 for i in marked if ops[i].type == RECOMPUTATION_CHECKPOINT]
+        for k, (start, stop) in enumerate(zip([p.start, *cuts], [*cuts, p.stop])):
+            pieces.append(replace(p, name=f"{p.name}.{k}" if k else p.name, start=start, stop=stop))
+    return pieces
 
 
 def _check_order(plans: list[BlockPlan]) -> None:
