@@ -197,6 +197,20 @@ def in_sequence(mode: InSequenceMode = True) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def hint_new_ops(key: str, value: Any, types: tuple[str, ...] = ()) -> Iterator[None]:
+    """Within: each op made in the current graph (of one of ``types``, if given) gets
+    ``op.hints[key] = value``, a note for the tools that read the program later."""
+    graph = get_current_graph()
+    start = len(graph._ops)
+    try:
+        yield
+    finally:
+        for op in graph._ops[start:]:
+            if not types or op.type in types:
+                op.hints[key] = value
+
+
+@contextlib.contextmanager
 def _execution_context(name: str) -> Iterator[None]:
     """Run ops created inside as part of another program fragment (e.g. weights_from_host)."""
     ctx = _local.context

@@ -20,12 +20,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import popxl
 from popxl import _log as popart_log
 from popxl._op import REGISTRY
+from popxl.context import hint_new_ops
 from popxl_addons.transforms.pipelining import PIPELINE_ROLE, RESTORE, SCHEDULE, STASH
 
 from .._log import logger, trace_enabled
@@ -56,17 +56,10 @@ _POPART_UPDATES = {
 }
 
 
-@contextlib.contextmanager
-def tagged_update(kind: str, weight: str) -> Iterator[None]:
+def tagged_update(kind: str, weight: str) -> contextlib.AbstractContextManager[None]:
     """Within: the ops made in the current graph are weight ``weight``'s optimiser update
     (of PopTorch optimiser type ``kind``), which the serialized IR shows as PopART's ops."""
-    graph = popxl.gcg()
-    start = len(graph._ops)
-    try:
-        yield
-    finally:
-        for op in graph._ops[start:]:
-            op.hints[OPTIMIZER_UPDATE] = (kind, weight)
+    return hint_new_ops(OPTIMIZER_UPDATE, (kind, weight))
 
 
 def popart_ir_json(ir: popxl.Ir) -> str:

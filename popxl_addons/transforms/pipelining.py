@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -52,6 +52,7 @@ import numpy as np
 import popxl
 from popxl import ops
 from popxl._op import Op
+from popxl.context import hint_new_ops
 from popxl.errors import InternalError
 from popxl.graph import Graph
 from popxl.ops._base import add_op
@@ -640,18 +641,10 @@ def _clone_op(op: Op, graph: popxl.Graph, inputs: tuple[popxl.Tensor, ...]) -> O
     return clone
 
 
-@contextmanager
-def _marked(role: str) -> Iterator[None]:
+def _marked(role: str) -> AbstractContextManager[None]:
     """Within: the calls, loops and conditionals made in the current graph play ``role``
     in the pipeline (``PIPELINE_ROLE``)."""
-    graph = popxl.gcg()
-    start = len(graph._ops)
-    try:
-        yield
-    finally:
-        for op in graph._ops[start:]:
-            if op.type in ("Call", "Loop", "If"):
-                op.hints[PIPELINE_ROLE] = role
+    return hint_new_ops(PIPELINE_ROLE, role, ("Call", "Loop", "If"))
 
 
 def _shares_one_device(staged: list[Op], ir: popxl.Ir) -> bool:
