@@ -30,6 +30,7 @@ import numpy as np
 import popxl
 import popxl_addons as addons
 from popxl import ops
+from popxl.session_options import RecomputationType
 from popxl_addons.transforms.repeat_graph import repeat_graph
 
 from ..blocks import recording
@@ -388,6 +389,8 @@ def _build_staged_body(
     recomputes = (
         trainer is not None and pipelined and options.recomputes(len({p.ipu for p in plans}))
     )
+    if recomputes and "autoRecomputation" not in options.popart.options:
+        built.ir.session_options.autoRecomputation = RecomputationType.Pipeline  # PopTorch's
     pieces = _staged.cut_at_checkpoints(plans, fwd.graph) if recomputes else plans
     blocks = _staged.split(fwd.graph, pieces)
     weights_of = {t: key for key, t in fwd.args.to_dict().items()}

@@ -414,7 +414,9 @@ def test_a_pipeline_shows_each_stage_s_ops_once_and_its_stashes_as_popart_s_ops(
     stashes, restores = types.count("Stash"), types.count("Restore")
     assert stashes >= 1 and stashes == restores, types
     assert [op["type"] for op in ops if op["name"].endswith("Checkpoint")] == ["Identity"]
-    assert all(op["name"] in ("Stash", "Restore") for op in ops if op["type"] in ("Stash", "Restore"))
+    assert all(
+        op["name"] in ("Stash", "Restore") for op in ops if op["type"] in ("Stash", "Restore")
+    )
 
 
 def test_a_pipeline_over_two_ipus_recomputes_unless_told_not_to():
@@ -425,6 +427,9 @@ def test_a_pipeline_over_two_ipus_recomputes_unless_told_not_to():
     stashing, same = _pipelined(recompute=0)  # popart.RecomputationType.NoRecompute
     count = lambda pm: [op["type"] for op in _ops(pm)].count("Stash")  # noqa: E731
     assert count(recomputing) < count(stashing)
+    # the IR's session options say so, as PopTorch's did after compiling (3: ``Pipeline``)
+    assert int(recomputing.ir.session_options.autoRecomputation) == 3
+    assert int(stashing.ir.session_options.autoRecomputation) == 0
     for a, b in zip(weights, same):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
