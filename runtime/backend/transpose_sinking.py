@@ -39,7 +39,8 @@ ELEMENTWISE = frozenset(
     neg sign floor ceil round is_finite exp exp2 log log1p expm1 tanh logistic sin cos tan
     asin acos atan sinh cosh asinh acosh atanh sqrt rsqrt cbrt abs not integer_pow square
     erf erfc erf_inv lgamma digamma real imag conj convert_element_type reduce_precision
-    copy copy_p population_count clz add add_any sub mul div rem pow max min atan2 nextafter
+    copy copy_p stop_gradient population_count clz add add_any sub mul div rem pow max min
+    atan2 nextafter
     and or xor eq ne lt le gt ge shift_left shift_right_logical shift_right_arithmetic
     select_n clamp
     """.split()
@@ -75,10 +76,10 @@ def sink_transposes(fn: Any, traced: dict | None = None) -> Any:
     their arguments (``trace``): one found there is not traced again."""
 
     def sunk(*args: Any) -> Any:
-        found = (traced or {}).pop(_avals(args), None)
+        found = (traced or {}).pop(abstract_key(args), None)
         closed, out_shape = found or jax.make_jaxpr(fn, return_shape=True)(*args)
         flat = jax.tree_util.tree_leaves(args)
-        outs = _Sinker().run(closed.jaxpr, closed.consts, flat)
+        outs = Sinker().run(closed.jaxpr, closed.consts, flat)
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
 
     return sunk
@@ -87,11 +88,11 @@ def sink_transposes(fn: Any, traced: dict | None = None) -> Any:
 def trace(fn: Any, args: tuple, traced: dict) -> Any:
     """``fn``'s closed jaxpr for ``args``, kept in ``traced`` for ``sink_transposes``."""
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-    traced[_avals(args)] = (closed, out_shape)
+    traced[abstract_key(args)] = (closed, out_shape)
     return closed
 
 
-def _avals(args: tuple) -> tuple:
+def abstract_key(args: tuple) -> tuple:
     leaves, tree = jax.tree_util.tree_flatten(args)
     return tree, tuple((tuple(a.shape), str(a.dtype)) for a in leaves)
 
@@ -117,12 +118,12 @@ def inverse(perm: Sequence[int]) -> tuple[int, ...]:
     return tuple(inv)
 
 
-def _identity(perm: Sequence[int]) -> bool:
+def is_identity(perm: Sequence[int]) -> bool:
     return all(i == p for i, p in enumerate(perm))
 
 
-def _pending(base: Any, perm: tuple[int, ...]) -> Any:
-    return base if _identity(perm) else Pending(base, perm)
+def pending_transpose(base: Any, perm: tuple[int, ...]) -> Any:
+    return base if is_identity(perm) else Pending(base, perm)
 
 
 def _shape(v: Any) -> tuple[int, ...]:
@@ -138,13 +139,16 @@ def _ndim(v: Any) -> int:
     return len(_shape(v))
 
 
-class _Sinker:
+class Sinker:
     """One evaluation of a jaxpr with pending transposes (per loop body, a fresh one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stored: Sequence[Any] = ()) -> None:
         self._computed: dict[int, Any] = {}  # id(Pending) -> its transposed array
-        self._keep: list[Any] = []  # what the ids above name, kept alive
+        self._keep: list[Any] = [*stored]  # what the ids here name, kept alive
         self._broadcasts: dict[int, tuple] = {}  # id(array) -> (operand, broadcast dims)
+        # arrays kept in a layout of their own (``runtime.backend.stored_layouts``): an
+        # elementwise op meeting one of them pending keeps its layout
+        self.stored = {id(a) for a in stored}
 
     # Reading values ------------------------------------------------------------------------
 
@@ -212,8 +216,8 @@ class _Sinker:
         if name == "transpose":
             x, perm = ins[0], tuple(eqn.params["permutation"])
             if isinstance(x, Pending):
-                return [_pending(x.base, tuple(x.perm[i] for i in perm))]
-            return [_pending(x, perm)]
+                return [pending_transpose(x.base, tuple(x.perm[i] for i in perm))]
+            return [pending_transpose(x, perm)]
         if any(isinstance(v, Pending) for v in ins):
             rule = _RULES.get(name)
             if rule is None and name in ELEMENTWISE:
@@ -280,7 +284,7 @@ def _rewritten(closed: Any) -> Any:
     avals = closed.in_avals
 
     def body(*args: Any) -> list[Any]:
-        return _Sinker().run(closed.jaxpr, closed.consts, args)
+        return Sinker().run(closed.jaxpr, closed.consts, args)
 
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     try:
@@ -298,12 +302,12 @@ def _rewritten(closed: Any) -> Any:
 # operands and apply the op as it is. ----------------------------------------------------
 
 
-def _elementwise(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _elementwise(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     rank = len(eqn.outvars[0].aval.shape)
     pending = [v for v in ins if isinstance(v, Pending)]
     perms = {v.perm for v in pending}
     if len(perms) != 1:
-        return None
+        return _toward_stored(s, eqn, ins)
     (perm,) = perms
     full = [v for v in ins if not isinstance(v, Pending) and _ndim(v) == rank]
     if len(full) - sum(id(v) in s._broadcasts for v in full) > len(pending):
@@ -314,10 +318,33 @@ def _elementwise(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
         for v in ins
     ]
     outs = s.bind(eqn, args)
-    return [_pending(o, perm) for o in outs]
+    return [pending_transpose(o, perm) for o in outs]
 
 
-def _bitcast(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _toward_stored(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    """Operands pending different transposes, one of them state kept in a layout of its own
+    (``Sinker.stored``): the others are transposed to that state's layout, so an update
+    (``w - lr * g``, the gradient in its kernel's layout) writes the state as it is kept."""
+    anchor = next((v for v in ins if isinstance(v, Pending) and id(v.base) in s.stored), None)
+    if anchor is None:
+        return None
+    rank = len(eqn.outvars[0].aval.shape)
+    back = inverse(anchor.perm)
+    args = []
+    for v in ins:
+        if isinstance(v, Pending):
+            v = (
+                v.base
+                if v.perm == anchor.perm
+                else lax.transpose(v.base, tuple(v.perm[i] for i in back))
+            )
+        elif _ndim(v) == rank:
+            v = s.transposed(v, back)
+        args.append(v)
+    return [pending_transpose(o, anchor.perm) for o in s.bind(eqn, args)]
+
+
+def _bitcast(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     """A bitcast between types of one width is elementwise (across widths it adds or drops
     a trailing axis, and the value is computed)."""
     if eqn.invars[0].aval.ndim != eqn.outvars[0].aval.ndim:
@@ -325,7 +352,7 @@ def _bitcast(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     return _elementwise(s, eqn, ins)
 
 
-def _reduction(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _reduction(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     """A reduction (variadic ``reduce`` too: its operands, then their initial values)."""
     key = "axes" if "axes" in eqn.params else "dimensions"
     n = len(eqn.outvars)
@@ -338,16 +365,16 @@ def _reduction(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     kept = [perm[i] for i in range(len(perm)) if i not in axes]
     order = sorted(kept)
     outs = s.bind(eqn, [v.base for v in arrays] + inits, **{key: base_axes})
-    return [_pending(out, tuple(order.index(d) for d in kept)) for out in outs]
+    return [pending_transpose(out, tuple(order.index(d) for d in kept)) for out in outs]
 
 
-def _cumulative(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _cumulative(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     (x,) = ins
     out = s.bind_one(eqn, [x.base], axis=x.perm[eqn.params["axis"]])
     return [Pending(out, x.perm)]
 
 
-def _pad(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _pad(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     x, fill = ins
     if isinstance(fill, Pending):
         return None
@@ -357,7 +384,7 @@ def _pad(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     return [Pending(out, x.perm, (eqn, ins))]
 
 
-def _slice(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _slice(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     (x,) = ins
     back = inverse(x.perm)
     params = eqn.params
@@ -370,13 +397,13 @@ def _slice(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     return [Pending(s.bind_one(eqn, [x.base], **changed), x.perm, (eqn, ins))]
 
 
-def _rev(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _rev(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     (x,) = ins
     dims = tuple(sorted(x.perm[d] for d in eqn.params["dimensions"]))
     return [Pending(s.bind_one(eqn, [x.base], dimensions=dims), x.perm, (eqn, ins))]
 
 
-def _barrier(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _barrier(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     """An optimisation barrier holds each base, pending as its operand was."""
     outs = s.bind(eqn, [v.base if isinstance(v, Pending) else v for v in ins])
     return [Pending(o, v.perm) if isinstance(v, Pending) else o for o, v in zip(outs, ins)]
@@ -390,7 +417,7 @@ def _shared_perm(ins: list[Any]) -> tuple[int, ...] | None:
     return perms.pop()
 
 
-def _concatenate(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _concatenate(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     """Operands pending one transpose are joined as their bases. Where they pend different
     ones, the result pends the transpose of the largest pending operand and only the others
     are transposed to match it; where plain operands hold at least as many elements as the
@@ -424,7 +451,7 @@ def _size(v: Any) -> int:
     return math.prod(_shape(v))
 
 
-def _split(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _split(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     """A split (the gradient of a concatenation) of a pending value: of its base, each part
     pending the same transpose."""
     (x,) = ins
@@ -432,7 +459,7 @@ def _split(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     return [Pending(o, x.perm) for o in outs]
 
 
-def _reshape(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _reshape(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     """A reshape (``reshape``, ``squeeze``, a broadcast that only adds unit axes) of a
     pending transpose: applied to the base, itself transposed first only where the axes the
     reshape merges are not neighbours there (one transpose, as computing the value would
@@ -448,7 +475,7 @@ def _reshape(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
         return None
     first, shape, perm = planned
     base = x.base if first is None else lax.transpose(x.base, first)
-    return [_pending(lax.reshape(base, shape), perm)]
+    return [pending_transpose(lax.reshape(base, shape), perm)]
 
 
 def reshape_plan(
@@ -516,7 +543,7 @@ def _groups(a: list[int], b: list[int]) -> list[tuple[list[int], list[int]]] | N
     return groups
 
 
-def _stack(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _stack(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     """Operands pending the same transpose, stacked on a new leading axis: their bases
     stacked on a new leading axis. On another axis the operands are computed and stacked as
     they are: with the new axis inside the base, each operand's copy would be scattered
@@ -528,7 +555,7 @@ def _stack(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     return [Pending(out, (0, *(p + 1 for p in perm)))]
 
 
-def _dot_general(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
+def _dot_general(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
     """A pending operand whose base is still a (batched) matrix for the product, its batch
     axes leading and its contracted axes one run before or after its free ones, is folded
     into the dimension numbers (as XLA's transpose folding does); another is computed, as
@@ -558,7 +585,7 @@ def _dot_general(s: _Sinker, eqn: Any, ins: list[Any]) -> list[Any] | None:
         + [nb + lsorted.index(d) for d in lfree]
         + [nb + len(lfree) + rsorted.index(d) for d in rfree]
     )
-    return [_pending(out, tuple(perm))]
+    return [pending_transpose(out, tuple(perm))]
 
 
 def _matrix(v: Any, contract: Sequence[int], batch: Sequence[int]) -> bool:

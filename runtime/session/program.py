@@ -9,7 +9,7 @@ the IR is replicated. Steps are compiled once and cached in-process by the IR's 
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import hashlib
 import os
 from collections import OrderedDict
@@ -51,7 +51,6 @@ from ..lowering import (  # noqa: F401  (register lowerings)
     calls,
     checks,
     control,
-    hoisting,
     host_io,
     remote,
     runs,
@@ -63,6 +62,7 @@ from ..lowering import (  # noqa: F401  (register lowerings)
 from ..lowering.core import Env, LoweringContext, lower_op, schedule
 from ..lowering.graphs import convolves, reachable_graphs
 from ..lowering.replica_sums import is_batched
+from .sunk_step import SunkStep
 
 REPLICA_AXIS = "replica"
 # Compiled steps by IR structure, least recently used first; bounded so that programs built
@@ -114,6 +114,9 @@ class Program:
     # The step's scratch buffers (``runtime.scratch``): donated after the written state
     # entries and returned after them.
     scratch: tuple[scratch.Buffer, ...] = ()
+    # Per state entry: the transpose of the program's layout the state keeps it in (None:
+    # as the program names it), chosen by the step (``SunkStep.choose_layouts``).
+    layouts: tuple[tuple[int, ...] | None, ...] = ()
 
     @property
     def n_entries(self) -> int:
@@ -143,13 +146,25 @@ class Program:
         """Per-variable device-layout arrays → the state's variable entries."""
         if self.slots:  # placed programs keep one entry per variable
             return self.slots.pack(values, self.replica_lead)
-        return state_layout.pack(self.entries, values, self.batched)
+        packed = state_layout.pack(self.entries, values, self.batched)
+        return [v if p is None else np.transpose(v, p) for v, p in zip(packed, self._layouts())]
 
     def unpack(self, values: Sequence) -> list:
         """The state's variable entries → per-variable arrays."""
         if self.slots:
             return self.slots.unpack(values, self.replica_lead)
-        return state_layout.unpack(self.entries, values, self.batched)
+        logical = [
+            v if p is None else np.transpose(v, transpose_sinking.inverse(p))
+            for v, p in zip(values, self._layouts())
+        ]
+        return state_layout.unpack(self.entries, logical, self.batched)
+
+    def _layouts(self) -> tuple[tuple[int, ...] | None, ...]:
+        return self.layouts or (None,) * len(self.entries)
+
+    def entry_layout(self, entry: int) -> tuple[int, ...] | None:
+        """The layout state entry ``entry`` is kept in (None: the program's)."""
+        return self.layouts[entry] if self.layouts else None
 
     @property
     def replica_lead(self) -> tuple[int, ...]:
@@ -368,8 +383,18 @@ def _make_step(
     sink = mode != "shard_map" and cpu_forms() and has_convolutions
     ops = (op for g in reachable_graphs(ir) for op in g._ops)
     large = not has_convolutions and xla_options.large_products(ops)
+    unstacked = tuple(len(e) == 1 for e in entries)
     step = _split_step(
-        replica_step, batched, written, mode, replicas, local_replicas, stash, sink, large
+        replica_step,
+        batched,
+        written,
+        mode,
+        replicas,
+        local_replicas,
+        stash,
+        sink,
+        large,
+        unstacked,
     )
     return step, batched, written, (), stash
 
@@ -487,12 +512,14 @@ def _split_step(
     stash: tuple = (),
     sink: bool = False,
     large_products: bool = False,
+    unstacked: tuple[bool, ...] = (),
 ) -> Any:
     """The jitted ``step(written_state, constant_state, inputs)``: only state the program
     writes is donated and returned; read-only state (e.g. weights of an inference program)
     is passed in and left where it is. The scratch buffers (``stash``) follow the written
     state, donated and returned the same way. ``large_products``: compiled for products of
-    many rows (``xla_options``)."""
+    many rows (``xla_options``); ``unstacked``: per variable entry, whether it holds one
+    variable (those a convolution program may store transposed, ``SunkStep``)."""
     mutable = [i for i, w in enumerate(written) if w]
     const = [i for i, w in enumerate(written) if not w]
 
@@ -522,65 +549,15 @@ def _split_step(
     elif mode == "shard_map":
         step = _shard_mapped(step, replicas, local)
     if sink:  # the transposes between channels-last convolutions cancel
-        return _SunkStep(step)
+        candidates = unstacked + (False,) * (len(written) - len(unstacked))  # not buffers
+        return SunkStep(step, written, candidates, len(stash))
     return xla_options.jit(step, large_products=large_products, donate_argnums=(0,))
 
 
 def compiled_step(step: Any, executable: Any) -> Any:
     """The callable that runs ``executable``, compiled from ``step.lower`` (as the executable
     cache loads it), as ``step`` is called."""
-    return step.compiled(executable) if isinstance(step, _SunkStep) else executable
-
-
-class _SunkStep:
-    """The jitted step of a program with convolutions on the CPU: its transposes sunk
-    (``runtime.transpose_sinking``) and, where the traced step neither loops nor branches,
-    its weights updated in place (``xla_options.in_place_options``). The step is traced
-    once, on first use, and that trace serves both the choice and the sinking."""
-
-    def __init__(self, fn: Any) -> None:
-        self._fn = fn
-        self._traced: dict = {}
-        self._jit: Any = None
-
-    def _jitted(self, args: tuple) -> Any:
-        if self._jit is None:
-            closed = transpose_sinking.trace(self._fn, args, self._traced)
-            jit = functools.partial(
-                xla_options.jit, in_place=not transpose_sinking.has_loops(closed.jaxpr)
-            )
-            sunk = transpose_sinking.sink_transposes(self._fn, self._traced)
-            if not hoisting.worth_hoisting(closed, args, 1):
-                self._jit = jit(sunk, donate_argnums=(0,))
-            else:  # the work on read-only state (weights' layouts) kept between runs
-                closed, out_shape = jax.make_jaxpr(sunk, return_shape=True)(*args)
-                self._jit = hoisting.Hoisted(
-                    closed, jax.tree_util.tree_structure(out_shape), args, 1, jit
-                )
-        return self._jit
-
-    def __call__(self, *args: Any) -> Any:
-        return self._jitted(args)(*args)
-
-    def lower(self, *args: Any) -> Any:
-        return self._jitted(args).lower(*args)
-
-    def compiled(self, executable: Any) -> Any:
-        """The callable that runs ``executable`` (compiled from ``lower``) as this step is
-        called."""
-
-        def run(*args: Any) -> Any:
-            if getattr(executable, "in_tree", None) == jax.tree_util.tree_structure((args, {})):
-                return executable(*args)  # the step's own arguments: nothing was hoisted
-            jitted = self._jitted(args)  # traced here when the executable was loaded
-            if isinstance(jitted, hoisting.Hoisted):
-                return jitted.call_compiled(executable, *args)
-            return executable(*args)
-
-        return run
-
-    def trace(self, *args: Any) -> Any:
-        return self._jitted(args).trace(*args)
+    return step.compiled(executable) if isinstance(step, SunkStep) else executable
 
 
 def _stacking_class(var: Variable) -> tuple:
@@ -731,7 +708,7 @@ def build_program(ir: Ir) -> Program:
     _STEP_CACHE.move_to_end(key)
     _bound_step_cache()
     step, batched, written, slots, stash, entries = cached
-    return Program(
+    program = Program(
         ir,
         variables,
         buffers,
@@ -751,6 +728,18 @@ def build_program(ir: Ir) -> Program:
         entries,
         stash,
     )
+    if isinstance(step, SunkStep):
+        with jax.enable_x64(True) if program.uses_x64 else contextlib.nullcontext():
+            program.layouts = step.choose_layouts(_abstract_arguments(program))
+    return program
+
+
+def _abstract_arguments(program: Program) -> tuple:
+    """The step's arguments ``(written state and scratch, read-only state, inputs)``,
+    abstract, in the program's layout."""
+    mut, fixed = program.split(abstract_state(program))
+    stash = tuple(jax.ShapeDtypeStruct(s, d) for s, d in program.scratch_specs())
+    return (*mut, *stash), fixed, abstract_inputs(program)
 
 
 def state_sharding(program: Program, device: jax.Device) -> jax.sharding.Sharding:
@@ -772,9 +761,14 @@ def abstract_state(program: Program) -> tuple:
         shapes = [(s[1:], dt) for s, dt in map(layout.slot_shape, range(len(layout.slots)))]
     shapes += [((b.entries, *b.tensor_shape), b.tensor_dtype._np_device) for b in program.buffers]
     lead = (*program.replica_lead, program.ipus) if program.ipus else (r,)
-    return tuple(
-        jax.ShapeDtypeStruct((lead if batched else ()) + shape, dt)
+    layouts = program.layouts + (None,) * (len(shapes) - len(program.layouts))
+    full = [
+        ((lead if batched else ()) + shape, dt)
         for (shape, dt), batched in zip(shapes, program.batched)
+    ]
+    return tuple(
+        jax.ShapeDtypeStruct(shape if p is None else tuple(shape[i] for i in p), dt)
+        for (shape, dt), p in zip(full, layouts)
     )
 
 

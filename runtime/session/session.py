@@ -684,7 +684,11 @@ class Session(SessionCompat):
             if self._program.slots:
                 self._upload_slots(state, [index[v] for v in on_chip])
                 on_chip = []
-            placed = self._put([self._device_layout(v, self._host[v]) for v in on_chip])
+            hosts = [self._device_layout(v, self._host[v]) for v in on_chip]
+            layouts = [self._program.entry_layout(where[index[v]][0]) for v in on_chip]
+            placed = self._put(
+                [h if p is None else np.transpose(h, p) for h, p in zip(hosts, layouts)]
+            )
             for var, value in zip(on_chip, placed):
                 entry, row = where[index[var]]
                 if row is None:
