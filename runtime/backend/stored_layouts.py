@@ -11,8 +11,9 @@ which put it at 0.75x eager torch's step.
 ``choose`` finds, for a step traced in the program's layout, the state arguments worth
 storing transposed, and how:
 
-* an entry the step transposes (a convolution's weight, read by the forward's kernel) is
-  kept as that transpose makes it, so the step reads it as it is;
+* an entry the step transposes (a convolution's weight, read by the forward's kernel; a
+  gradient accumulator carried by a loop in the weight gradient's layout) is kept as
+  that transpose makes it, so the step reads it as it is;
 * else, an entry the step writes whose new value is left pending a transpose when the
   step's transposes are sunk (``runtime.transpose_sinking``; an SGD momentum, made in the
   weight gradient's layout) is kept as that transpose's operand, so the update needs none.
@@ -71,17 +72,28 @@ def choose(closed: Any, updated: Mapping[int, int], read_only: Sequence[int]) ->
 class _FirstTransposes(ts.Sinker):
     """A sinking evaluation that notes the first transpose of each watched argument."""
 
-    def __init__(self, watched: dict[int, int]) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        watched: dict[int, int],
+        first: dict[int, Layout] | None = None,
+        stored: Sequence[Any] = (),
+    ) -> None:
+        super().__init__(stored)
         self._watched = watched
-        self.first: dict[int, Layout] = {}
+        self.first: dict[int, Layout] = {} if first is None else first
 
-    def apply(self, eqn: Any, ins: list[Any]) -> list[Any]:
-        if eqn.primitive.name == "transpose":
-            i = self._watched.get(id(ins[0]))
-            if i is not None:
-                self.first.setdefault(i, tuple(eqn.params["permutation"]))
-        return super().apply(eqn, ins)
+    def child(self, inner: Sequence[tuple[Any, Any]], stored: Sequence[Any]) -> ts.Sinker:
+        """A loop body's evaluation, watching the body's arguments that watched values
+        become (a weight read inside a gradient-accumulation loop)."""
+        watched = {
+            id(arg): self._watched[id(outer)] for outer, arg in inner if id(outer) in self._watched
+        }
+        return _FirstTransposes(watched, self.first, stored)
+
+    def note_transpose(self, x: Any, perm: tuple[int, ...]) -> None:
+        i = self._watched.get(id(x))
+        if i is not None:
+            self.first.setdefault(i, perm)
 
 
 def logical_specs(args: tuple, layouts: Mapping[int, Layout]) -> tuple:

@@ -149,6 +149,20 @@ class Sinker:
         # arrays kept in a layout of their own (``runtime.backend.stored_layouts``): an
         # elementwise op meeting one of them pending keeps its layout
         self.stored = {id(a) for a in stored}
+        # in a loop body: its loop-invariant arguments (id -> position), the transposes of
+        # them made outside the loop ((position, perm) -> array), and those it asked for
+        self.invariant: dict[int, int] = {}
+        self.hoisted: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self.hoistable: set[tuple[int, tuple[int, ...]]] = set()
+
+    def child(self, inner: Sequence[tuple[Any, Any]], stored: Sequence[Any]) -> Sinker:
+        """The evaluation of a loop body: ``inner`` pairs each value this evaluation holds
+        with the body's argument it becomes; ``stored``: the body's arguments that carry
+        values in a layout of their own."""
+        return Sinker(stored)
+
+    def note_transpose(self, x: Any, perm: tuple[int, ...]) -> None:
+        """Called for each transpose the program asks of ``x`` (a hook for probes)."""
 
     # Reading values ------------------------------------------------------------------------
 
@@ -158,7 +172,12 @@ class Sinker:
             return v
         key = id(v)
         if key not in self._computed:
-            if v.source is None:
+            where = self.invariant.get(id(v.base)) if v.source is None else None
+            if where is not None and (where, v.perm) in self.hoisted:
+                self._computed[key] = self.hoisted[(where, v.perm)]
+            elif v.source is None:
+                if where is not None:
+                    self.hoistable.add((where, v.perm))
                 self._computed[key] = lax.transpose(v.base, v.perm)
             else:
                 eqn, ins = v.source
@@ -213,8 +232,11 @@ class Sinker:
         if name == INLINED_VJP:
             closed = eqn.params["call_jaxpr"]
             return self.evaluate(closed.jaxpr, closed.consts, ins)
+        if name == "scan":
+            return _scan(self, eqn, ins)
         if name == "transpose":
             x, perm = ins[0], tuple(eqn.params["permutation"])
+            self.note_transpose(x, perm)
             if isinstance(x, Pending):
                 return [pending_transpose(x.base, tuple(x.perm[i] for i in perm))]
             return [pending_transpose(x, perm)]
@@ -296,6 +318,110 @@ def _rewritten(closed: Any) -> Any:
     ]:
         return closed
     return new
+
+
+def _scan(s: Sinker, eqn: Any, ins: list[Any]) -> list[Any]:
+    """A ``scan`` whose loop-invariant operands and carries keep their layouts through the
+    body: a pending operand enters as its base and the body's argument pends the same
+    transpose, so a weight kept channels-last meets its convolutions' transposes inside the
+    body (a gradient-accumulation loop's forward and backward). A carry is kept in the
+    layout the body leaves its new value in (a gradient accumulator, made in the weight
+    gradient's layout), and a transpose the body makes of a loop-invariant operand (a
+    weight's for its input gradient) is made once, before the loop, and passed in. The
+    body is evaluated with the carries as they come, and once more if it leaves any in
+    another layout or transposes an invariant operand. Its carries are returned in their
+    layouts, and the loop's final carries pend them."""
+    params = eqn.params
+    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    carry_end = n_consts + n_carry
+    perms = [
+        v.perm if isinstance(v, Pending) and i < carry_end else None for i, v in enumerate(ins)
+    ]
+    body, left, asked = _scan_body(s, eqn, ins, perms, [])
+    wanted = perms[:n_consts] + left + perms[carry_end:]
+    hoist = sorted(asked)
+    if body is not None and (wanted != perms or hoist):
+        perms = wanted
+        body, _, _ = _scan_body(s, eqn, ins, perms, hoist)
+    if body is None:
+        return s.bind(eqn, [s.value(v) for v in ins])
+    operands = [_in_layout(s, v, p) for v, p in zip(ins, perms)]
+    extra = [s.value(pending_transpose(operands[i], perm)) for i, perm in hoist]
+    changed = {"jaxpr": body, "num_consts": n_consts + len(hoist)}
+    if "linear" in params:
+        linear = tuple(params["linear"])
+        changed["linear"] = linear[:n_consts] + (False,) * len(hoist) + linear[n_consts:]
+    try:
+        outs = eqn.primitive.bind(
+            *operands[:n_consts], *extra, *operands[n_consts:], **{**params, **changed}
+        )
+    except TypeError:  # a body JAX will not take (carry types changed)
+        return s.bind(eqn, [s.value(v) for v in ins])
+    return [
+        pending_transpose(o, perms[n_consts + k]) if k < n_carry and perms[n_consts + k] else o
+        for k, o in enumerate(outs)
+    ]
+
+
+def _in_layout(s: Sinker, v: Any, perm: tuple[int, ...] | None) -> Any:
+    """The array that, transposed by ``perm`` (None: as it is), is the value ``v``."""
+    if perm is None:
+        return s.value(v)
+    back = inverse(perm)
+    if isinstance(v, Pending):
+        return s.value(pending_transpose(v.base, tuple(v.perm[i] for i in back)))
+    s.note_transpose(v, back)
+    return s.transposed(v, back)  # (a broadcast, such as zeros, is broadcast again)
+
+
+def _scan_body(
+    s: Sinker, eqn: Any, ins: list[Any], perms: list[Any], hoist: list[tuple[int, Any]]
+) -> tuple[Any, list[Any], set]:
+    """The scan's body taking the bases of the operands with a ``perms`` entry (pending
+    that transpose), after its loop-invariant operands the transposes ``hoist`` of them,
+    and returning its carries in the layouts they come in; the layouts the body leaves its
+    carries in; and the transposes of invariant operands it makes. (None, [], set()) where
+    JAX cannot describe an operand."""
+    closed = eqn.params["jaxpr"]
+    n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+    left: list[Any] = [None] * n_carry
+    asked: set = set()
+
+    def body(*args: Any) -> list[Any]:
+        extra = args[n_consts : n_consts + len(hoist)]
+        args = args[:n_consts] + args[n_consts + len(hoist) :]
+        stored = [a for a, p in zip(args, perms) if p is not None]
+        sinker = s.child(list(zip(ins, args)), stored)
+        sinker.invariant = {id(a): i for i, a in enumerate(args[:n_consts])}
+        sinker.hoisted = dict(zip(hoist, extra))
+        values = [Pending(a, p) if p is not None else a for a, p in zip(args, perms)]
+        outs = sinker.evaluate(closed.jaxpr, closed.consts, values)
+        for k in range(n_carry):
+            out, perm = outs[k], perms[n_consts + k]
+            left[k] = out.perm if isinstance(out, Pending) else None
+            if perm is not None:  # the new carry in its base's layout
+                back = inverse(perm)
+                if isinstance(out, Pending):
+                    outs[k] = pending_transpose(out.base, tuple(out.perm[i] for i in back))
+                else:
+                    outs[k] = pending_transpose(out, back)
+        computed = [sinker.value(o) for o in outs]
+        asked.update(sinker.hoistable)
+        return computed
+
+    specs = []
+    for aval, p in zip(closed.in_avals, perms):
+        shape = tuple(aval.shape) if p is None else tuple(aval.shape[i] for i in inverse(p))
+        specs.append(jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=aval.weak_type))
+    extra_specs = [
+        jax.ShapeDtypeStruct(tuple(specs[i].shape[d] for d in perm), specs[i].dtype)
+        for i, perm in hoist
+    ]
+    specs = specs[:n_consts] + extra_specs + specs[n_consts:]
+    try:
+        return jax.make_jaxpr(body)(*specs), left, asked
+    except TypeError:  # an operand JAX cannot describe as a ShapeDtypeStruct (a token)
+        return None, [], set()
 
 
 # The rules: each returns the outputs (pending where it could), or None to compute the

@@ -308,3 +308,44 @@ def _targets(shape):
             if n % f == 0:
                 out.add((*shape[:i], f, n // f, *shape[i + 1 :]))
     return sorted(out)
+
+
+def _accumulated(w, xs):
+    """A gradient-accumulation loop's pattern: a weight read channels-last in every step
+    and an accumulator summing values made channels-last (``(C, H, W)`` in, HWC kernels)."""
+
+    def step(acc, x):
+        kernel = jnp.transpose(w, (1, 2, 0))  # the weight as the kernel reads it
+        made = jnp.sort(kernel * x, axis=-1)  # (a kernel the sinking does not see into)
+        grad = jnp.transpose(made, (2, 0, 1))  # made channels-last, named CHW
+        return acc + grad, (grad * 2.0).max()  # (exact in any order)
+
+    return lax.scan(step, jnp.zeros_like(w), xs)
+
+
+def test_a_scan_keeps_its_invariant_operands_and_carries_in_their_body_s_layout():
+    w = jnp.asarray(RNG.standard_normal((3, 4, 5)), jnp.float32)
+    xs = jnp.asarray(RNG.standard_normal((6, 4, 5, 3)), jnp.float32)
+    _agree(_accumulated, w, xs)
+    assert _transposes(_accumulated, w, xs) == 2  # both in the body: every step
+
+    def body(fn, *args):
+        scan = next(e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "scan")
+        return scan.params["jaxpr"].jaxpr
+
+    def body_transposes(fn, *args) -> int:
+        return sum(e.primitive.name == "transpose" for e in body(fn, *args).eqns)
+
+    # the accumulator is carried channels-last, as the body makes it
+    assert body(sink_transposes(_accumulated), w, xs).invars[1].aval.shape == (4, 5, 3)
+    assert body(_accumulated, w, xs).invars[1].aval.shape == (3, 4, 5)
+
+    def stored(w_hwc, xs):  # the weight kept as the kernel reads it, passed pending
+        return _accumulated(jnp.transpose(w_hwc, (2, 0, 1)), xs)
+
+    w_hwc = jnp.transpose(w, (1, 2, 0))
+    _agree(stored, w_hwc, xs)
+    # the weight kept as its kernel reads it enters as it is: nothing left in the body
+    assert body_transposes(stored, w_hwc, xs) == 2
+    assert body_transposes(sink_transposes(stored), w_hwc, xs) == 0
+    assert _transposes(sink_transposes(stored), w_hwc, xs) == 1  # the accumulator's result
