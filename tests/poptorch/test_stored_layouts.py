@@ -98,3 +98,30 @@ def test_an_inference_program_reads_weights_kept_in_the_kernels_layout():
         model.first.weight.neg_()
     inference.copyWeightsToDevice()
     torch.testing.assert_close(inference(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_accumulation_keeps_the_layouts_through_its_loop_and_trains_as_torch():
+    """The accumulation loop's ``scan`` takes the weights and carries the accumulators in
+    the stored layouts (``transpose_sinking``'s scan rule)."""
+    torch.manual_seed(2)
+    model = WithLoss()
+    reference = copy.deepcopy(model)
+    x = torch.randn(8, 3, 16, 16)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(4)
+    training = poptorch.trainingModel(
+        model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    )
+    eager = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(3):
+        training(x)
+        eager.zero_grad()
+        for micro in x.split(2):  # 4 micro-batches of 2, their mean
+            (reference(micro)[1] / 4).backward()
+        eager.step()
+    program = training._session._program
+    layouts = {program.variables[e[0]].name: p for e, p in zip(program.entries, program.layouts)}
+    assert layouts["convs.second.weight"] == (2, 3, 1, 0)
+    assert layouts["accum.convs.second.weight"] == (1, 2, 3, 0)  # the loop's carry
+    training.copyWeightsToHost()
+    _assert_same_weights(model, reference)
