@@ -624,6 +624,11 @@ class PoptorchBuffer(torch.Tensor):
             _copy_back_tensor(self)
         return super().__getattribute__(name)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Saved as the plain tensor it is (a checkpoint's state dict, as PopTorch's held
+        # plain tensors): ``torch.load``'s default ``weights_only`` refuses this class.
+        return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)
+
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         return super().__torch_function__(func, types, args, kwargs or {})

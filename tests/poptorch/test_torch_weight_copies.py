@@ -177,3 +177,35 @@ def test_training_with_a_frozen_convolution_matches_eager():
     train.copyWeightsToHost()
     torch.testing.assert_close(model.norm.weight, reference.norm.weight, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(model.conv.weight, reference.conv.weight)
+
+
+def test_a_checkpoint_of_a_trained_model_loads_with_torch_load_s_defaults(tmp_path):
+    """The state dict of a model being trained (its buffers instrumented to copy the
+    weights back when read) saves plain tensors: ``torch.load``'s default
+    ``weights_only=True`` loads it, with the trained values (the CNN application's
+    ``restore.py`` loads its checkpoints so)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+
+        def forward(self, x: torch.Tensor):
+            out = self.net(x)
+            return out, out.square().mean()
+
+    wrapped = WithLoss()
+    pm = poptorch.trainingModel(wrapped, optimizer=torch.optim.SGD(wrapped.parameters(), lr=0.1))
+    for _ in range(2):
+        pm(torch.randn(8, 4))
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"model_state_dict": model.state_dict(), "epoch": 2}, path)
+    loaded = torch.load(path)
+    assert loaded["epoch"] == 2
+    state = model.state_dict()
+    assert int(loaded["model_state_dict"]["1.num_batches_tracked"]) == 2
+    for name, value in loaded["model_state_dict"].items():
+        assert type(value) is torch.Tensor, name
+        torch.testing.assert_close(value, state[name].detach().clone(), msg=name)
