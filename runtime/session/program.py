@@ -379,24 +379,21 @@ def _make_step(
         batched = _probe_batched(replica_step, candidates, shapes, inputs, nht, replicas)
     else:
         batched = (mode == "shard_map",) * n_state
+    sink, large = _compiled_as(ir, mode)
+    unstacked = tuple(len(e) == 1 for e in entries)
+    step = _split_step(
+        replica_step, batched, written, mode, replicas, local_replicas, stash, sink, large, unstacked
+    )  # fmt: skip
+    return step, batched, written, (), stash
+
+
+def _compiled_as(ir: Ir, mode: str) -> tuple[bool, bool]:
+    """(whether the step's transposes are sunk: a program with convolutions on the CPU's
+    forms; whether it compiles for products of many rows, ``xla_options``)."""
     has_convolutions = convolves(ir)
     sink = mode != "shard_map" and cpu_forms() and has_convolutions
     ops = (op for g in reachable_graphs(ir) for op in g._ops)
-    large = not has_convolutions and xla_options.large_products(ops)
-    unstacked = tuple(len(e) == 1 for e in entries)
-    step = _split_step(
-        replica_step,
-        batched,
-        written,
-        mode,
-        replicas,
-        local_replicas,
-        stash,
-        sink,
-        large,
-        unstacked,
-    )
-    return step, batched, written, (), stash
+    return sink, not has_convolutions and xla_options.large_products(ops)
 
 
 def _seed_streams(
