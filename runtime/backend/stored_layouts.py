@@ -127,16 +127,8 @@ def sink_laid_out(
         sinker = ts.Sinker([flat[i] for i in arg_layouts])
         outs = sinker.evaluate(closed.jaxpr, closed.consts, ins)
         for j, layout in out_layouts.items():
-            outs[j] = _transposed(outs[j], layout)
+            outs[j] = ts.transpose_of(outs[j], layout)
         values = [sinker.value(o) for o in outs]
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), values)
 
     return sunk
-
-
-def _transposed(value: Any, layout: Layout) -> Any:
-    """``lax.transpose(value, layout)`` of a value the sinking holds, composed with the
-    transpose it pends."""
-    if isinstance(value, ts.Pending):
-        return ts.pending_transpose(value.base, tuple(value.perm[i] for i in layout))
-    return ts.pending_transpose(value, layout)

@@ -126,6 +126,14 @@ def pending_transpose(base: Any, perm: tuple[int, ...]) -> Any:
     return base if is_identity(perm) else Pending(base, perm)
 
 
+def transpose_of(v: Any, perm: tuple[int, ...]) -> Any:
+    """``lax.transpose(v, perm)`` of a value the evaluation holds, left pending (composed
+    with the transpose ``v`` pends, if any; gone where the two cancel)."""
+    if isinstance(v, Pending):
+        return pending_transpose(v.base, tuple(v.perm[i] for i in perm))
+    return pending_transpose(v, perm)
+
+
 def _shape(v: Any) -> tuple[int, ...]:
     """The shape of a value the evaluation holds: a pending transpose, an array (or tracer),
     or a literal's value, which JAX gives as a Python scalar where the literal is weakly
@@ -237,9 +245,7 @@ class Sinker:
         if name == "transpose":
             x, perm = ins[0], tuple(eqn.params["permutation"])
             self.note_transpose(x, perm)
-            if isinstance(x, Pending):
-                return [pending_transpose(x.base, tuple(x.perm[i] for i in perm))]
-            return [pending_transpose(x, perm)]
+            return [transpose_of(x, perm)]
         if any(isinstance(v, Pending) for v in ins):
             rule = _RULES.get(name)
             if rule is None and name in ELEMENTWISE:
@@ -369,7 +375,7 @@ def _in_layout(s: Sinker, v: Any, perm: tuple[int, ...] | None) -> Any:
         return s.value(v)
     back = inverse(perm)
     if isinstance(v, Pending):
-        return s.value(pending_transpose(v.base, tuple(v.perm[i] for i in back)))
+        return s.value(transpose_of(v, back))
     s.note_transpose(v, back)
     return s.transposed(v, back)  # (a broadcast, such as zeros, is broadcast again)
 
@@ -400,11 +406,7 @@ def _scan_body(
             out, perm = outs[k], perms[n_consts + k]
             left[k] = out.perm if isinstance(out, Pending) else None
             if perm is not None:  # the new carry in its base's layout
-                back = inverse(perm)
-                if isinstance(out, Pending):
-                    outs[k] = pending_transpose(out.base, tuple(out.perm[i] for i in back))
-                else:
-                    outs[k] = pending_transpose(out, back)
+                outs[k] = transpose_of(out, inverse(perm))
         computed = [sinker.value(o) for o in outs]
         asked.update(sinker.hoistable)
         return computed
