@@ -326,7 +326,7 @@ def test_device_failures_are_poptorch_errors(monkeypatch):
     def fail(*_args, **_kwargs):
         raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: out of memory")
 
-    monkeypatch.setattr(model._session, "run", fail)
+    monkeypatch.setattr(model._session, "_execute", fail)  # every run goes through it
     with pytest.raises(poptorch.Error, match="device failed while running") as info:
         model(x, t)
     assert info.value.type == "runtime" and info.value.location == "PoplarExecutor.__call__"

@@ -165,6 +165,21 @@ def test_run_returns_a_new_dict_keyed_by_streams():
     np.testing.assert_array_equal(second[out_d2h], [3.0, 4.0])
 
 
+@pytest.mark.parametrize("nht", [1, 3])
+def test_run_to_buffers_hands_over_each_run_s_own_buffers(nht):
+    ir, w, x_h2d, out_d2h = _add_program(nht=nht, constant=next(_fresh))
+    x = np.ones((nht, 2) if nht > 1 else (2,), np.float32)
+    with popxl.Session(ir) as session:
+        expected = session.run({x_h2d: x})[out_d2h]
+        first = session.run_to_buffers({x_h2d: x})[out_d2h]
+        second = session.run_to_buffers({x_h2d: x})[out_d2h]
+        state = [a.unsafe_buffer_pointer() for a in jax.tree.leaves(session._state)]
+    assert isinstance(first, jax.Array) and first.shape == (nht, 2)  # the step's layout
+    np.testing.assert_array_equal(np.asarray(first), expected.reshape(nht, 2))
+    pointers = {first.unsafe_buffer_pointer(), second.unsafe_buffer_pointer()}
+    assert len(pointers) == 2 and not pointers & set(state)
+
+
 def test_run_without_inputs():
     ir = popxl.Ir()
     with ir.main_graph:
