@@ -84,17 +84,19 @@ def _video(name: str, frames: int = 8) -> Callable[[int, int], tuple]:
     return make
 
 
-def _causal_lm(config: str, model: str, **settings: Any) -> Callable[[int, int], tuple]:
-    """A small HuggingFace decoder (vocabulary 512) and a batch of token ids."""
+def _causal_lm(
+    config: str, model: str, vocab: int = 512, **settings: Any
+) -> Callable[[int, int], tuple]:
+    """A small HuggingFace decoder and a batch of token ids."""
 
     def make(batch: int, size: int) -> tuple:
         import torch  # noqa: PLC0415
         import transformers  # noqa: PLC0415
 
         built = getattr(transformers, model)(
-            getattr(transformers, config)(vocab_size=512, **settings)
+            getattr(transformers, config)(vocab_size=vocab, **settings)
         )
-        return built, (torch.randint(0, 512, (batch, size)),), None
+        return built, (torch.randint(0, vocab, (batch, size)),), None
 
     return make
 
@@ -125,6 +127,10 @@ MODELS: dict[str, Callable[[int, int], tuple]] = {
     "r3d_18": _video("r3d_18"),
     "vit_tiny": _timm("vit_tiny_patch16_224", sized=True),
     "gpt2": _causal_lm("GPT2Config", "GPT2LMHeadModel", n_layer=2, n_embd=64, n_head=4),
+    # the same with GPT-2's own vocabulary: logits of 50,257 words per token (103 MB a call)
+    "gpt2_vocab": _causal_lm(
+        "GPT2Config", "GPT2LMHeadModel", vocab=50257, n_layer=2, n_embd=64, n_head=4
+    ),
     "llama": _causal_lm(
         "LlamaConfig",
         "LlamaForCausalLM",
