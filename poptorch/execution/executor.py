@@ -50,6 +50,7 @@ from . import progress as _progress
 from .export import export_step, import_step
 from .hooks import compiling
 from .layout import Built, check_inference_accumulation
+from .outputs import owned_host_array
 from .program import build
 
 if TYPE_CHECKING:
@@ -763,36 +764,6 @@ RUN_FAILED_MSG = (
 )
 
 
-# dtypes whose buffers torch takes over through DLPack (others are copied, as ``run`` does)
-_DLPACK_DTYPES = frozenset(
-    "float16 bfloat16 float32 float64 int8 uint8 int16 int32 int64 bool".split()
-)
-# Taking a buffer over costs about 15 us whatever its size; a copy costs 3 us at 4 KiB, 11 at
-# 256 KiB, 60 at 1 MiB and 420 at 4 MiB (2026-11-29, the 2-core host): smaller ones are copied.
-_TAKEN_OVER_BYTES = 512 * 1024
-
-
-def _owned_host_array(buffer: Any, nht: int) -> np.ndarray:
-    """A step's output buffer as a writable host array in ``session.run``'s host layout,
-    a large one without a copy: torch takes the buffer over (DLPack) and NumPy views
-    torch's tensor.
-
-    The buffer is the run's own (``Session.run_to_buffers``), so nothing else reads or
-    writes that memory; a 50,257-word GPT-2's logits for 8 x 64 tokens are 103 MB, which
-    ``run``'s host copy would copy on every call."""
-    if isinstance(buffer, np.ndarray):
-        return buffer
-    if buffer.nbytes < _TAKEN_OVER_BYTES or str(buffer.dtype) not in _DLPACK_DTYPES:
-        from runtime.session.stream_io import host_copy  # noqa: PLC0415 (runtime loaded by now)
-
-        return host_copy(buffer, nht, may_spread=False)
-    import torch  # noqa: PLC0415 (only PopTorch's executors run here)
-
-    buffer.block_until_ready()
-    host = torch.from_dlpack(buffer).numpy()
-    return host if nht > 1 else host[0]
-
-
 def _run(session: popxl.Session, feeds: dict) -> dict:
     """``session.run``, with failures of the compiled program raised as ``poptorch.Error``
     (the session keeps its state when a run fails)."""
@@ -801,7 +772,7 @@ def _run(session: popxl.Session, feeds: dict) -> dict:
     try:
         buffers = session.run_to_buffers(feeds)
         nht = session.ir_.num_host_transfers
-        return {s: _owned_host_array(b, nht) for s, b in buffers.items()}
+        return {s: owned_host_array(b, nht) for s, b in buffers.items()}
     except jax.errors.JaxRuntimeError as error:
         message = RUN_FAILED_MSG.format(error=error)
         raise Error(message, "runtime", "PoplarExecutor.__call__") from error

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import poptorch
-from poptorch.execution import executor
+from poptorch.execution import outputs
 
 
 @pytest.fixture(params=["taken_over", "copied"], autouse=True)
 def _output_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every output taken over by torch, or the default (the small ones here copied)."""
     if request.param == "taken_over":
-        monkeypatch.setattr(executor, "_TAKEN_OVER_BYTES", 0)
+        monkeypatch.setattr(outputs, "TAKEN_OVER_BYTES", 0)
 
 
 class Outputs(torch.nn.Module):
