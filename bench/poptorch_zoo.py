@@ -17,7 +17,7 @@ Steady figures are medians; peak memory is the process's VmHWM. Say the machine'
 with the figures (``uptime``): under load eager torch's threads collapse.
 
 Run: python bench/poptorch_zoo.py [--models resnet18,mobilenet_v2] [--modes infer,train]
-     [--sides poptorch,eager,compile] [--batch 8] [--size 64] [--calls 20]
+     [--sides poptorch,eager,compile] [--batch 8] [--size 64] [--calls 20] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -268,6 +268,14 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64, help="image side or sequence length")
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--torch-device", default="cpu", help="eager torch's device (cuda)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="processes per side, the sides alternated: speed on the shared host moves by a "
+        "third between processes, and a step's peak memory can differ by one of its "
+        "temporary buffers (glibc keeping a freed block split)",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "MODE", "SIDE"))
     args = parser.parse_args()
     if args.worker:
@@ -286,20 +294,26 @@ def main() -> None:
     print(header + "\n|" + "---|" * 8)
     for name in args.models.split(","):
         for mode in args.modes.split(","):
-            rows = {}
-            for side in args.sides.split(","):
-                common = ["--batch", str(args.batch), "--size", str(args.size)]
-                common += ["--calls", str(args.calls), "--torch-device", args.torch_device]
-                common += ["--worker", name, mode, side]
-                rows[side] = run_variant(__file__, *common)
-            ours = rows.get("poptorch", {}).get("steady_ms")
-            for side, r in rows.items():
-                stages = ", ".join(f"{k} {v:.1f}" for k, v in r.get("stages_s", {}).items())
-                speed = f"{r['steady_ms'] / ours:.2f}" if ours else "-"
-                print(
-                    f"| {name} | {mode} | {side} | {r['first_s']:.1f} | {stages or '-'} | "
-                    f"{r['steady_ms']:.1f} | {speed} | {r['peak_mb']:.0f} |"
-                )
+            for _ in range(args.rounds):
+                _round(args, name, mode)
+
+
+def _round(args: argparse.Namespace, name: str, mode: str) -> None:
+    """One process per side for ``name`` in ``mode``, and their table rows."""
+    rows = {}
+    for side in args.sides.split(","):
+        common = ["--batch", str(args.batch), "--size", str(args.size)]
+        common += ["--calls", str(args.calls), "--torch-device", args.torch_device]
+        common += ["--worker", name, mode, side]
+        rows[side] = run_variant(__file__, *common)
+    ours = rows.get("poptorch", {}).get("steady_ms")
+    for side, r in rows.items():
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in r.get("stages_s", {}).items())
+        speed = f"{r['steady_ms'] / ours:.2f}" if ours else "-"
+        print(
+            f"| {name} | {mode} | {side} | {r['first_s']:.1f} | {stages or '-'} | "
+            f"{r['steady_ms']:.1f} | {speed} | {r['peak_mb']:.0f} |"
+        )
 
 
 if __name__ == "__main__":
