@@ -50,7 +50,6 @@ from . import progress as _progress
 from .export import export_step, import_step
 from .hooks import compiling
 from .layout import Built, check_inference_accumulation
-from .outputs import owned_host_array
 from .program import build
 
 if TYPE_CHECKING:
@@ -770,9 +769,7 @@ def _run(session: popxl.Session, feeds: dict) -> dict:
     import jax  # noqa: PLC0415 (the runtime is loaded by now)
 
     try:
-        buffers = session.run_to_buffers(feeds)
-        nht = session.ir_.num_host_transfers
-        return {s: owned_host_array(b, nht) for s, b in buffers.items()}
+        return session.run(feeds)
     except jax.errors.JaxRuntimeError as error:
         message = RUN_FAILED_MSG.format(error=error)
         raise Error(message, "runtime", "PoplarExecutor.__call__") from error

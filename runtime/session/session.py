@@ -518,27 +518,6 @@ class Session(SessionCompat):
             for s, b in zip(self._program.d2h, buffers)
         }
 
-    def run_to_buffers(
-        self,
-        inputs: Mapping[HostToDeviceStream, Any] | None = None,
-        downcast_inputs: bool = True,
-    ) -> dict[DeviceToHostStream, Any]:
-        """``run``, with each output the step's own buffer where it lies on one device: a JAX
-        array in the step's layout ``[num_host_transfers, (replicas,) *shape]``, uncopied,
-        for a caller that takes the memory over (PopTorch hands it to torch through DLPack).
-        Each such buffer belongs to this run alone: XLA gives every result of a step a buffer
-        of its own, never the state's nor another result's. Outputs spread over several
-        devices, and float8 data, come as ``run`` gives them (fresh host arrays, host
-        layout)."""
-        buffers, _ = self._execute(inputs, downcast_inputs)
-        nht, spread = self._nht, self._spread_outputs
-        return {
-            s: b
-            if not spread and not is_float8(s.dtype.as_numpy())
-            else to_structured(stream_io.host_copy(b, nht, spread))
-            for s, b in zip(self._program.d2h, buffers)
-        }
-
     def run_with_outputs(
         self,
         inputs: Mapping[HostToDeviceStream, Any] | None = None,

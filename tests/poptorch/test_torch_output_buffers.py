@@ -1,5 +1,6 @@
-"""A call's outputs are the run's own buffers, handed to torch without a host copy: each is
-writable, belongs to that call alone, and outlives the calls and training steps after it."""
+"""A call's large outputs are the run's own buffers, handed to torch without a host copy
+(``runtime.session.stream_io.taken_over``): each is writable, belongs to that call alone,
+and outlives the calls and training steps after it."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import pytest
 import torch
 
 import poptorch
-from poptorch.execution import outputs
+from runtime.session import stream_io
 
 
 @pytest.fixture(params=["taken_over", "copied"], autouse=True)
 def _output_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every output taken over by torch, or the default (the small ones here copied)."""
     if request.param == "taken_over":
-        monkeypatch.setattr(outputs, "TAKEN_OVER_BYTES", 0)
+        monkeypatch.setattr(stream_io, "TAKEN_OVER_BYTES", 0)
 
 
 class Outputs(torch.nn.Module):

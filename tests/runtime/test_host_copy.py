@@ -45,3 +45,26 @@ def test_other_outputs_are_copied(place: object) -> None:
     assert host.flags.writeable
     host[...] = 7
     np.testing.assert_array_equal(np.asarray(buffer), value)
+
+
+def test_a_large_output_on_the_cpu_is_taken_over_not_copied() -> None:
+    import gc
+
+    value = np.arange(3 * 70_000, dtype=np.float32).reshape(1, 3, 70_000)  # 840 KB
+    buffer = jax.device_put(value)
+    pointer = buffer.unsafe_buffer_pointer()
+    host = stream_io.host_copy(buffer, 1)
+    assert host.__array_interface__["data"][0] == pointer  # the buffer's own memory
+    assert host.flags.writeable and host.shape == (3, 70_000)
+    del buffer
+    gc.collect()  # the array keeps the memory alive
+    np.testing.assert_array_equal(host, value[0])
+    host[...] = 0  # and is the caller's to write
+
+
+def test_a_large_output_on_several_devices_is_copied() -> None:
+    value = np.ones((1, 4, 70_000), np.float32)
+    buffer = jax.device_put(value, NamedSharding(_mesh(4), P()))  # replicated on four
+    host = stream_io.host_copy(buffer, 1)
+    assert host.flags.owndata and host.flags.writeable
+    np.testing.assert_array_equal(host, value[0])

@@ -166,18 +166,25 @@ def test_run_returns_a_new_dict_keyed_by_streams():
 
 
 @pytest.mark.parametrize("nht", [1, 3])
-def test_run_to_buffers_hands_over_each_run_s_own_buffers(nht):
-    ir, w, x_h2d, out_d2h = _add_program(nht=nht, constant=next(_fresh))
+def test_large_results_are_each_run_s_own_buffers(monkeypatch, nht):
+    from runtime.session import stream_io
+
+    monkeypatch.setattr(stream_io, "TAKEN_OVER_BYTES", 0)  # every result taken over
+    constant = next(_fresh)
+    ir, w, x_h2d, out_d2h = _add_program(nht=nht, constant=constant)
     x = np.ones((nht, 2) if nht > 1 else (2,), np.float32)
+    expected = np.broadcast_to(np.array([2.0, 3.0], np.float32) + constant, x.shape)
     with popxl.Session(ir) as session:
-        expected = session.run({x_h2d: x})[out_d2h]
-        first = session.run_to_buffers({x_h2d: x})[out_d2h]
-        second = session.run_to_buffers({x_h2d: x})[out_d2h]
-        state = [a.unsafe_buffer_pointer() for a in jax.tree.leaves(session._state)]
-    assert isinstance(first, jax.Array) and first.shape == (nht, 2)  # the step's layout
-    np.testing.assert_array_equal(np.asarray(first), expected.reshape(nht, 2))
-    pointers = {first.unsafe_buffer_pointer(), second.unsafe_buffer_pointer()}
-    assert len(pointers) == 2 and not pointers & set(state)
+        first = session.run({x_h2d: x})[out_d2h]
+        second = session.run({x_h2d: x})[out_d2h]
+        state = {a.unsafe_buffer_pointer() for a in jax.tree.leaves(session._state)}
+        first[...] = -1.0  # the caller's: the next run and the other result do not see it
+        third = session.run({x_h2d: x})[out_d2h]
+    assert first.flags.writeable and not first.flags.owndata  # the buffer, not a copy
+    pointers = {a.__array_interface__["data"][0] for a in (first, second, third)}
+    assert len(pointers) == 3 and not pointers & state
+    np.testing.assert_array_equal(second, expected)
+    np.testing.assert_array_equal(third, expected)
 
 
 def test_run_without_inputs():
