@@ -244,7 +244,7 @@ def taken_over(buffer: Any) -> np.ndarray:
     """
     buffer.block_until_ready()
     memory = (ctypes.c_char * buffer.nbytes).from_address(buffer.unsafe_buffer_pointer())
-    memory._owner = buffer  # type: ignore[attr-defined]  # the array's memory lives as long
+    memory._owner = buffer  # the array keeps the buffer, so its memory lives as long
     return np.frombuffer(memory, buffer.dtype).reshape(buffer.shape)
 
 
