@@ -29,6 +29,7 @@ from .capture.arguments import registerCustomArgParser as registerCustomArgParse
 from .capture.scopes import Attribute as Attribute
 from .capture.scopes import NameScope as NameScope
 from .compat import upstream as _upstream_compat
+from .compat.checkpoints import allow_script_checkpoint_classes as _allow_checkpoint_classes
 from .data import AsynchronousDataAccessor as AsynchronousDataAccessor
 from .data import DataLoader as DataLoader
 from .enums import AutoStage as AutoStage
