@@ -85,6 +85,7 @@ from .strategies import Stage as Stage
 poptorch_core = _upstream_compat.poptorch_core
 _impl = _upstream_compat._impl
 _logging = _upstream_compat._logging
+_allow_checkpoint_classes()
 
 
 def isRunningOnIpu() -> bool:  # noqa: N802 (PopTorch's name)
