@@ -49,6 +49,7 @@ class Translator(Protocol):
     training: bool
     _seed: popxl.Tensor | None
     _seed_input: popxl.Tensor | None
+    seed_is_state: bool
 
     def _arg(self, a: Any) -> Any: ...
 
@@ -221,8 +222,9 @@ def _lower_body(
     outer_nodes = _unique(n for n in (*used, *outputs) if n not in members and n is not carrier)
     graph = popxl.gcg().ir.create_empty_graph(name)
     outer_env = translator.env
-    saved_seed = (translator._seed, translator._seed_input)
+    saved_seed = (translator._seed, translator._seed_input, translator.seed_is_state)
     translator._seed = translator._seed_input = None
+    translator.seed_is_state = False  # the body's seed is an input its caller passes
     closures: dict[popxl.Tensor, popxl.Tensor] = {}
     try:
         with graph:
@@ -245,7 +247,7 @@ def _lower_body(
         seed = translator._seed_input
     finally:
         translator.env = outer_env
-        translator._seed, translator._seed_input = saved_seed
+        translator._seed, translator._seed_input, translator.seed_is_state = saved_seed
     state = _state(translator)
     for node in nodes:
         outer_env[node] = env[node]

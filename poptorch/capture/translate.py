@@ -26,6 +26,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 import popxl
 from popxl import ops
 from popxl._op import Op
+from popxl.ops.random_seed import create_random_seed
 from popxl_addons import NamedTensors
 from popxl_addons.variable_factory import NamedVariableFactories, VariableFactory
 
@@ -139,6 +140,11 @@ class Translator:
         self.env: dict[torch.fx.Node, Any] = {}
         self._seed_input: popxl.Tensor | None = None
         self._seed: popxl.Tensor | None = None
+        # Whether the graph's seed is model state that each run advances (the model's own
+        # graph), rather than a seed its caller passes (a block's or a branch's subgraph).
+        self.seed_is_state = True
+        # Random ops seeded so far, per seed input (``next_seed``'s modifiers).
+        self._seed_uses: dict[popxl.Tensor, int] = {}
         # Tensors marked by poptorch.identity_loss, in order.
         self.losses: list[popxl.Tensor] = []
         # The value of the training graph's final loss (``final_loss``), if any.
@@ -152,12 +158,23 @@ class Translator:
         return describe_node(node)
 
     def next_seed(self) -> popxl.Tensor:
-        """A fresh seed for one random op, split off the graph's seed input."""
-        if self._seed is None:
+        """A fresh seed for one random op: the graph's seed input modified by the op's own
+        number (1, 2, ...; PopART's ``ModifyRandomSeed`` scheme). Every random op's seed
+        depends on the seed input alone, never on the ops before it, so any part of the
+        graph can be run again (recomputed) from the seed input and its own inputs."""
+        if self._seed_input is None:
             self._seed_input = popxl.graph_input((2,), popxl.uint32, SEED_NAME)
-            self._seed = self._seed_input
-        self._seed, fresh = ops.split_random_seed(self._seed)
-        return fresh
+            # The seed the next run starts from, made where the first random op is (so a
+            # pipeline writes it back in the stage that reads the seed).
+            self._seed = self._next_run_seed() if self.seed_is_state else self._seed_input
+        uses = self._seed_uses.get(self._seed_input, 0) + 1
+        self._seed_uses[self._seed_input] = uses
+        return create_random_seed(self._seed_input, popxl.constant(uses, popxl.uint32))
+
+    def _next_run_seed(self) -> popxl.Tensor:
+        """The seed the next run starts from: the seed input modified by 0."""
+        assert self._seed_input is not None
+        return create_random_seed(self._seed_input, popxl.constant(0, popxl.uint32))
 
     # ---- inputs -----------------------------------------------------------------------
 
@@ -313,7 +330,7 @@ class Translator:
 
     # ---- outputs ----------------------------------------------------------------------
 
-    def outputs(self, seed_is_state: bool = True) -> Outputs:
+    def outputs(self) -> Outputs:
         """Mark the graph outputs: the model's tensor outputs, the buffers it updates (and
         the seed), the inputs it modifies, and last the marked loss if it is not returned."""
         ep = self.capture.program
@@ -346,7 +363,7 @@ class Translator:
             else:
                 result.leaves.append(v)
         result.n_outputs = len(returned)
-        if self._seed is not None and seed_is_state:
+        if self._seed is not None and self.seed_is_state:
             state.append((SEED_NAME, self._seed))
         for name, v in state:
             popxl.graph_output(_fresh(v))
@@ -459,9 +476,10 @@ def _block_subgraph(
     graph = ir.create_empty_graph(type(blk.module).__name__)
     with graph:
         t = Translator(capture, training, subgraphs, options)
+        t.seed_is_state = False
         t._inputs(blk.state_names)
         t.run()
-        marked = t.outputs(seed_is_state=False)
+        marked = t.outputs()
     if marked.state:
         raise ValueError(f"block {blk.path} updates state; it should have been exported inline")
     return BlockSubgraph(graph, t._seed_input is not None)

@@ -391,7 +391,11 @@ def _build_staged_body(
     )
     if recomputes and "autoRecomputation" not in options.popart.options:
         built.ir.session_options.autoRecomputation = RecomputationType.Pipeline  # PopTorch's
-    pieces = _staged.cut_at_checkpoints(plans, fwd.graph) if recomputes else plans
+    pieces = (
+        _staged.cut_at_checkpoints(_staged.recompute_units(plans), fwd.graph)
+        if recomputes
+        else plans
+    )
     blocks = _staged.split(fwd.graph, pieces)
     weights_of = {t: key for key, t in fwd.args.to_dict().items()}
     if trainer is not None:
@@ -440,6 +444,7 @@ def _staged_micro_batch(
     out_index = {outputs[j]: k for k, j in enumerate(interface.host_outputs)}
     state_of = {outputs[j]: name for j, name in interface.state_indices()}
     state_homes = _staged.state_homes(blocks, weights_of)
+    written = set(state_of.values())
     vals, infos = _staged.Values(), {}
     for b, block in enumerate(blocks):
         plan = block.plan
@@ -450,9 +455,16 @@ def _staged_micro_batch(
                     loaded = _host_io.load(built.inputs[i], i, interface.overlaps)
                     vals.set(t, loaded, plan.ipu, stage)
                     _copy_ahead(vals, t, consumers, pipeline)
+            for t in block.inputs:
+                if t in weights_of and weights_of[t] in written and not vals.has(t):
+                    # State the model itself updates (the random seed): read once per
+                    # micro-batch and carried with it like an activation, so every block
+                    # and a recomputing backward see this micro-batch's value.
+                    name = weights_of[t]
+                    vals.set(t, ops.identity(read(built.weights[name]), name), plan.ipu, stage)
             args = [
                 read(built.weights[weights_of[t]])
-                if t in weights_of
+                if t in weights_of and weights_of[t] not in written
                 else vals.at(t, plan.ipu, stage, pipeline)
                 for t in block.inputs
             ]

@@ -209,6 +209,22 @@ def stage_by_ipu_runs(plans: list[BlockPlan]) -> None:
         p.stage = stage
 
 
+def recompute_units(plans: list[BlockPlan]) -> list[BlockPlan]:
+    """The pieces a recomputing pipeline's backward runs again: each stage's blocks as one
+    (PopART recomputed a whole stage from the values entering it), cut after every
+    ``poptorch.recomputationCheckpoint`` (see ``cut_at_checkpoints``). Values passed between
+    blocks of one stage are recomputed, not stashed. A merged piece is named after its
+    blocks, joined by ``+``."""
+    units: list[BlockPlan] = []
+    for p in plans:
+        if units and units[-1].stage == p.stage and units[-1].ipu == p.ipu:
+            last = units[-1]
+            units[-1] = replace(last, name=f"{last.name}+{p.name}", stop=p.stop)
+        else:
+            units.append(replace(p))
+    return units
+
+
 def cut_at_checkpoints(plans: list[BlockPlan], graph: popxl.Graph) -> list[BlockPlan]:
     """``plans`` with each block before the last stage cut after every
     ``poptorch.recomputationCheckpoint`` in it: a recomputing backward then recomputes each
@@ -335,10 +351,11 @@ def differentiate(
 ) -> None:
     """Each block's gradient graph: gradients of its float outputs that the loss depends
     on, to its float inputs that are weights or earlier blocks' outputs. With ``recompute``
-    (PopART's ``autoRecomputation``), the gradient graph of a block before the last stage
-    runs the block's forward again instead of taking its activations, so a pipeline stashes
-    only the block's inputs (the last stage's backward runs in its forward's stage: nothing
-    of it is stashed)."""
+    (PopART's ``autoRecomputation``; ``blocks`` are then ``recompute_units``), the gradient
+    graph of a block before the last stage runs the block's forward again instead of taking
+    its activations, so a pipeline stashes only those of the block's inputs its gradient
+    depends on (the last stage's backward runs in its forward's stage: nothing of it is
+    stashed)."""
     last = max(block.plan.stage for block in blocks)
     made: set[popxl.Tensor] = set()
     for block in blocks:
@@ -355,7 +372,7 @@ def differentiate(
             block.grad = autodiff(block.graph, grads_provided, grads_required)
             if recompute and block.plan.stage != last:
                 whole = GraphWithNamedArgs.from_grad_graph(block.grad)
-                block.grad = recompute_graph(whole).grad_graph_info
+                block.grad = recompute_graph(whole, needed_only=True).grad_graph_info
             needed.update(block.required)
 
 
