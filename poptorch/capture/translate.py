@@ -166,15 +166,17 @@ class Translator:
             self._seed_input = popxl.graph_input((2,), popxl.uint32, SEED_NAME)
             # The seed the next run starts from, made where the first random op is (so a
             # pipeline writes it back in the stage that reads the seed).
-            self._seed = self._next_run_seed() if self.seed_is_state else self._seed_input
+            self._seed = (
+                self._next_run_seed(self._seed_input) if self.seed_is_state else self._seed_input
+            )
         uses = self._seed_uses.get(self._seed_input, 0) + 1
         self._seed_uses[self._seed_input] = uses
         return create_random_seed(self._seed_input, popxl.constant(uses, popxl.uint32))
 
-    def _next_run_seed(self) -> popxl.Tensor:
+    @staticmethod
+    def _next_run_seed(seed_input: popxl.Tensor) -> popxl.Tensor:
         """The seed the next run starts from: the seed input modified by 0."""
-        assert self._seed_input is not None
-        return create_random_seed(self._seed_input, popxl.constant(0, popxl.uint32))
+        return create_random_seed(seed_input, popxl.constant(0, popxl.uint32))
 
     # ---- inputs -----------------------------------------------------------------------
 

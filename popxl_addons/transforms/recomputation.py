@@ -73,7 +73,9 @@ def add_recompute_inputs(
     return fwd_map, grad_map, expected
 
 
-def recompute_graph(grad_graph: GraphWithNamedArgs, needed_only: bool = False) -> GraphWithNamedArgs:
+def recompute_graph(
+    grad_graph: GraphWithNamedArgs, needed_only: bool = False
+) -> GraphWithNamedArgs:
     """A gradient graph that re-runs the forward graph instead of taking activations.
 
     Its ``Fwd`` inputs are only forward-graph inputs, so ``inputs_dict`` of the new
