@@ -1,7 +1,8 @@
 """The ``AsynchronousDataAccessor``'s worker process and the ring buffer it fills.
 
 The worker iterates the dataset in its own process and copies every batch into a ring of
-``buffer_size`` slots of shared memory, allocated once from the first batch's shapes. Each
+``buffer_size`` slots of shared memory, allocated once from the first batch's shapes (fewer
+slots where that many would take more than half the memory available: ``ring_slots``). Each
 slot has a state (0: free for the worker, 1: ready for the host), a kind (a batch, or the
 end of an epoch) and, per field, how many rows are valid (a short last batch). The host
 copies a ready slot out and frees it, so the batches it returns never alias the ring.
@@ -19,6 +20,7 @@ rows left at the end of an epoch form a short batch unless the dataset says
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import signal
@@ -45,6 +47,8 @@ START, RESET, SHUTDOWN, WAKE = "start", "reset", "shutdown", "wake"
 # it as soon as it frees a slot).
 MAX_SLEEP_S = 0.05
 WAITING, PENDING, ACK = 0, 1, 2  # the ring's control words
+# The most of the system's available memory the ring's slots may take (``ring_slots``).
+RING_MEMORY_SHARE = 0.5
 
 START_FAILED_MSG = (
     "AsynchronousDataAccessor worker thread failed to start (Check above for details)"
@@ -60,6 +64,36 @@ REBATCH_SHAPE_MSG = (
     "every batch: field {i} has shape {got}, expected (N, {rest})."
 )
 REBATCH_ROWS_MSG = "rebatched_size needs every field of a batch to have the same number of rows"
+
+
+def _shared_zeros(shape: Any, dtype: torch.dtype) -> torch.Tensor:
+    numel = math.prod(shape)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    storage = torch.UntypedStorage._new_shared(numel * itemsize)  # zero pages, not touched
+    return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system has available for new allocations (Linux's
+    ``MemAvailable``), or None where that is not known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def ring_slots(requested: int, slot_bytes: int, available: int | None) -> int:
+    """How many slots the ring gets: ``requested`` (``buffer_size``), fewer where that many
+    would take more than ``RING_MEMORY_SHARE`` of the ``available`` memory; at least one.
+    Loading further ahead is worth less than the memory the program itself needs (a
+    combined batch of 8,192 images at 380x380 in float16 is 7.1 GB a slot)."""
+    if available is None or slot_bytes <= 0:
+        return requested
+    return max(1, min(requested, int(available * RING_MEMORY_SHARE) // slot_bytes))
 
 
 class Ring:
@@ -83,9 +117,9 @@ class Ring:
 
     @classmethod
     def allocate(cls, size: int, shapes: list[tuple[Any, torch.dtype]]) -> Ring:
-        buffers = [
-            [torch.zeros(s, dtype=d).share_memory_() for s, d in shapes] for _ in range(size)
-        ]
+        """``size`` slots of zeros in fresh shared memory (whose pages the system commits
+        only as the worker first writes them)."""
+        buffers = [[_shared_zeros(s, d) for s, d in shapes] for _ in range(size)]
         flags = torch.zeros(2 * size + size * len(shapes) + 3, dtype=torch.int64)
         return cls(buffers, flags.share_memory_())
 
@@ -150,10 +184,27 @@ class _Producer:
         tensors = self._tensors(leaves)
         if not tensors:
             raise Error("The dataset's items hold no tensor, array or number to transfer.")
-        self.ring = Ring.allocate(self.size, [self._slot_shape(i, t) for i, t in tensors])
+        shapes = [self._slot_shape(i, t) for i, t in tensors]
+        self._fit_ring(shapes)
+        self.ring = Ring.allocate(self.size, shapes)
         self.data_conn.send(("ready", self.spec, self.consts, self.ring.parts()))
         self._put(tensors)
         return iterator
+
+    def _fit_ring(self, shapes: list[tuple[Any, torch.dtype]]) -> None:
+        """Fewer slots than ``buffer_size`` where they would not fit (``ring_slots``)."""
+        slot_bytes = sum(math.prod(s) * torch.empty((), dtype=d).element_size() for s, d in shapes)
+        slots = ring_slots(self.size, slot_bytes, available_memory())
+        if slots < self.size:
+            logger.info(
+                "AsynchronousDataAccessor: %d of buffer_size=%d slots of %.1f MB fit in half "
+                "the memory available; loading %d batch(es) ahead.",
+                slots,
+                self.size,
+                slot_bytes / 1e6,
+                slots,
+            )
+            self.size = slots
 
     def _slot_shape(self, index: int, tensor: torch.Tensor) -> tuple[Any, torch.dtype]:
         if not self.rebatch:

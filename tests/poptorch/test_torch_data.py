@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import poptorch
+from poptorch.data import worker as data_worker
+from poptorch.data.worker import ring_slots
 
 Mode = poptorch.DataLoaderMode
 # Torch's DataLoader workers are forked; JAX (if a model already ran in this process) warns
@@ -375,6 +377,30 @@ def test_accessor_errors_name_the_cause():
     short = poptorch.DataLoader(poptorch.Options(), Increment(5), batch_size=2, drop_last=False)
     with pytest.raises(poptorch.Error, match="only works if 'rebatched_size' is specified"):
         poptorch.AsynchronousDataAccessor(short)
+
+
+def test_the_ring_takes_at_most_half_the_available_memory():
+    assert ring_slots(3, 100, 1000) == 3
+    assert ring_slots(3, 100, 450) == 2
+    assert ring_slots(3, 100, 250) == 1
+    assert ring_slots(3, 100, 10) == 1  # always one slot
+    assert ring_slots(3, 100, None) == 3  # unknown: as asked
+
+
+def test_a_ring_cut_to_one_slot_delivers_every_batch(monkeypatch):
+    """A combined batch too large for ``buffer_size`` slots in the memory available (the
+    CNN application's 8,192 images at 380x380): the ring gets one slot, and the batches
+    come in order all the same. (The worker is forked, so it sees the patched reading.)"""
+    slot_bytes = 6 * 2 * 3 * 4  # a combined batch: 6 samples of (2, 3) float32
+    monkeypatch.setattr(data_worker, "available_memory", lambda: 3 * slot_bytes)
+    loader = poptorch.DataLoader(poptorch.Options(), Increment(14), batch_size=2)
+    accessor = poptorch.AsynchronousDataAccessor(
+        loader, buffer_size=4, rebatched_size=6, sharing_strategy=poptorch.SharingStrategy.Fork
+    )
+    assert len(accessor._worker._data_buffers) == 1
+    assert [firsts(b) for b in accessor] == [list(range(6)), list(range(6, 12))]
+    assert [firsts(b) for b in accessor] == [list(range(6)), list(range(6, 12))]
+    accessor.terminate()
 
 
 @pytest.mark.parametrize(
