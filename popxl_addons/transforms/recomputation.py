@@ -66,7 +66,9 @@ def add_recompute_inputs(
             fwd_map[t] = _input_like(t)
             expected.append((t, Fwd))
         else:
-            fwd_map[t] = ops.init(t.shape, t.dtype, f"{t.name}_unused", "zero")
+            fwd_map[t] = ops.init(
+                t.shape, t.dtype, f"{t.name}_unused", "zero", meta_shape=t.meta_shape or None
+            )
     extra = bwd.inputs[len(grad_info.expected_inputs) :]
     for t in sorted(extra, key=lambda t: t.name):
         grad_map[t] = _input_like(t, by_ref=t in bwd._by_ref_inputs)
