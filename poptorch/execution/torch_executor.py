@@ -116,6 +116,14 @@ def _bump(model: torch.nn.Module) -> None:
     _VERSIONS[model] = _VERSIONS.get(model, 0) + 1
 
 
+def _meta_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(t, device="meta")
+
+
+def _zeros_like_meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(t.shape, dtype=t.dtype)
+
+
 def _micro(t: torch.Tensor, per_call: int) -> torch.Tensor:
     return t[: t.shape[0] // per_call] if t.dim() else t
 
@@ -230,9 +238,11 @@ class TorchExecutor(PoplarExecutor):
                 for k, v in call.kwargs.items()
             },
         )
+        # The call's shapes and dtypes (meta tensors: no memory; a combined batch can be
+        # gigabytes), for a checkpoint to capture the model again (``_checkpoint``).
         self._example_call = (
-            [_args._map_tensors(a, torch.zeros_like) for a in call.args],
-            {k: _args._map_tensors(v, torch.zeros_like) for k, v in call.kwargs.items()},
+            [_args._map_tensors(a, _meta_like) for a in call.args],
+            {k: _args._map_tensors(v, _meta_like) for k, v in call.kwargs.items()},
         )
         if any(t.requires_grad for t in tensors):
             _log.logger.warning(REQUIRES_GRAD_MSG)
@@ -255,7 +265,14 @@ class TorchExecutor(PoplarExecutor):
         model again in ``poptorch.load``) and the torch model and optimiser as the user
         passed them."""
         data = super()._checkpoint(export_model)
-        data["torch_call"] = getattr(self, "_example_call", None)
+        example = getattr(self, "_example_call", None)
+        if example is not None:
+            args, kwargs = example
+            example = (
+                [_args._map_tensors(a, _zeros_like_meta) for a in args],
+                {k: _args._map_tensors(v, _zeros_like_meta) for k, v in kwargs.items()},
+            )
+        data["torch_call"] = example
         data["model"] = self._user_model if export_model else None
         data["optimizer_object"] = self._optimizer_in if export_model else None
         data["weights"] = None  # the pickled torch model carries its (host-synchronised) weights
