@@ -47,6 +47,7 @@ from ..enums import DataLoaderMode, SharingStrategy
 from ..errors import Error
 from ..options.core import Options, batches_per_call
 from . import utils as du
+from . import worker as _worker_module
 from .utils import collate as collate
 from .worker import WorkerHandle
 
@@ -460,6 +461,8 @@ class AsynchronousDataAccessor:
             "load_indefinitely": load_indefinitely,
             "early_preload": early_preload,
             "rebatched_size": rebatched_size,
+            # The memory the ring may take a share of (read here, where the program runs).
+            "available_memory": _worker_module.available_memory(),
         }
         self._worker = WorkerHandle(dataset, cfg, sharing_strategy)
         _LIVE.add(self)

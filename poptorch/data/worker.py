@@ -70,7 +70,7 @@ def _shared_zeros(shape: Any, dtype: torch.dtype) -> torch.Tensor:
     numel = math.prod(shape)
     itemsize = torch.empty((), dtype=dtype).element_size()
     storage = torch.UntypedStorage._new_shared(numel * itemsize)  # zero pages, not touched
-    return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
+    return torch.empty(0, dtype=dtype).set_(storage).view(tuple(shape))
 
 
 def available_memory() -> int | None:
@@ -166,6 +166,7 @@ class _Producer:
         self.indefinitely = cfg["load_indefinitely"]
         self.started = cfg["early_preload"]
         self.rebatch = cfg["rebatched_size"]
+        self.available_memory = cfg.get("available_memory")
         self.drop_last = bool(getattr(dataset, "rebatched_drop_last", True))
         self.write = 0  # the slot being filled
         self.filled = 0  # rows already in it (rebatching)
@@ -194,7 +195,7 @@ class _Producer:
     def _fit_ring(self, shapes: list[tuple[Any, torch.dtype]]) -> None:
         """Fewer slots than ``buffer_size`` where they would not fit (``ring_slots``)."""
         slot_bytes = sum(math.prod(s) * torch.empty((), dtype=d).element_size() for s, d in shapes)
-        slots = ring_slots(self.size, slot_bytes, available_memory())
+        slots = ring_slots(self.size, slot_bytes, self.available_memory)
         if slots < self.size:
             logger.info(
                 "AsynchronousDataAccessor: %d of buffer_size=%d slots of %.1f MB fit in half "

@@ -390,13 +390,12 @@ def test_the_ring_takes_at_most_half_the_available_memory():
 def test_a_ring_cut_to_one_slot_delivers_every_batch(monkeypatch):
     """A combined batch too large for ``buffer_size`` slots in the memory available (the
     CNN application's 8,192 images at 380x380): the ring gets one slot, and the batches
-    come in order all the same. (The worker is forked, so it sees the patched reading.)"""
+    come in order all the same. (The accessor reads the memory available where it is
+    made and tells its worker.)"""
     slot_bytes = 6 * 2 * 3 * 4  # a combined batch: 6 samples of (2, 3) float32
     monkeypatch.setattr(data_worker, "available_memory", lambda: 3 * slot_bytes)
     loader = poptorch.DataLoader(poptorch.Options(), Increment(14), batch_size=2)
-    accessor = poptorch.AsynchronousDataAccessor(
-        loader, buffer_size=4, rebatched_size=6, sharing_strategy=poptorch.SharingStrategy.Fork
-    )
+    accessor = poptorch.AsynchronousDataAccessor(loader, buffer_size=4, rebatched_size=6)
     assert len(accessor._worker._data_buffers) == 1
     assert [firsts(b) for b in accessor] == [list(range(6)), list(range(6, 12))]
     assert [firsts(b) for b in accessor] == [list(range(6)), list(range(6, 12))]
