@@ -68,7 +68,7 @@ REBATCH_ROWS_MSG = "rebatched_size needs every field of a batch to have the same
 
 def _shared_zeros(shape: Any, dtype: torch.dtype) -> torch.Tensor:
     numel = math.prod(shape)
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     storage = torch.UntypedStorage._new_shared(numel * itemsize)  # zero pages, not touched
     return torch.empty(0, dtype=dtype).set_(storage).view(tuple(shape))
 
@@ -194,7 +194,7 @@ class _Producer:
 
     def _fit_ring(self, shapes: list[tuple[Any, torch.dtype]]) -> None:
         """Fewer slots than ``buffer_size`` where they would not fit (``ring_slots``)."""
-        slot_bytes = sum(math.prod(s) * torch.empty((), dtype=d).element_size() for s, d in shapes)
+        slot_bytes = sum(math.prod(s) * d.itemsize for s, d in shapes)
         slots = ring_slots(self.size, slot_bytes, self.available_memory)
         if slots < self.size:
             logger.info(
